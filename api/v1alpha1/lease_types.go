@@ -1,0 +1,199 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// RenewalMode says who keeps a grant's etcd lease alive.
+// +kubebuilder:validation:Enum=PodReady;Direct
+type RenewalMode string
+
+const (
+	// RenewalPodReady: the controller renews the etcd lease while the holder pod
+	// exists and is Ready.
+	RenewalPodReady RenewalMode = "PodReady"
+	// RenewalDirect: the holder renews the etcd lease itself through the SDK,
+	// using the lease ID the controller publishes.
+	RenewalDirect RenewalMode = "Direct"
+)
+
+// FencingPolicy says which tokens the admission webhook accepts on fenced objects.
+// +kubebuilder:validation:Enum=Current;Monotonic
+type FencingPolicy string
+
+const (
+	// PolicyCurrent accepts only the lease's live token.
+	PolicyCurrent FencingPolicy = "Current"
+	// PolicyMonotonic accepts any token not lower than the live token.
+	PolicyMonotonic FencingPolicy = "Monotonic"
+)
+
+// LeaseSpec is the desired state of a Lease.
+type LeaseSpec struct {
+	// ttlSeconds is the lifetime of a grant's etcd lease. A holder that stops
+	// renewing loses the lease this long after its last renewal.
+	// +kubebuilder:default=15
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	// +optional
+	TTLSeconds int32 `json:"ttlSeconds,omitempty"`
+
+	// holderSelector selects the candidate pods, in the Lease's namespace, that
+	// may hold the lease.
+	// +required
+	HolderSelector metav1.LabelSelector `json:"holderSelector"`
+
+	// renewal says who keeps the grant alive: the controller while the holder
+	// pod is Ready (PodReady), or the holder itself through the SDK (Direct).
+	// +kubebuilder:default=PodReady
+	// +optional
+	Renewal RenewalMode `json:"renewal,omitempty"`
+
+	// policy says which tokens the admission webhook accepts on objects fenced
+	// by this lease: only the live token (Current), or any token not lower than
+	// it (Monotonic).
+	// +kubebuilder:default=Current
+	// +optional
+	Policy FencingPolicy `json:"policy,omitempty"`
+
+	// bindIdentity, when true, lets only the holder pod's own service-account
+	// identity write fenced objects with the token.
+	// +optional
+	BindIdentity bool `json:"bindIdentity,omitempty"`
+
+	// suspend, when true, releases the current holder and grants to no one.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}
+
+// TenureEndReason says why a tenure ended.
+// +kubebuilder:validation:Enum=Released;Expired;HolderGone;HolderNotReady;Suspended;Deleted
+type TenureEndReason string
+
+const (
+	TenureReleased       TenureEndReason = "Released"
+	TenureExpired        TenureEndReason = "Expired"
+	TenureHolderGone     TenureEndReason = "HolderGone"
+	TenureHolderNotReady TenureEndReason = "HolderNotReady"
+	TenureSuspended      TenureEndReason = "Suspended"
+	TenureDeleted        TenureEndReason = "Deleted"
+)
+
+// Tenure is one past or present grant of a Lease.
+type Tenure struct {
+	// holder is the name of the pod that held the lease.
+	Holder string `json:"holder"`
+	// holderUID is the UID of that pod.
+	// +optional
+	HolderUID types.UID `json:"holderUID,omitempty"`
+	// token is the fencing token of the grant.
+	Token int64 `json:"token"`
+	// start is when the grant was made.
+	Start metav1.MicroTime `json:"start"`
+	// end is when the tenure ended; unset while it lasts.
+	// +optional
+	End *metav1.MicroTime `json:"end,omitempty"`
+	// endReason says why the tenure ended.
+	// +optional
+	EndReason TenureEndReason `json:"endReason,omitempty"`
+}
+
+// MaxLeaseHistory bounds status.history.
+const MaxLeaseHistory = 10
+
+// LeaseStatus is the observed state of a Lease.
+type LeaseStatus struct {
+	// holder is the name of the pod that holds the lease now.
+	// +optional
+	Holder string `json:"holder,omitempty"`
+	// holderUID is the UID of the holder pod.
+	// +optional
+	HolderUID types.UID `json:"holderUID,omitempty"`
+	// token is the fencing token of the current grant: the CreateRevision of
+	// the lease's etcd key. It strictly increases from grant to grant.
+	// +optional
+	Token int64 `json:"token,omitempty"`
+	// leaseID is the etcd lease ID the grant is attached to. With renewal
+	// Direct the holder keeps it alive.
+	// +optional
+	LeaseID int64 `json:"leaseID,omitempty"`
+	// acquireTime is when the current grant was made.
+	// +optional
+	AcquireTime *metav1.MicroTime `json:"acquireTime,omitempty"`
+	// renewTime is when the controller last saw the grant renewed.
+	// +optional
+	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
+	// expireTime is when the grant runs out unless renewed.
+	// +optional
+	ExpireTime *metav1.MicroTime `json:"expireTime,omitempty"`
+	// transitions counts the grants made to a different holder.
+	// +optional
+	Transitions int32 `json:"transitions,omitempty"`
+	// history lists the most recent tenures, newest first.
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=atomic
+	// +optional
+	History []Tenure `json:"history,omitempty"`
+	// observedGeneration is the generation of the spec this status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions: Held says whether a pod holds the lease, and why not.
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// ConditionHeld is true while a pod holds the lease.
+const ConditionHeld = "Held"
+
+// Reasons of the Held condition.
+const (
+	ReasonGranted         = "Granted"
+	ReasonNoCandidates    = "NoCandidates"
+	ReasonExpired         = "Expired"
+	ReasonSuspended       = "Suspended"
+	ReasonEtcdUnavailable = "EtcdUnavailable"
+)
+
+// Lease grants exclusive, fenced tenure to one pod among the pods its
+// holderSelector matches. Each grant carries a fencing token, the etcd
+// revision that created it, which the admission webhook and the SDK enforce.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=flease,categories=fencer
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder`
+// +kubebuilder:printcolumn:name="Token",type=integer,JSONPath=`.status.token`
+// +kubebuilder:printcolumn:name="TTL",type=integer,JSONPath=`.spec.ttlSeconds`
+// +kubebuilder:printcolumn:name="Renewal",type=string,JSONPath=`.spec.renewal`,priority=1
+// +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.spec.policy`,priority=1
+// +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
+// +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="Lease names are limited to 63 characters, so that the pod annotation key lease.fencer.io/<name> is valid"
+type Lease struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec LeaseSpec `json:"spec"`
+	// +optional
+	Status LeaseStatus `json:"status,omitempty"`
+}
+
+// LeaseList is a list of Leases.
+//
+// +kubebuilder:object:root=true
+type LeaseList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Lease `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Lease{}, &LeaseList{})
+}

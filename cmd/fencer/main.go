@@ -1,0 +1,164 @@
+// Command fencer is the fencer manager: the Lease and IDRange controllers, the
+// admission webhook, metrics and health probes, in one process.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// options are the manager's flags; docs/operations.md lists each of them.
+type options struct {
+	metricsAddr         string
+	probeAddr           string
+	leaderElect         bool
+	leaderElectionNS    string
+	leaseDuration       time.Duration
+	renewDeadline       time.Duration
+	retryPeriod         time.Duration
+	etcd                etcdstore.Config
+	etcdProbeTimeout    time.Duration
+	zap                 zap.Options
+	gracefulShutdown    time.Duration
+	leaderElectionIDStr string
+}
+
+func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
+
+// parseFlagsTo parses args, writing usage and parse errors to out.
+func parseFlagsTo(args []string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("fencer", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "fencer: the fencer manager (Lease and IDRange controllers, admission webhook).\n\nUsage: fencer --etcd-endpoints=URL[,URL...] [flags]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint (/metrics) listens on; \"0\" disables it.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes listen on.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect one active controller among the replicas. Turn off only when running a single replica.")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
+	fs.StringVar(&o.leaderElectionIDStr, "leader-election-id", "fencer.fencer.io", "Name of the leader-election Lease.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 4*time.Second, "How long a standby waits after the last renewal before taking over. Bounds controller failover; keep it well under the smallest Lease ttlSeconds.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 3*time.Second, "How long the leader keeps trying to renew before it steps down. Must be less than --leader-elect-lease-duration.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 500*time.Millisecond, "How often candidates try to acquire or renew leadership.")
+	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz.")
+	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 10*time.Second, "How long the manager waits for controllers to stop on SIGTERM.")
+	o.etcd.BindFlags(fs)
+	o.zap.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: fencer takes only flags", fs.Args())
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func (o *options) validate() error {
+	if err := o.etcd.Validate(); err != nil {
+		return err
+	}
+	if o.leaderElect && o.renewDeadline >= o.leaseDuration {
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be less than --leader-elect-lease-duration (%s)", o.renewDeadline, o.leaseDuration)
+	}
+	if o.leaderElect && o.retryPeriod >= o.renewDeadline {
+		return fmt.Errorf("--leader-elect-retry-period (%s) must be less than --leader-elect-renew-deadline (%s)", o.retryPeriod, o.renewDeadline)
+	}
+	if o.etcdProbeTimeout <= 0 {
+		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
+	}
+	return nil
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(fencerv1alpha1.AddToScheme(s))
+	return s
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fencer: %v\n", err)
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
+		ctrl.Log.Error(err, "fencer stopped")
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o *options) error {
+	log := ctrl.Log.WithName("setup")
+	etcd, err := etcdstore.Connect(o.etcd)
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        newScheme(),
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              o.leaderElectionIDStr,
+		LeaderElectionNamespace:       o.leaderElectionNS,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
+		GracefulShutdownTimeout:       &o.gracefulShutdown,
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("etcd", etcdReadyCheck(etcd, o.etcd.Prefix, o.etcdProbeTimeout)); err != nil {
+		return err
+	}
+	log.Info("starting manager", "etcdEndpoints", o.etcd.Endpoints, "etcdPrefix", o.etcd.Prefix, "leaderElect", o.leaderElect)
+	return mgr.Start(ctx)
+}
+
+// etcdReadyCheck keeps the replica out of Service endpoints while it cannot
+// reach an etcd quorum: it could neither grant nor answer the webhook.
+func etcdReadyCheck(cli *clientv3.Client, prefix string, timeout time.Duration) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), timeout)
+		defer cancel()
+		return etcdstore.Ping(ctx, cli, prefix)
+	}
+}

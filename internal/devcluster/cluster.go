@@ -1,0 +1,461 @@
+// Package devcluster runs a local Kubernetes cluster where pods live, with no
+// container runtime: etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler built from their Go modules, and kwok simulating the nodes so
+// that pods are scheduled, become Ready and are deleted as in a real cluster.
+// `make dev` and the smoke and e2e tests use it.
+package devcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Options configure a dev cluster.
+type Options struct {
+	// BinDir holds etcd, kube-apiserver, kube-controller-manager,
+	// kube-scheduler, kubectl and kwok.
+	BinDir string
+	// Dir is the state directory: certificates, data, logs, kubeconfig.
+	// It is wiped on start.
+	Dir string
+	// Nodes is how many kwok nodes to create.
+	Nodes int
+	// KwokStages are the kwok Stage files (node and pod lifecycles).
+	KwokStages []string
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+// Cluster is a running dev cluster.
+type Cluster struct {
+	opts  Options
+	procs []*proc
+	pki   *pki
+
+	// Kubeconfig is the path of an admin kubeconfig.
+	Kubeconfig string
+	// EtcdEndpoint is the client URL of the cluster's etcd, which fencer
+	// shares under its own prefix.
+	EtcdEndpoint string
+	// Client is an admin clientset.
+	Client kubernetes.Interface
+	// MetricsURL is the manager's metrics endpoint, once StartManager ran.
+	MetricsURL string
+}
+
+// The kwok annotation that marks a node as simulated.
+const kwokNodeAnnotation = "kwok.x-k8s.io/node"
+
+// Start brings the cluster up and returns when nodes are Ready and the
+// default service account exists, so pods can be created at once. On error,
+// everything already started is stopped.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	if opts.Nodes <= 0 {
+		opts.Nodes = 3
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if err := os.RemoveAll(opts.Dir); err != nil {
+		return nil, err
+	}
+	c = &Cluster{opts: opts}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	if c.pki, err = c.makePKI(); err != nil {
+		return nil, fmt.Errorf("certificates: %w", err)
+	}
+	for _, step := range []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"etcd", c.startEtcd},
+		{"kube-apiserver", c.startAPIServer},
+		{"controllers, scheduler and kwok", c.startControllers},
+		{"nodes", c.createNodes},
+		{"default service account", c.waitServiceAccount},
+	} {
+		c.logf("starting %s", step.name)
+		if err := step.fn(ctx); err != nil {
+			return nil, fmt.Errorf("%s: %w", step.name, err)
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	fmt.Fprintf(c.opts.Log, "[dev %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func (c *Cluster) bin(name string) string { return filepath.Join(c.opts.BinDir, name) }
+
+// Path names a file in the cluster's state directory.
+func (c *Cluster) Path(elem ...string) string {
+	return filepath.Join(append([]string{c.opts.Dir}, elem...)...)
+}
+
+func (c *Cluster) makePKI() (*pki, error) {
+	p, err := newPKI(c.Path("pki"))
+	if err != nil {
+		return nil, err
+	}
+	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}
+	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	if err := p.issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth, names, loopback); err != nil {
+		return nil, err
+	}
+	admin := pkix.Name{CommonName: "fencer-dev-admin", Organization: []string{"system:masters"}}
+	if err := p.issue("admin", admin, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		return nil, err
+	}
+	return p, p.serviceAccountKeys()
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, n)
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	return ports, nil
+}
+
+func (c *Cluster) start(name string, args ...string) (*proc, error) {
+	p, err := startProc(c.opts.Dir, name, c.bin(name), args...)
+	if err != nil {
+		return nil, err
+	}
+	c.procs = append(c.procs, p)
+	return p, nil
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	p, err := c.start("etcd",
+		"--name=dev",
+		"--data-dir="+c.Path("etcd"),
+		"--listen-client-urls="+client,
+		"--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer,
+		"--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=dev="+peer,
+		// A throwaway dev cluster: fsync buys nothing and costs seconds.
+		"--unsafe-no-fsync",
+		"--log-level=warn",
+	)
+	if err != nil {
+		return err
+	}
+	c.EtcdEndpoint = client
+	return waitHTTP(ctx, p, http.DefaultClient, client+"/health", 30*time.Second)
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	server := fmt.Sprintf("https://127.0.0.1:%d", port)
+	p, err := c.start("kube-apiserver",
+		"--etcd-servers="+c.EtcdEndpoint,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		"--tls-cert-file="+c.pki.path("apiserver.crt"),
+		"--tls-private-key-file="+c.pki.path("apiserver.key"),
+		"--client-ca-file="+c.pki.path("ca.crt"),
+		"--service-account-key-file="+c.pki.path("sa.pub"),
+		"--service-account-signing-key-file="+c.pki.path("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--api-audiences=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=Node,RBAC",
+		"--allow-privileged=true",
+		"--profiling=false",
+	)
+	if err != nil {
+		return err
+	}
+	if err := c.writeKubeconfig(server); err != nil {
+		return err
+	}
+	tlsCfg, err := c.adminTLS()
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	if err := waitHTTP(ctx, p, hc, server+"/readyz", 90*time.Second); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	c.Client, err = kubernetes.NewForConfig(cfg)
+	return err
+}
+
+func (c *Cluster) adminTLS() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(c.pki.path("admin.crt"), c.pki.path("admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(c.pki.ca)
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}, nil
+}
+
+func (c *Cluster) writeKubeconfig(server string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["fencer-dev"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: c.pki.path("ca.crt")}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: c.pki.path("admin.crt"), ClientKey: c.pki.path("admin.key")}
+	cfg.Contexts["fencer-dev"] = &clientcmdapi.Context{Cluster: "fencer-dev", AuthInfo: "admin", Namespace: "default"}
+	cfg.CurrentContext = "fencer-dev"
+	c.Kubeconfig = c.Path("kubeconfig")
+	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
+}
+
+func (c *Cluster) startControllers(ctx context.Context) error {
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	kc := "--kubeconfig=" + c.Kubeconfig
+	if _, err := c.start("kube-controller-manager", kc,
+		"--authentication-kubeconfig="+c.Kubeconfig,
+		"--authorization-kubeconfig="+c.Kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(ports[0]),
+		"--leader-elect=false",
+		"--root-ca-file="+c.pki.path("ca.crt"),
+		"--service-account-private-key-file="+c.pki.path("sa.key"),
+		"--use-service-account-credentials=true",
+		"--cluster-signing-cert-file="+c.pki.path("ca.crt"),
+		"--cluster-signing-key-file="+c.pki.path("ca.key"),
+	); err != nil {
+		return err
+	}
+	if _, err := c.start("kube-scheduler", kc,
+		"--authentication-kubeconfig="+c.Kubeconfig,
+		"--authorization-kubeconfig="+c.Kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(ports[1]),
+		"--leader-elect=false",
+	); err != nil {
+		return err
+	}
+	args := []string{kc,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=" + kwokNodeAnnotation + "=fake",
+		"--cidr=10.244.0.1/16",
+		"--node-ip=127.0.0.1",
+		"--server-address=127.0.0.1:" + strconv.Itoa(ports[2]),
+	}
+	for _, s := range c.opts.KwokStages {
+		args = append(args, "--config="+s)
+	}
+	_, err = c.start("kwok", args...)
+	return err
+}
+
+func (c *Cluster) createNodes(ctx context.Context) error {
+	for i := range c.opts.Nodes {
+		if err := c.checkAlive(); err != nil {
+			return err
+		}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, kwokNode(fmt.Sprintf("kwok-node-%d", i)), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return c.poll(ctx, 60*time.Second, "nodes Ready", func() (bool, error) {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			if nodeReady(&n) {
+				ready++
+			}
+		}
+		return ready == c.opts.Nodes, nil
+	})
+}
+
+func kwokNode(name string) *corev1.Node {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("32"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Annotations: map[string]string{kwokNodeAnnotation: "fake"},
+			Labels: map[string]string{
+				"type":                   "kwok",
+				"kubernetes.io/hostname": name,
+				"kubernetes.io/os":       "linux",
+				"kubernetes.io/arch":     "amd64",
+			},
+		},
+		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitServiceAccount waits for kube-controller-manager to create the default
+// service account; until then the ServiceAccount admission plugin refuses pods.
+func (c *Cluster) waitServiceAccount(ctx context.Context) error {
+	return c.poll(ctx, 60*time.Second, "default service account", func() (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+}
+
+// Pids lists the process IDs of every process the cluster started.
+func (c *Cluster) Pids() []int {
+	pids := make([]int, len(c.procs))
+	for i, p := range c.procs {
+		pids[i] = p.cmd.Process.Pid
+	}
+	return pids
+}
+
+// checkAlive reports the first process that has exited.
+func (c *Cluster) checkAlive() error {
+	for _, p := range c.procs {
+		if err := p.exited(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Wait blocks until ctx ends or a process of the cluster exits.
+func (c *Cluster) Wait(ctx context.Context) error {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := c.checkAlive(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Stop stops every process, last started first, and waits for each to exit.
+func (c *Cluster) Stop() error {
+	var errs []error
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		errs = append(errs, c.procs[i].stop(10*time.Second))
+	}
+	c.procs = nil
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) poll(ctx context.Context, timeout time.Duration, what string, done func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := done()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if err := c.checkAlive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s; logs are in %s", timeout, what, c.Path("logs"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitHTTP polls url until it answers 200, p exits, or timeout passes.
+func waitHTTP(ctx context.Context, p *proc, hc *http.Client, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := p.exited(); err != nil {
+			return err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("%s answered %s", url, resp.Status)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not healthy after %s (last: %v); see %s", p.name, timeout, last, p.log)
+}

@@ -1,0 +1,209 @@
+// Package smoke runs `make dev`'s command for real: the cluster comes up, a
+// Deployment of pause pods becomes Ready on kwok nodes, and stopping it leaves
+// no process behind.
+package smoke
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+const deployment = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: pause
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: pause}
+  template:
+    metadata:
+      labels: {app: pause}
+    spec:
+      containers:
+      - name: pause
+        image: registry.k8s.io/pause:3.10
+`
+
+func TestDevCluster(t *testing.T) {
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"fencer", "kube-controller-manager", "kube-scheduler", "kwok"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			t.Fatalf("%s missing from %s: run `make tools build`", b, bin)
+		}
+	}
+	tmp := t.TempDir()
+	devBin := filepath.Join(tmp, "dev")
+	build := exec.Command("go", "build", "-o", devBin, "./hack/dev")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building hack/dev: %v\n%s", err, out)
+	}
+
+	state := filepath.Join(tmp, "state")
+	dev := exec.Command(devBin, "--dir", state, "--bin", bin,
+		"--manager", filepath.Join(bin, "fencer"),
+		"--crds", filepath.Join(root, "config", "crd", "bases"),
+		"--tools", filepath.Join(root, "hack", "tools"))
+	dev.Dir = root
+	stdout, err := dev.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.Stderr = dev.Stdout
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	ready := make(chan struct{})
+	var output strings.Builder
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			output.WriteString(line + "\n")
+			if line == "fencer dev environment ready" {
+				close(ready)
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		exited <- dev.Wait()
+	}()
+	defer func() {
+		// A failed test must still not leave the cluster running.
+		_ = dev.Process.Signal(syscall.SIGKILL)
+	}()
+
+	select {
+	case <-ready:
+	case err := <-exited:
+		t.Fatalf("dev exited before it was ready (%v):\n%s", err, output.String())
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("dev not ready after 5 minutes:\n%s", output.String())
+	}
+	for _, f := range []string{"kubeconfig", "etcd-endpoints"} {
+		if _, err := os.Stat(filepath.Join(state, f)); err != nil {
+			t.Fatalf("dev did not write %s: %v", f, err)
+		}
+	}
+
+	kubectl := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", filepath.Join(state, "kubeconfig")}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s\nlogs: %s", args, err, out, filepath.Join(state, "logs"))
+		}
+		return string(out)
+	}
+
+	t.Run("real version strings", func(t *testing.T) {
+		out := kubectl("version")
+		if !strings.Contains(out, "Client Version: v1.37.2") || !strings.Contains(out, "Server Version: v1.37.2") {
+			t.Fatalf("kubectl version does not report v1.37.2 for client and server:\n%s", out)
+		}
+	})
+	t.Run("kwok nodes are Ready", func(t *testing.T) {
+		out := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		lines := strings.Fields(out)
+		if len(lines) != 3 {
+			t.Fatalf("want 3 nodes, got %q", out)
+		}
+		for _, l := range lines {
+			if !strings.HasSuffix(l, "=True") {
+				t.Fatalf("node not Ready: %s", l)
+			}
+		}
+	})
+	t.Run("fencer CRDs are served", func(t *testing.T) {
+		out := kubectl("get", "flease,idr", "-A")
+		if !strings.Contains(out, "No resources found") {
+			t.Fatalf("unexpected output: %s", out)
+		}
+	})
+	t.Run("a Deployment's pods become Ready and are deleted", func(t *testing.T) {
+		manifest := filepath.Join(tmp, "deployment.yaml")
+		if err := os.WriteFile(manifest, []byte(deployment), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", manifest)
+		kubectl("rollout", "status", "deployment/pause", "--timeout=120s")
+		out := kubectl("get", "pods", "-l", "app=pause", "-o", `jsonpath={range .items[*]}{.spec.nodeName},{.status.phase},{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		pods := strings.Fields(out)
+		if len(pods) != 3 {
+			t.Fatalf("want 3 pods, got %q", out)
+		}
+		for _, p := range pods {
+			f := strings.Split(p, ",")
+			if len(f) != 3 || !strings.HasPrefix(f[0], "kwok-node-") || f[1] != "Running" || f[2] != "True" {
+				t.Fatalf("pod not scheduled, Running and Ready on a kwok node: %s", p)
+			}
+		}
+		kubectl("delete", "deployment", "pause", "--wait=true")
+		kubectl("wait", "--for=delete", "pod", "-l", "app=pause", "--timeout=120s")
+	})
+
+	if err := dev.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("dev exited with %v after SIGINT:\n%s", err, output.String())
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("dev did not stop within 90s of SIGINT:\n%s", output.String())
+	}
+	if left := processesMentioning(state); len(left) > 0 {
+		t.Fatalf("processes left behind after shutdown:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// processesMentioning lists the live processes whose command line names dir.
+// Every process the dev cluster starts is given a path below its state
+// directory (data dir, kubeconfig or certificates), so none can hide.
+func processesMentioning(dir string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var found []string
+	for _, e := range entries {
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		cmdline := strings.ReplaceAll(string(raw), "\x00", " ")
+		if strings.Contains(cmdline, dir) && !isZombie(e.Name()) {
+			found = append(found, fmt.Sprintf("pid %s: %s", e.Name(), cmdline))
+		}
+	}
+	return found
+}
+
+func isZombie(pid string) bool {
+	raw, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return true
+	}
+	s := string(raw)
+	i := strings.LastIndex(s, ")")
+	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
+}
