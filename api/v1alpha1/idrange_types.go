@@ -48,6 +48,9 @@ type IDRangeSpec struct {
 
 	// podSelector selects the pods, in the IDRange's namespace, that receive a
 	// block or a slot.
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="spec.podSelector must select something: set matchLabels or matchExpressions (an empty selector would match every pod in the namespace)"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="spec.podSelector.matchExpressions: operator must be one of In, NotIn, Exists, DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] ? (!has(e.values) || size(e.values) == 0) : (has(e.values) && size(e.values) > 0))",message="spec.podSelector.matchExpressions: values must be set for In and NotIn, and empty for Exists and DoesNotExist"
 	// +required
 	PodSelector metav1.LabelSelector `json:"podSelector"`
 

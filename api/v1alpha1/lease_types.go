@@ -41,6 +41,9 @@ type LeaseSpec struct {
 
 	// holderSelector selects the candidate pods, in the Lease's namespace, that
 	// may hold the lease.
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="spec.holderSelector must select something: set matchLabels or matchExpressions (an empty selector would match every pod in the namespace)"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="spec.holderSelector.matchExpressions: operator must be one of In, NotIn, Exists, DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] ? (!has(e.values) || size(e.values) == 0) : (has(e.values) && size(e.values) > 0))",message="spec.holderSelector.matchExpressions: values must be set for In and NotIn, and empty for Exists and DoesNotExist"
 	// +required
 	HolderSelector metav1.LabelSelector `json:"holderSelector"`
 

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -39,6 +41,7 @@ type options struct {
 	zap                 zap.Options
 	gracefulShutdown    time.Duration
 	leaderElectionIDStr string
+	kubeconfig          string
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -62,6 +65,7 @@ func parseFlagsTo(args []string, out io.Writer) (*options, error) {
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 500*time.Millisecond, "How often candidates try to acquire or renew leadership.")
 	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz.")
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 10*time.Second, "How long the manager waits for controllers to stop on SIGTERM.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
 	o.etcd.BindFlags(fs)
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -123,7 +127,7 @@ func run(ctx context.Context, o *options) error {
 	}
 	defer etcd.Close()
 
-	cfg, err := ctrl.GetConfig()
+	cfg, err := restConfig(o.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
@@ -151,6 +155,13 @@ func run(ctx context.Context, o *options) error {
 	}
 	log.Info("starting manager", "etcdEndpoints", o.etcd.Endpoints, "etcdPrefix", o.etcd.Prefix, "leaderElect", o.leaderElect)
 	return mgr.Start(ctx)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
 }
 
 // etcdReadyCheck keeps the replica out of Service endpoints while it cannot

@@ -44,7 +44,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help returned %v", err)
 	}
-	for _, f := range []string{"etcd-endpoints", "etcd-prefix", "etcd-ca-file", "etcd-cert-file", "etcd-key-file", "etcd-dial-timeout", "metrics-bind-address", "health-probe-bind-address", "leader-elect", "leader-elect-lease-duration", "zap-log-level"} {
+	for _, f := range []string{"etcd-endpoints", "etcd-prefix", "etcd-ca-file", "etcd-cert-file", "etcd-key-file", "etcd-dial-timeout", "metrics-bind-address", "health-probe-bind-address", "leader-elect", "leader-elect-lease-duration", "kubeconfig", "zap-log-level"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help does not list --%s", f)
 		}

@@ -67,24 +67,36 @@ const kwokNodeAnnotation = "kwok.x-k8s.io/node"
 // Start brings the cluster up and returns when nodes are Ready and the
 // default service account exists, so pods can be created at once. On error,
 // everything already started is stopped.
-func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Nodes <= 0 {
 		opts.Nodes = 3
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
+	// Children run in Dir, so relative paths would resolve against it.
+	var err error
+	if opts.BinDir, err = filepath.Abs(opts.BinDir); err != nil {
+		return nil, err
+	}
+	if opts.Dir, err = filepath.Abs(opts.Dir); err != nil {
+		return nil, err
+	}
 	if err := os.RemoveAll(opts.Dir); err != nil {
 		return nil, err
 	}
-	c = &Cluster{opts: opts}
-	defer func() {
-		if err != nil {
-			c.Stop()
-		}
-	}()
+	c := &Cluster{opts: opts}
+	if err := c.start(ctx); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	var err error
 	if c.pki, err = c.makePKI(); err != nil {
-		return nil, fmt.Errorf("certificates: %w", err)
+		return fmt.Errorf("certificates: %w", err)
 	}
 	for _, step := range []struct {
 		name string
@@ -98,10 +110,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	} {
 		c.logf("starting %s", step.name)
 		if err := step.fn(ctx); err != nil {
-			return nil, fmt.Errorf("%s: %w", step.name, err)
+			return fmt.Errorf("%s: %w", step.name, err)
 		}
 	}
-	return c, nil
+	return nil
 }
 
 func (c *Cluster) logf(format string, args ...any) {
@@ -154,7 +166,7 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func (c *Cluster) start(name string, args ...string) (*proc, error) {
+func (c *Cluster) run(name string, args ...string) (*proc, error) {
 	p, err := startProc(c.opts.Dir, name, c.bin(name), args...)
 	if err != nil {
 		return nil, err
@@ -170,7 +182,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	p, err := c.start("etcd",
+	p, err := c.run("etcd",
 		"--name=dev",
 		"--data-dir="+c.Path("etcd"),
 		"--listen-client-urls="+client,
@@ -195,10 +207,13 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		return err
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
-	p, err := c.start("kube-apiserver",
+	p, err := c.run("kube-apiserver",
 		"--etcd-servers="+c.EtcdEndpoint,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
+		// The endpoint reconciler refuses loopback addresses, and nothing here
+		// routes to the kubernetes Service anyway.
+		"--endpoint-reconciler-type=none",
 		"--secure-port="+strconv.Itoa(port),
 		"--tls-cert-file="+c.pki.path("apiserver.crt"),
 		"--tls-private-key-file="+c.pki.path("apiserver.key"),
@@ -260,7 +275,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		return err
 	}
 	kc := "--kubeconfig=" + c.Kubeconfig
-	if _, err := c.start("kube-controller-manager", kc,
+	if _, err := c.run("kube-controller-manager", kc,
 		"--authentication-kubeconfig="+c.Kubeconfig,
 		"--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1",
@@ -274,7 +289,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	); err != nil {
 		return err
 	}
-	if _, err := c.start("kube-scheduler", kc,
+	if _, err := c.run("kube-scheduler", kc,
 		"--authentication-kubeconfig="+c.Kubeconfig,
 		"--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1",
@@ -293,7 +308,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	for _, s := range c.opts.KwokStages {
 		args = append(args, "--config="+s)
 	}
-	_, err = c.start("kwok", args...)
+	_, err = c.run("kwok", args...)
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"time"
 )
@@ -39,6 +40,10 @@ const ManagerNamespace = "fencer-system"
 // StartManager runs the fencer manager binary against the cluster and waits
 // until its readiness probe passes, which means it reaches etcd.
 func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...string) error {
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
 	if _, err := c.Kubectl(ctx, "create", "namespace", ManagerNamespace); err != nil {
 		return err
 	}

@@ -123,7 +123,14 @@ func TestLeaseRefusals(t *testing.T) {
 		{"unknown policy", func(l *v1.Lease) { l.Spec.Policy = "Latest" }, `spec.policy: Unsupported value: "Latest"`},
 		{"bad selector", func(l *v1.Lease) {
 			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Near"}}}
-		}, "spec.holderSelector.matchExpressions[0].operator"},
+		}, "spec.holderSelector.matchExpressions: operator must be one of In, NotIn, Exists, DoesNotExist"},
+		{"In without values", func(l *v1.Lease) {
+			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "In"}}}
+		}, "spec.holderSelector.matchExpressions: values must be set for In and NotIn"},
+		{"Exists with values", func(l *v1.Lease) {
+			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Exists", Values: []string{"a"}}}}
+		}, "empty for Exists and DoesNotExist"},
+		{"empty selector", func(l *v1.Lease) { l.Spec.HolderSelector = metav1.LabelSelector{} }, "spec.holderSelector must select something"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,6 +139,16 @@ func TestLeaseRefusals(t *testing.T) {
 			mustBeRefused(t, cl.Create(ctx, l), tc.want)
 		})
 	}
+	t.Run("expression selector is accepted", func(t *testing.T) {
+		l := lease("expressions")
+		l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "app", Operator: "In", Values: []string{"a", "b"}},
+			{Key: "canary", Operator: "DoesNotExist"},
+		}}
+		if err := cl.Create(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("name of 63 characters is accepted", func(t *testing.T) {
 		if err := cl.Create(ctx, lease(strings.Repeat("b", 63))); err != nil {
 			t.Fatal(err)
@@ -153,6 +170,7 @@ func TestIDRangeCreateRefusals(t *testing.T) {
 		{"slots without slotTTLSeconds", func() *v1.IDRange { r := slots("e"); r.Spec.SlotTTLSeconds = nil; return r }, "spec.slotTTLSeconds is required when spec.mode is Slots"},
 		{"zero blockSize", func() *v1.IDRange { r := blocks("f"); r.Spec.BlockSize = ptr.To[int64](0); return r }, "spec.blockSize in body should be greater than or equal to 1"},
 		{"slot TTL too long", func() *v1.IDRange { r := slots("g"); r.Spec.SlotTTLSeconds = ptr.To[int32](3601); return r }, "spec.slotTTLSeconds in body should be less than or equal to 3600"},
+		{"empty pod selector", func() *v1.IDRange { r := blocks("i"); r.Spec.PodSelector = metav1.LabelSelector{}; return r }, "spec.podSelector must select something"},
 		{"unknown mode", func() *v1.IDRange { r := blocks("h"); r.Spec.Mode = "Ranges"; return r }, `spec.mode: Unsupported value: "Ranges"`},
 	}
 	for _, tc := range cases {
