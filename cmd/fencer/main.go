@@ -49,8 +49,22 @@ func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.
 // parseFlagsTo parses args, writing usage and parse errors to out.
 func parseFlagsTo(args []string, out io.Writer) (*options, error) {
 	o := &options{}
-	fs := flag.NewFlagSet("fencer", flag.ContinueOnError)
+	fs := o.flagSet()
 	fs.SetOutput(out)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: fencer takes only flags", fs.Args())
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func (o *options) flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("fencer", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "fencer: the fencer manager (Lease and IDRange controllers, admission webhook).\n\nUsage: fencer --etcd-endpoints=URL[,URL...] [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -68,16 +82,7 @@ func parseFlagsTo(args []string, out io.Writer) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
 	o.etcd.BindFlags(fs)
 	o.zap.BindFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q: fencer takes only flags", fs.Args())
-	}
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
-	return o, nil
+	return fs
 }
 
 func (o *options) validate() error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -52,3 +53,17 @@ func TestHelpListsEveryFlag(t *testing.T) {
 }
 
 func parseFlagsQuiet(args []string) (*options, error) { return parseFlagsTo(args, io.Discard) }
+
+// TestOperationsDocListsEveryFlag keeps docs/operations.md in step with the
+// flags: a new flag without a row there fails.
+func TestOperationsDocListsEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&options{}).flagSet().VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(string(doc), "`--"+f.Name+"`") {
+			t.Errorf("docs/operations.md does not document --%s", f.Name)
+		}
+	})
+}

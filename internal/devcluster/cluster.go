@@ -176,29 +176,16 @@ func (c *Cluster) run(name string, args ...string) (*proc, error) {
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	ports, err := freePorts(2)
+	e, err := NewEtcd(c.opts.BinDir, c.opts.Dir, "etcd")
 	if err != nil {
 		return err
 	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	p, err := c.run("etcd",
-		"--name=dev",
-		"--data-dir="+c.Path("etcd"),
-		"--listen-client-urls="+client,
-		"--advertise-client-urls="+client,
-		"--listen-peer-urls="+peer,
-		"--initial-advertise-peer-urls="+peer,
-		"--initial-cluster=dev="+peer,
-		// A throwaway dev cluster: fsync buys nothing and costs seconds.
-		"--unsafe-no-fsync",
-		"--log-level=warn",
-	)
-	if err != nil {
-		return err
+	err = e.Start(ctx)
+	if e.proc != nil {
+		c.procs = append(c.procs, e.proc)
 	}
-	c.EtcdEndpoint = client
-	return waitHTTP(ctx, p, http.DefaultClient, client+"/health", 30*time.Second)
+	c.EtcdEndpoint = e.Endpoint
+	return err
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {

@@ -1,0 +1,203 @@
+// Package manager runs the real fencer binary against envtest and an etcd it
+// can stop, to test what an operator sees: probes, flags and exit codes.
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+var (
+	env        *envtest.Environment
+	kubeconfig string
+	fencerBin  string
+	binDir     string
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	var err error
+	if binDir, err = testenv.BinDir(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	tmp, err := os.MkdirTemp("", "fencer-manager-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	if fencerBin, err = buildFencer(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if env, err = testenv.New(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := env.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "starting envtest:", err)
+		return 1
+	}
+	defer env.Stop()
+	admin, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	raw, err := admin.KubeConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	kubeconfig = filepath.Join(tmp, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, raw, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func buildFencer(dir string) (string, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "fencer")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/fencer")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building fencer: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startFencer runs the manager and stops it when the test ends.
+func startFencer(t *testing.T, args ...string) (probeURL string) {
+	t.Helper()
+	probe := freePort(t)
+	cmd := exec.Command(fencerBin, append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--leader-elect=false",
+		"--metrics-bind-address=0",
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe),
+	}, args...)...)
+	log, err := os.Create(filepath.Join(t.TempDir(), "fencer.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("fencer log:\n%s", b)
+		}
+	})
+	return fmt.Sprintf("http://127.0.0.1:%d", probe)
+}
+
+// waitStatus polls url until it answers want, or fails after 60s.
+func waitStatus(t *testing.T, url string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	got := "no answer"
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return
+			}
+			got = resp.Status
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: want HTTP %d, last got %s", url, want, got)
+}
+
+// TestReadinessFollowsEtcd: /readyz fails while etcd is down and passes again
+// once it is back, while /healthz keeps passing (the process is fine).
+func TestReadinessFollowsEtcd(t *testing.T) {
+	etcd, err := devcluster.NewEtcd(binDir, t.TempDir(), "fencer-etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := etcd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = etcd.Stop() })
+
+	probe := startFencer(t, "--etcd-endpoints="+etcd.Endpoint, "--etcd-probe-timeout=500ms")
+	waitStatus(t, probe+"/readyz", http.StatusOK)
+
+	if err := etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, probe+"/readyz", http.StatusInternalServerError)
+	waitStatus(t, probe+"/healthz", http.StatusOK)
+
+	if err := etcd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, probe+"/readyz", http.StatusOK)
+}
+
+// TestStartsWithoutEtcd: the manager starts, unready, when etcd is not yet up.
+func TestStartsWithoutEtcd(t *testing.T) {
+	probe := startFencer(t, fmt.Sprintf("--etcd-endpoints=http://127.0.0.1:%d", freePort(t)), "--etcd-probe-timeout=300ms")
+	waitStatus(t, probe+"/healthz", http.StatusOK)
+	waitStatus(t, probe+"/readyz", http.StatusInternalServerError)
+}
+
+// TestBadFlagsExitWithAMessage: a misconfiguration stops the binary at once
+// with exit code 2 and a message naming the flag.
+func TestBadFlagsExitWithAMessage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "fencer: --etcd-endpoints is required"},
+		{[]string{"--etcd-endpoints=127.0.0.1:2379"}, `fencer: --etcd-endpoints: "127.0.0.1:2379" must start with http:// or https://`},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-ca-file=/nonexistent/ca.pem"}, "etcd client TLS"},
+	} {
+		out, err := exec.Command(fencerBin, tc.args...).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("fencer %v: want a non-zero exit, got %v", tc.args, err)
+		}
+		if !strings.Contains(string(out), tc.want) {
+			t.Errorf("fencer %v printed %q, want %q", tc.args, out, tc.want)
+		}
+	}
+}
