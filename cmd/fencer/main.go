@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -24,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
@@ -42,6 +44,7 @@ type options struct {
 	gracefulShutdown    time.Duration
 	leaderElectionIDStr string
 	kubeconfig          string
+	electionTTL         time.Duration
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -80,6 +83,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz.")
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 10*time.Second, "How long the manager waits for controllers to stop on SIGTERM.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
+	fs.DurationVar(&o.electionTTL, "etcd-election-ttl", 2*time.Second, "Session TTL of the controller's etcd election (whole seconds). A crashed leader's grants are fenced off this long after its last keepalive.")
 	o.etcd.BindFlags(fs)
 	o.zap.BindFlags(fs)
 	return fs
@@ -94,6 +98,9 @@ func (o *options) validate() error {
 	}
 	if o.leaderElect && o.retryPeriod >= o.renewDeadline {
 		return fmt.Errorf("--leader-elect-retry-period (%s) must be less than --leader-elect-renew-deadline (%s)", o.retryPeriod, o.renewDeadline)
+	}
+	if o.electionTTL < time.Second {
+		return fmt.Errorf("--etcd-election-ttl must be at least 1s, got %s", o.electionTTL)
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
@@ -158,8 +165,22 @@ func run(ctx context.Context, o *options) error {
 	if err := mgr.AddReadyzCheck("etcd", etcdReadyCheck(etcd, o.etcd.Prefix, o.etcdProbeTimeout)); err != nil {
 		return err
 	}
+	if err := setupControllers(mgr, etcd, o); err != nil {
+		return err
+	}
 	log.Info("starting manager", "etcdEndpoints", o.etcd.Endpoints, "etcdPrefix", o.etcd.Prefix, "leaderElect", o.leaderElect)
 	return mgr.Start(ctx)
+}
+
+// setupControllers wires the etcd election, the store and the reconcilers.
+func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
+	host, _ := os.Hostname()
+	return controllers.Setup(mgr, controllers.Options{
+		Etcd:        etcd,
+		Prefix:      o.etcd.Prefix,
+		Identity:    fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
+		ElectionTTL: o.electionTTL,
+	})
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -1,0 +1,495 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
+	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/internal/renew"
+)
+
+// LeaseFinalizer makes the controller release a Lease's etcd key before the
+// Lease goes away.
+const LeaseFinalizer = "fencer.io/release"
+
+// statusRefresh is how often a held Lease's status (renewTime, expireTime)
+// is refreshed while nothing else changes. Renewals themselves happen in
+// etcd every TTL/3; writing each to the apiserver would cost more than it
+// tells.
+const statusRefresh = 30 * time.Second
+
+// LeaseReconciler grants Leases in etcd, renews PodReady grants, and
+// publishes tokens on holder pods.
+type LeaseReconciler struct {
+	client.Client
+	Store    *etcdstore.Store
+	Elector  *etcdstore.Elector
+	Renewer  *renew.Renewer
+	Recorder events.EventRecorder
+	Clock    clock.Clock
+
+	// wake carries Leases to reconcile from outside the informers: etcd
+	// watch events, lost keepalives and a new election term.
+	wake chan event.GenericEvent
+
+	mu sync.Mutex
+	// endAt is when a PodReady tenure whose holder stopped qualifying ends:
+	// one TTL after its last renewal.
+	endAt map[string]time.Time
+	// deletedAt is when the etcd watch saw a lease key go, for the failover
+	// duration metric.
+	deletedAt map[string]time.Time
+}
+
+// NewLeaseReconciler wires a reconciler; the Renewer's lost callback wakes it.
+func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *LeaseReconciler {
+	r := &LeaseReconciler{
+		Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk,
+		wake:      make(chan event.GenericEvent, 1024),
+		endAt:     map[string]time.Time{},
+		deletedAt: map[string]time.Time{},
+	}
+	r.Renewer = renew.New(store.Client(), clk, func(key string) {
+		if ns, name, ok := etcdstore.ParseLeaseKey(store.Prefix(), key); ok {
+			r.enqueue(ns, name)
+		}
+	})
+	return r
+}
+
+func (r *LeaseReconciler) enqueue(namespace, name string) {
+	l := &v1.Lease{}
+	l.Namespace, l.Name = namespace, name
+	r.wake <- event.GenericEvent{Object: l}
+}
+
+// +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=leases/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=leases/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+
+// Reconcile grants, renews or releases one Lease and writes its status once.
+func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	lease := &v1.Lease{}
+	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("lease", req.NamespacedName)
+	ctx = ctrl.LoggerInto(ctx, log)
+	if !lease.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, lease)
+	}
+	if controllerutil.AddFinalizer(lease, LeaseFinalizer) {
+		if err := r.Update(ctx, lease); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	before := lease.Status.DeepCopy()
+	out, err := r.reconcileGrant(ctx, lease)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !equality.Semantic.DeepEqual(before, &lease.Status) {
+		if err := r.Status().Update(ctx, lease); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	for _, e := range out.events {
+		r.Recorder.Eventf(lease, nil, e.kind, e.reason, e.reason, "%s", e.note)
+	}
+	return out.result, nil
+}
+
+// outcome is what reconcileGrant decided beyond the status it set.
+type outcome struct {
+	result ctrl.Result
+	events []leaseEvent
+}
+
+type leaseEvent struct{ kind, reason, note string }
+
+func (o *outcome) event(kind, reason, format string, args ...any) {
+	o.events = append(o.events, leaseEvent{kind, reason, fmt.Sprintf(format, args...)})
+}
+
+// requeueAt asks to run again at t, keeping the earliest of several asks.
+func (o *outcome) requeueAt(now, t time.Time) {
+	d := max(t.Sub(now), time.Millisecond)
+	if o.result.RequeueAfter == 0 || d < o.result.RequeueAfter {
+		o.result.RequeueAfter = d
+	}
+}
+
+// reconcileGrant brings etcd and the pods in line with the Lease's spec and
+// sets lease.Status to match. It returns an error only for failures the
+// workqueue should retry with backoff.
+func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (outcome, error) {
+	var out outcome
+	now := r.Clock.Now()
+	lease.Status.ObservedGeneration = lease.Generation
+	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+
+	if _, err := r.Elector.Term(); err != nil {
+		// Not leading etcd yet: the new term wakes every Lease.
+		out.result.RequeueAfter = time.Second
+		return out, nil
+	}
+	pods, err := r.candidates(ctx, lease)
+	if err != nil {
+		return out, err
+	}
+	grant, err := r.Store.GetGrant(ctx, lease.Namespace, lease.Name)
+	if err != nil {
+		r.etcdUnavailable(lease, &out, err)
+		return out, nil
+	}
+
+	if grant != nil {
+		ended, err := r.keepOrEnd(ctx, lease, grant, pods, now, &out)
+		if err != nil {
+			r.etcdUnavailable(lease, &out, err)
+			return out, nil
+		}
+		if !ended {
+			return out, r.publish(ctx, lease, pods, grant)
+		}
+		grant = nil
+	} else if open := openTenure(lease); open != nil {
+		// The key is gone without our release: the etcd lease expired.
+		closeTenure(lease, now, v1.TenureExpired)
+		metrics.LeaseExpiries.Inc()
+		out.event(corev1.EventTypeNormal, v1.ReasonExpired, "tenure of %s (token %d) expired in etcd", open.Holder, open.Token)
+	}
+
+	clearHolder(lease)
+	if lease.Spec.Suspend || len(pods) == 0 {
+		// No successor is coming soon; a later grant is no failover.
+		r.forgetDeletion(key)
+	}
+	if lease.Spec.Suspend {
+		setHeld(lease, metav1.ConditionFalse, v1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
+		return out, r.publish(ctx, lease, pods, nil)
+	}
+	next := holder.Pick(pods)
+	if next == nil {
+		setHeld(lease, metav1.ConditionFalse, v1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
+		return out, r.publish(ctx, lease, pods, nil)
+	}
+	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
+	grant, err = r.Store.GrantLease(ctx, lease.Namespace, lease.Name, next.Name, string(next.UID), ttl, now)
+	switch {
+	case errors.Is(err, etcdstore.ErrHeld):
+		out.result.RequeueAfter = time.Millisecond // granted meanwhile; read it again
+		return out, nil
+	case errors.Is(err, etcdstore.ErrNotLeader):
+		out.result.RequeueAfter = time.Second
+		return out, nil
+	case err != nil:
+		r.etcdUnavailable(lease, &out, err)
+		return out, nil
+	}
+	r.granted(lease, key, grant, now, &out)
+	return out, r.publish(ctx, lease, pods, grant)
+}
+
+// keepOrEnd handles a live grant: it keeps renewing a qualifying PodReady
+// holder, and ends the tenure (conditional delete) when the Lease is
+// suspended, or one TTL after the last renewal of a holder that stopped
+// qualifying. It reports whether the tenure ended.
+func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, pods []corev1.Pod, now time.Time, out *outcome) (bool, error) {
+	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	ttl := time.Duration(g.TTL) * time.Second
+	pod := findPod(pods, g.Holder, g.HolderUID)
+	showGrant(lease, g)
+
+	if lease.Spec.Suspend {
+		return true, r.release(ctx, lease, g, v1.TenureSuspended, now, out)
+	}
+	if lease.Spec.Renewal == v1.RenewalDirect {
+		// The holder renews through the SDK; etcd expiry ends the tenure.
+		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID))
+		out.result.RequeueAfter = statusRefresh
+		return false, nil
+	}
+	if holder.Qualifies(pod) {
+		r.clearEnd(key)
+		if !r.Renewer.Renewing(key, g.LeaseID) {
+			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
+		}
+		last, _ := r.Renewer.LastRenew(key)
+		lease.Status.RenewTime = microTime(last)
+		lease.Status.ExpireTime = microTime(last.Add(ttl))
+		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d", g.Holder, g.Token))
+		out.result.RequeueAfter = max(ttl, statusRefresh)
+		return false, nil
+	}
+
+	end, err := r.tenureEnd(ctx, key, g, now)
+	if err != nil {
+		return false, err
+	}
+	reason := v1.TenureHolderNotReady
+	if pod == nil {
+		reason = v1.TenureHolderGone
+	}
+	if now.Before(end) {
+		lease.Status.ExpireTime = microTime(end)
+		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d until %s: the holder no longer qualifies (%s) and is not renewed", g.Holder, g.Token, end.UTC().Format(time.RFC3339Nano), reason))
+		out.requeueAt(now, end)
+		return false, nil
+	}
+	return true, r.release(ctx, lease, g, reason, now, out)
+}
+
+// tenureEnd is when a grant no longer renewed ends: one TTL after its last
+// renewal. Stopping the renewer yields that time; a grant adopted from
+// another controller replica has only etcd's remaining TTL to go by.
+func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time) (time.Time, error) {
+	r.mu.Lock()
+	end, known := r.endAt[key]
+	r.mu.Unlock()
+	if known {
+		return end, nil
+	}
+	if last, ok := r.Renewer.Stop(key); ok {
+		end = last.Add(time.Duration(g.TTL) * time.Second)
+	} else {
+		remaining, err := r.Store.RemainingTTL(ctx, g.LeaseID)
+		if err != nil {
+			return time.Time{}, err
+		}
+		// etcd reports whole seconds, rounded down: a second more never
+		// ends a tenure before etcd would.
+		end = now.Add(remaining + time.Second)
+	}
+	r.mu.Lock()
+	r.endAt[key] = end
+	r.mu.Unlock()
+	return end, nil
+}
+
+func (r *LeaseReconciler) clearEnd(key string) {
+	r.mu.Lock()
+	delete(r.endAt, key)
+	r.mu.Unlock()
+}
+
+// release ends a tenure with the conditional delete.
+func (r *LeaseReconciler) release(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, why v1.TenureEndReason, now time.Time, out *outcome) error {
+	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	r.Renewer.Stop(key)
+	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
+		return err
+	}
+	r.clearEnd(key)
+	r.markDeleted(key, r.Clock.Now())
+	closeTenure(lease, now, why)
+	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
+	out.event(corev1.EventTypeNormal, "Released", "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
+	return nil
+}
+
+// granted records a new grant in the status, history and metrics.
+func (r *LeaseReconciler) granted(lease *v1.Lease, key string, g *etcdstore.Grant, now time.Time, out *outcome) {
+	if lease.Spec.Renewal == v1.RenewalPodReady {
+		r.Renewer.Ensure(key, g.LeaseID, now)
+	}
+	// Like coordination.k8s.io Leases, the first holder is no transition.
+	transition := "first"
+	if prev := lastTenure(lease); prev != nil {
+		transition = "same"
+		if prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID) {
+			transition = "new"
+			lease.Status.Transitions++
+		}
+	}
+	metrics.LeaseGrants.WithLabelValues(transition).Inc()
+	r.mu.Lock()
+	if at, ok := r.deletedAt[key]; ok {
+		metrics.FailoverSeconds.Observe(r.Clock.Since(at).Seconds())
+		delete(r.deletedAt, key)
+	}
+	r.mu.Unlock()
+	showGrant(lease, g)
+	lease.Status.RenewTime = microTime(now)
+	lease.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
+	pushTenure(lease, v1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(now)})
+	setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("granted to %s with token %d", g.Holder, g.Token))
+	out.event(corev1.EventTypeNormal, v1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+}
+
+func (r *LeaseReconciler) forgetDeletion(key string) {
+	r.mu.Lock()
+	delete(r.deletedAt, key)
+	r.mu.Unlock()
+}
+
+func (r *LeaseReconciler) markDeleted(key string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.deletedAt[key]; !ok {
+		r.deletedAt[key] = at
+	}
+}
+
+func (r *LeaseReconciler) etcdUnavailable(lease *v1.Lease, out *outcome, err error) {
+	setHeld(lease, metav1.ConditionUnknown, v1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
+	out.event(corev1.EventTypeWarning, v1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+	out.result.RequeueAfter = 2 * time.Second
+	ctrl.Log.V(1).Info("etcd unavailable", "lease", client.ObjectKeyFromObject(lease), "err", err.Error())
+}
+
+// candidates lists the pods the Lease's selector matches.
+func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]corev1.Pod, error) {
+	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
+	if err != nil {
+		return nil, reconcile.TerminalError(fmt.Errorf("spec.holderSelector: %w", err))
+	}
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(lease.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
+}
+
+func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {
+	for i := range pods {
+		if pods[i].Name == name && string(pods[i].UID) == uid {
+			return &pods[i]
+		}
+	}
+	return nil
+}
+
+// finalize releases the Lease's grant and its pod annotations, then lets
+// the Lease go.
+func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(lease, LeaseFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	g, err := r.Store.GetGrant(ctx, lease.Namespace, lease.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if g != nil {
+		key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+		r.Renewer.Stop(key)
+		if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
+			return ctrl.Result{}, err
+		}
+		r.clearEnd(key)
+		metrics.LeaseReleases.WithLabelValues(string(v1.TenureDeleted)).Inc()
+	}
+	pods, err := r.candidates(ctx, lease)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.publish(ctx, lease, pods, nil); err != nil {
+		return ctrl.Result{}, err
+	}
+	controllerutil.RemoveFinalizer(lease, LeaseFinalizer)
+	return ctrl.Result{}, r.Update(ctx, lease)
+}
+
+// SetupWithManager registers the controller and the runnables that feed it:
+// the etcd watch of lease keys, and a resync whenever the etcd term changes.
+func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.Add(leaderRunnable(r.watchEtcd)); err != nil {
+		return err
+	}
+	if err := mgr.Add(leaderRunnable(r.followTerms)); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.Lease{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		Named("lease").
+		Complete(r)
+}
+
+// watchEtcd wakes a Lease the moment its key is deleted or expires.
+func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
+	r.Store.WatchLeases(ctx, func(ev etcdstore.LeaseEvent) {
+		if ev.Deleted {
+			r.markDeleted(etcdstore.LeaseKey(r.Store.Prefix(), ev.Namespace, ev.Name), ev.At)
+		}
+		r.enqueue(ev.Namespace, ev.Name)
+	}, func() { r.enqueueAll(ctx) })
+	return nil
+}
+
+// followTerms re-reconciles every Lease when this replica wins the etcd
+// election, to adopt live grants, and stops renewing when it loses it.
+func (r *LeaseReconciler) followTerms(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			r.Renewer.StopAll()
+			return nil
+		case <-r.Elector.Changed():
+			if _, err := r.Elector.Term(); err != nil {
+				r.Renewer.StopAll()
+				continue
+			}
+			r.enqueueAll(ctx)
+		}
+	}
+}
+
+func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
+	var leases v1.LeaseList
+	if err := r.List(ctx, &leases); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing Leases for a resync")
+		return
+	}
+	for _, l := range leases.Items {
+		r.enqueue(l.Namespace, l.Name)
+	}
+}
+
+// leasesForPod maps a pod to the Leases that select it or that it holds.
+func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) []reconcile.Request {
+	var leases v1.LeaseList
+	if err := r.List(ctx, &leases, client.InNamespace(obj.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, l := range leases.Items {
+		sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
+		if l.Status.Holder == obj.GetName() || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
+		}
+	}
+	return reqs
+}
+
+// leaderRunnable adapts a function to a Runnable that runs only on the leader.
+type leaderRunnable func(context.Context) error
+
+func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (f leaderRunnable) NeedLeaderElection() bool        { return true }

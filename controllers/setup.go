@@ -1,0 +1,43 @@
+package controllers
+
+import (
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
+)
+
+// Options wire fencer's controllers to etcd.
+type Options struct {
+	Etcd *clientv3.Client
+	// Prefix is the root of fencer's etcd keys.
+	Prefix string
+	// Identity names this replica in the etcd election.
+	Identity string
+	// ElectionTTL is the etcd election's session TTL.
+	ElectionTTL time.Duration
+	// Clock is the reconcilers' clock; nil means the real one.
+	Clock clock.Clock
+}
+
+// Setup adds the etcd election and every reconciler to mgr.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	elector := etcdstore.NewElector(o.Etcd, o.Prefix, o.Identity, o.ElectionTTL)
+	if err := mgr.Add(elector); err != nil {
+		return err
+	}
+	store := etcdstore.NewStore(o.Etcd, o.Prefix, elector, metrics.ObserveEtcd)
+	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
+	if err := leases.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Lease controller: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// ErrNotLeader means this controller does not hold the etcd election (yet, or
+// any more), so it may not grant, release or allocate.
+var ErrNotLeader = errors.New("this controller does not lead the etcd election")
+
+// Term is one won election: the leader key and the revision that created it.
+// Every controller write compares CreateRevision(Key) == Rev, so a deposed
+// replica that still believes it leads can write nothing.
+type Term struct {
+	Key string
+	Rev int64
+}
+
+// cmp is the self-fencing comparison every controller transaction carries.
+func (t Term) cmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(t.Key), "=", t.Rev)
+}
+
+// heldIn reports whether a failed transaction whose first Else op read the
+// leader key saw this term still in force.
+func (t Term) heldIn(resp *clientv3.TxnResponse) bool {
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev
+}
+
+// Elector campaigns for <prefix>/controller/leader with a short session TTL,
+// and campaigns again whenever its session is lost. It is a controller-runtime
+// Runnable that runs only on the replica that won Kubernetes leader election,
+// so campaigns rarely contend; the etcd election is what fences.
+type Elector struct {
+	cli        *clientv3.Client
+	prefix     string
+	identity   string
+	sessionTTL int
+
+	mu      sync.Mutex
+	term    *Term
+	changed chan struct{} // closed and replaced whenever term changes
+}
+
+// NewElector returns an Elector; identity names this replica in the leader key.
+func NewElector(cli *clientv3.Client, prefix, identity string, sessionTTL time.Duration) *Elector {
+	ttl := int(sessionTTL.Seconds())
+	if ttl < 1 {
+		ttl = 1
+	}
+	return &Elector{cli: cli, prefix: prefix, identity: identity, sessionTTL: ttl, changed: make(chan struct{})}
+}
+
+// Term returns the current term, or ErrNotLeader.
+func (e *Elector) Term() (Term, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.term == nil {
+		return Term{}, ErrNotLeader
+	}
+	return *e.term, nil
+}
+
+// Changed returns a channel closed at the next change of term.
+func (e *Elector) Changed() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.changed
+}
+
+func (e *Elector) setTerm(t *Term) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.term = t
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// NeedLeaderElection: only the Kubernetes leader campaigns.
+func (e *Elector) NeedLeaderElection() bool { return true }
+
+// Start campaigns until ctx ends, resigning on the way out so a successor
+// does not wait for the session to expire.
+func (e *Elector) Start(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("elector").WithValues("key", LeaderKey(e.prefix), "identity", e.identity)
+	for ctx.Err() == nil {
+		if err := e.campaign(ctx); err != nil && ctx.Err() == nil {
+			log.Error(err, "etcd election lost or failed; campaigning again")
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Elector) campaign(ctx context.Context) error {
+	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(e.sessionTTL), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("etcd session: %w", err)
+	}
+	defer func() {
+		// Revoke with a fresh context: ctx may be cancelled (shutdown), and
+		// resigning at once spares the successor a session TTL of waiting.
+		session.Orphan()
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = e.cli.Revoke(rctx, session.Lease())
+	}()
+	election := concurrency.NewElection(session, LeaderKey(e.prefix))
+	if err := election.Campaign(ctx, e.identity); err != nil {
+		return fmt.Errorf("campaign: %w", err)
+	}
+	e.setTerm(&Term{Key: election.Key(), Rev: election.Rev()})
+	ctrl.LoggerFrom(ctx).WithName("elector").Info("won the etcd election", "key", election.Key(), "rev", election.Rev())
+	defer e.setTerm(nil)
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-session.Done():
+		return errors.New("etcd session expired")
+	}
+}

@@ -1,0 +1,177 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrHeld means the lease key already exists: someone holds the lease.
+var ErrHeld = errors.New("lease is already granted")
+
+// ErrTokenMismatch means a conditional release found another grant (or none)
+// under the key: the token given is not the live one.
+var ErrTokenMismatch = errors.New("the lease key holds a different grant")
+
+// Grant is a live grant of a Lease, as stored at LeaseKey.
+type Grant struct {
+	// Token is the CreateRevision of the key: the fencing token.
+	Token int64
+	// LeaseID is the etcd lease the key is attached to.
+	LeaseID clientv3.LeaseID
+	// Value is what the key holds.
+	GrantValue
+}
+
+// GrantValue is the JSON stored at a lease key (DESIGN.md §3).
+type GrantValue struct {
+	Holder    string    `json:"holder"`
+	HolderUID string    `json:"holderUID"`
+	LeaseID   int64     `json:"leaseID"`
+	GrantTime time.Time `json:"grantTime"`
+	TTL       int64     `json:"ttlSeconds"`
+}
+
+// Store reads and writes fencer's etcd keys. Writes are fenced by the term
+// of the Elector it was given.
+type Store struct {
+	cli     *clientv3.Client
+	prefix  string
+	elector *Elector
+	// observe records each etcd operation's latency; nil records nothing.
+	observe func(op string, d time.Duration, err error)
+}
+
+// NewStore returns a Store. observe may be nil.
+func NewStore(cli *clientv3.Client, prefix string, elector *Elector, observe func(op string, d time.Duration, err error)) *Store {
+	return &Store{cli: cli, prefix: prefix, elector: elector, observe: observe}
+}
+
+// Client is the etcd client behind the store.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Prefix is the root of the store's keys.
+func (s *Store) Prefix() string { return s.prefix }
+
+// timed is deferred as `defer s.timed("op")(&err)`: it records the latency
+// and outcome of the whole call.
+func (s *Store) timed(op string) func(*error) {
+	start := time.Now()
+	return func(err *error) {
+		if s.observe != nil {
+			s.observe(op, time.Since(start), *err)
+		}
+	}
+}
+
+// GetGrant returns the live grant of namespace/name, or nil if there is none.
+// The read is linearizable.
+func (s *Store) GetGrant(ctx context.Context, namespace, name string) (g *Grant, err error) {
+	defer s.timed("get")(&err)
+	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	return decodeGrant(resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].Lease)
+}
+
+func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {
+	g := &Grant{Token: createRev, LeaseID: clientv3.LeaseID(lease)}
+	if err := json.Unmarshal(value, &g.GrantValue); err != nil {
+		return nil, fmt.Errorf("etcd key %s holds malformed JSON: %w", key, err)
+	}
+	return g, nil
+}
+
+// GrantLease creates the lease key for holder, attached to a new etcd lease
+// of ttl, in one transaction that also checks this controller's term and that
+// the key is absent. It returns ErrHeld if someone holds the lease, and
+// ErrNotLeader if this controller has been deposed.
+func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderUID string, ttl time.Duration, now time.Time) (g *Grant, err error) {
+	defer s.timed("grant")(&err)
+	term, err := s.elector.Term()
+	if err != nil {
+		return nil, err
+	}
+	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return nil, err
+	}
+	val := GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(lease.ID), GrantTime: now.UTC(), TTL: lease.TTL}
+	raw, err := json.Marshal(val)
+	if err != nil {
+		return nil, err
+	}
+	key := LeaseKey(s.prefix, namespace, name)
+	resp, err := s.cli.Txn(ctx).
+		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(raw), clientv3.WithLease(lease.ID))).
+		Else(clientv3.OpGet(term.Key), clientv3.OpGet(key)).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		s.revoke(lease.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !resp.Succeeded {
+		if !term.heldIn(resp) {
+			return nil, ErrNotLeader
+		}
+		return nil, ErrHeld
+	}
+	return &Grant{Token: resp.Header.Revision, LeaseID: lease.ID, GrantValue: val}, nil
+}
+
+// Release deletes the lease key only if it still holds the grant with token,
+// and only while this controller leads; then it revokes the grant's etcd
+// lease. A plain delete could remove a newer holder's key.
+func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (err error) {
+	defer s.timed("release")(&err)
+	term, err := s.elector.Term()
+	if err != nil {
+		return err
+	}
+	key := LeaseKey(s.prefix, namespace, name)
+	resp, err := s.cli.Txn(ctx).
+		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", g.Token)).
+		Then(clientv3.OpDelete(key)).
+		Else(clientv3.OpGet(term.Key)).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		if !term.heldIn(resp) {
+			return ErrNotLeader
+		}
+		return ErrTokenMismatch
+	}
+	s.revoke(g.LeaseID)
+	return nil
+}
+
+// revoke drops an etcd lease that no key needs, best effort: an unrevoked
+// lease only expires later, attached to nothing.
+func (s *Store) revoke(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, _ = s.cli.Revoke(ctx, id)
+}
+
+// RemainingTTL is how long etcd will keep lease id alive without renewal.
+func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.Duration, err error) {
+	defer s.timed("ttl")(&err)
+	resp, err := s.cli.TimeToLive(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	return max(time.Duration(resp.TTL)*time.Second, 0), nil
+}
