@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -102,7 +103,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	if controllerutil.AddFinalizer(lease, LeaseFinalizer) {
 		if err := r.Update(ctx, lease); err != nil {
-			return ctrl.Result{}, err
+			return requeueOnConflict(err)
 		}
 	}
 	before := lease.Status.DeepCopy()
@@ -112,13 +113,22 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	if !equality.Semantic.DeepEqual(before, &lease.Status) {
 		if err := r.Status().Update(ctx, lease); err != nil {
-			return ctrl.Result{}, err
+			return requeueOnConflict(err)
 		}
 	}
 	for _, e := range out.events {
 		r.Recorder.Eventf(lease, nil, e.kind, e.reason, e.reason, "%s", e.note)
 	}
 	return out.result, nil
+}
+
+// requeueOnConflict turns a write conflict (our cache was behind) into a
+// quiet retry; other errors go to the workqueue's backoff.
+func requeueOnConflict(err error) (ctrl.Result, error) {
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	return ctrl.Result{}, err
 }
 
 // outcome is what reconcileGrant decided beyond the status it set.

@@ -21,6 +21,8 @@ type Options struct {
 	Identity string
 	// ElectionTTL is the etcd election's session TTL.
 	ElectionTTL time.Duration
+	// RequestTimeout bounds each etcd request; zero means the store's default.
+	RequestTimeout time.Duration
 	// Clock is the reconcilers' clock; nil means the real one.
 	Clock clock.Clock
 }
@@ -35,6 +37,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	store := etcdstore.NewStore(o.Etcd, o.Prefix, elector, metrics.ObserveEtcd)
+	store.Timeout = o.RequestTimeout
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)

@@ -14,8 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -176,10 +176,11 @@ func run(ctx context.Context, o *options) error {
 func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
 	host, _ := os.Hostname()
 	return controllers.Setup(mgr, controllers.Options{
-		Etcd:        etcd,
-		Prefix:      o.etcd.Prefix,
-		Identity:    fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
-		ElectionTTL: o.electionTTL,
+		Etcd:           etcd,
+		Prefix:         o.etcd.Prefix,
+		Identity:       fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
+		ElectionTTL:    o.electionTTL,
+		RequestTimeout: o.etcd.RequestTimeout,
 	})
 }
 

@@ -28,6 +28,9 @@ type Config struct {
 	CAFile, CertFile, KeyFile string
 	// DialTimeout bounds connecting to etcd.
 	DialTimeout time.Duration
+	// RequestTimeout bounds each etcd request fencer makes, so a reconcile
+	// never hangs on an unreachable etcd.
+	RequestTimeout time.Duration
 }
 
 // DefaultPrefix is the root of fencer's etcd keys unless --etcd-prefix says otherwise.
@@ -44,6 +47,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CertFile, "etcd-cert-file", "", "PEM client certificate for etcd (with --etcd-key-file).")
 	fs.StringVar(&c.KeyFile, "etcd-key-file", "", "PEM private key of --etcd-cert-file.")
 	fs.DurationVar(&c.DialTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for a connection to etcd.")
+	fs.DurationVar(&c.RequestTimeout, "etcd-request-timeout", 3*time.Second, "Timeout of each etcd request (read, grant, release). A Lease whose request times out reports Held=Unknown, reason EtcdUnavailable.")
 }
 
 func splitEndpoints(s string) []string {
@@ -74,6 +78,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DialTimeout <= 0 {
 		return fmt.Errorf("--etcd-dial-timeout must be positive, got %s", c.DialTimeout)
+	}
+	if c.RequestTimeout < 0 {
+		return fmt.Errorf("--etcd-request-timeout must not be negative, got %s", c.RequestTimeout)
 	}
 	return nil
 }

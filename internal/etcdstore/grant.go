@@ -44,11 +44,25 @@ type Store struct {
 	elector *Elector
 	// observe records each etcd operation's latency; nil records nothing.
 	observe func(op string, d time.Duration, err error)
+	// Timeout bounds each request; zero means DefaultRequestTimeout.
+	Timeout time.Duration
 }
+
+// DefaultRequestTimeout bounds a Store request when no timeout is set.
+const DefaultRequestTimeout = 3 * time.Second
 
 // NewStore returns a Store. observe may be nil.
 func NewStore(cli *clientv3.Client, prefix string, elector *Elector, observe func(op string, d time.Duration, err error)) *Store {
 	return &Store{cli: cli, prefix: prefix, elector: elector, observe: observe}
+}
+
+// bound gives ctx the store's request timeout.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := s.Timeout
+	if d <= 0 {
+		d = DefaultRequestTimeout
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // Client is the etcd client behind the store.
@@ -72,6 +86,8 @@ func (s *Store) timed(op string) func(*error) {
 // The read is linearizable.
 func (s *Store) GetGrant(ctx context.Context, namespace, name string) (g *Grant, err error) {
 	defer s.timed("get")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
 	if err != nil {
 		return nil, err
@@ -96,6 +112,8 @@ func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {
 // ErrNotLeader if this controller has been deposed.
 func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderUID string, ttl time.Duration, now time.Time) (g *Grant, err error) {
 	defer s.timed("grant")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	term, err := s.elector.Term()
 	if err != nil {
 		return nil, err
@@ -135,6 +153,8 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 // lease. A plain delete could remove a newer holder's key.
 func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (err error) {
 	defer s.timed("release")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	term, err := s.elector.Term()
 	if err != nil {
 		return err
@@ -169,6 +189,8 @@ func (s *Store) revoke(id clientv3.LeaseID) {
 // RemainingTTL is how long etcd will keep lease id alive without renewal.
 func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.Duration, err error) {
 	defer s.timed("ttl")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	resp, err := s.cli.TimeToLive(ctx, id)
 	if err != nil {
 		return 0, err

@@ -1,0 +1,173 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// startEtcd runs a real etcd from bin/ for the test.
+func startEtcd(t *testing.T) *clientv3.Client {
+	t.Helper()
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	cli, err := Connect(Config{Endpoints: []string{e.Endpoint}, Prefix: DefaultPrefix, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// win campaigns for the leader key with its own session and returns an
+// Elector holding that term, plus the session so the test can kill it.
+func win(t *testing.T, cli *clientv3.Client, name string) (*Elector, *concurrency.Session) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := concurrency.NewElection(s, LeaderKey(DefaultPrefix))
+	if err := el.Campaign(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	e := NewElector(cli, DefaultPrefix, name, time.Second)
+	e.setTerm(&Term{Key: el.Key(), Rev: el.Rev()})
+	return e, s
+}
+
+func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+
+	g, err := s.GrantLease(ctx, "ns", "l", "pod-a", "uid-a", 10*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, LeaseKey(DefaultPrefix, "ns", "l"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("key not written: %v %v", resp, err)
+	}
+	if kv := resp.Kvs[0]; kv.CreateRevision != g.Token || clientv3.LeaseID(kv.Lease) != g.LeaseID {
+		t.Fatalf("token %d / lease %d, but the key has CreateRevision %d / lease %d", g.Token, g.LeaseID, kv.CreateRevision, kv.Lease)
+	}
+	if _, err := s.GrantLease(ctx, "ns", "l", "pod-b", "uid-b", 10*time.Second, time.Now()); !errors.Is(err, ErrHeld) {
+		t.Fatalf("second grant: %v, want ErrHeld", err)
+	}
+	got, err := s.GetGrant(ctx, "ns", "l")
+	if err != nil || got.Token != g.Token || got.Holder != "pod-a" || got.LeaseID != g.LeaseID {
+		t.Fatalf("GetGrant = %+v, %v", got, err)
+	}
+
+	stale := *g
+	stale.Token--
+	if err := s.Release(ctx, "ns", "l", &stale); !errors.Is(err, ErrTokenMismatch) {
+		t.Fatalf("release with a stale token: %v, want ErrTokenMismatch", err)
+	}
+	if err := s.Release(ctx, "ns", "l", g); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetGrant(ctx, "ns", "l"); err != nil || got != nil {
+		t.Fatalf("after release: %+v, %v", got, err)
+	}
+	g2, err := s.GrantLease(ctx, "ns", "l", "pod-b", "uid-b", 10*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2.Token <= g.Token {
+		t.Fatalf("second token %d not above first %d", g2.Token, g.Token)
+	}
+}
+
+// TestDeposedControllerCannotGrant: a replica whose election key was
+// superseded still believes it leads, and every write it tries is refused by
+// etcd itself.
+func TestDeposedControllerCannotGrant(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	old, oldSession := win(t, cli, "old")
+	oldStore := NewStore(cli, DefaultPrefix, old, nil)
+	g, err := oldStore.GrantLease(ctx, "ns", "held", "pod-a", "uid-a", 30*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The old leader's session ends (as when it is partitioned past its TTL)
+	// and another replica wins. The old Elector is never told.
+	if _, err := cli.Revoke(ctx, oldSession.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	nu, _ := win(t, cli, "new")
+	if _, err := old.Term(); err != nil {
+		t.Fatal("the old elector must still believe it leads for this test to mean anything")
+	}
+
+	if _, err := oldStore.GrantLease(ctx, "ns", "other", "pod-b", "uid-b", 30*time.Second, time.Now()); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("deposed grant: %v, want ErrNotLeader", err)
+	}
+	if err := oldStore.Release(ctx, "ns", "held", g); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("deposed release: %v, want ErrNotLeader", err)
+	}
+	if got, _ := oldStore.GetGrant(ctx, "ns", "other"); got != nil {
+		t.Fatalf("deposed controller wrote a grant: %+v", got)
+	}
+	newStore := NewStore(cli, DefaultPrefix, nu, nil)
+	if _, err := newStore.GrantLease(ctx, "ns", "other", "pod-b", "uid-b", 30*time.Second, time.Now()); err != nil {
+		t.Fatalf("the new leader cannot grant: %v", err)
+	}
+	if err := newStore.Release(ctx, "ns", "held", g); err != nil {
+		t.Fatalf("the new leader cannot release an adopted grant: %v", err)
+	}
+}
+
+func TestElectorResignsOnStop(t *testing.T) {
+	cli := startEtcd(t)
+	e := NewElector(cli, DefaultPrefix, "a", 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = e.Start(ctx); close(done) }()
+	waitTerm(t, e)
+	cancel()
+	<-done
+	if _, err := e.Term(); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("stopped elector still leads: %v", err)
+	}
+	// Resigning deletes the key at once, so a successor need not wait 5s.
+	resp, err := cli.Get(context.Background(), LeaderKey(DefaultPrefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 0 {
+		t.Fatalf("leader key left behind after stop: count %d, %v", resp.Count, err)
+	}
+}
+
+func waitTerm(t *testing.T, e *Elector) Term {
+	t.Helper()
+	for range 300 {
+		if term, err := e.Term(); err == nil {
+			return term
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("elector never won")
+	return Term{}
+}

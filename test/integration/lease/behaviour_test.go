@@ -1,0 +1,298 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// Tests run one after another: they share the fencer etcd, which one of them
+// stops, and each starts its own controller.
+
+func TestGrantPublishesCreateRevisionAsToken(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 15))
+
+	st := heldBy(t, ns, "job")
+	if st.Holder != "w-0" {
+		t.Fatalf("holder %s, want w-0 (oldest Ready, then by name)", st.Holder)
+	}
+	if tok := etcdToken(t, ns, "job"); tok == 0 || tok != st.Token {
+		t.Fatalf("status token %d, etcd CreateRevision %d: must be equal", st.Token, tok)
+	}
+	if st.LeaseID == 0 || st.AcquireTime == nil || st.ExpireTime == nil || st.ObservedGeneration != 1 {
+		t.Fatalf("status incomplete: %+v", st)
+	}
+	eventually(t, 30*time.Second, "holder annotation", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != itoa(st.Token) {
+			return fmt.Errorf("w-0 annotation %q, want %d", got, st.Token)
+		}
+		return nil
+	})
+	if got := annotation(t, ns, "w-1", "job"); got != "" {
+		t.Fatalf("non-holder w-1 carries the token annotation %q", got)
+	}
+	if l := getLease(t, ns, "job"); len(l.Finalizers) != 1 || l.Finalizers[0] != "fencer.io/release" {
+		t.Fatalf("finalizers %v", l.Finalizers)
+	}
+}
+
+func TestFailoverWhenHolderGoesNotReady(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	p0 := readyPod(t, ns, "w-0", "w")
+	readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 2))
+	first := heldBy(t, ns, "job")
+
+	setReady(t, p0, false)
+	second := heldBy(t, ns, "job", first.Holder)
+	if second.Holder != "w-1" || second.Token <= first.Token {
+		t.Fatalf("after failover: holder %s token %d; want w-1 with a token above %d", second.Holder, second.Token, first.Token)
+	}
+	if tok := etcdToken(t, ns, "job"); tok != second.Token {
+		t.Fatalf("etcd CreateRevision %d, status token %d", tok, second.Token)
+	}
+	eventually(t, 30*time.Second, "annotation moved", func() error {
+		if a, b := annotation(t, ns, "w-0", "job"), annotation(t, ns, "w-1", "job"); a != "" || b != itoa(second.Token) {
+			return fmt.Errorf("w-0 %q, w-1 %q", a, b)
+		}
+		return nil
+	})
+	if second.Transitions != 1 || len(second.History) != 2 || second.History[1].EndReason != v1.TenureHolderNotReady || second.History[1].Token != first.Token {
+		t.Fatalf("history/transitions not recorded: %+v", second)
+	}
+}
+
+func TestFailoverWhenHolderIsDeleted(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	p0 := readyPod(t, ns, "w-0", "w")
+	readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 2))
+	first := heldBy(t, ns, "job")
+
+	if err := k8s.Delete(context.Background(), p0, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	second := heldBy(t, ns, "job", first.Holder)
+	if second.Token <= first.Token {
+		t.Fatalf("token %d not above %d", second.Token, first.Token)
+	}
+	if second.History[1].EndReason != v1.TenureHolderGone {
+		t.Fatalf("end reason %q, want HolderGone", second.History[1].EndReason)
+	}
+}
+
+func TestSuspend(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 15))
+	first := heldBy(t, ns, "job")
+
+	patchSuspend(t, ns, "job", true)
+	eventually(t, 30*time.Second, "suspended", func() error {
+		l := getLease(t, ns, "job")
+		if heldReason(l) != v1.ReasonSuspended || l.Status.Holder != "" || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
+			return fmt.Errorf("reason %q holder %q key %d annotation %q", heldReason(l), l.Status.Holder, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
+		}
+		return nil
+	})
+
+	patchSuspend(t, ns, "job", false)
+	again := heldBy(t, ns, "job")
+	if again.Token <= first.Token {
+		t.Fatalf("token after resume %d not above %d", again.Token, first.Token)
+	}
+}
+
+func patchSuspend(t *testing.T, ns, name string, suspend bool) {
+	t.Helper()
+	l := getLease(t, ns, name)
+	patch := client.MergeFrom(l.DeepCopy())
+	l.Spec.Suspend = suspend
+	if err := k8s.Patch(context.Background(), l, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNoCandidates(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	create(t, newLease(ns, "job", "nobody", 15))
+	eventually(t, 30*time.Second, "NoCandidates", func() error {
+		if r := heldReason(getLease(t, ns, "job")); r != v1.ReasonNoCandidates {
+			return fmt.Errorf("reason %q", r)
+		}
+		return nil
+	})
+	readyPod(t, ns, "late", "nobody")
+	if st := heldBy(t, ns, "job"); st.Holder != "late" {
+		t.Fatalf("holder %s", st.Holder)
+	}
+}
+
+func TestDeletingALeaseReleasesItsKey(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 15)
+	create(t, l)
+	heldBy(t, ns, "job")
+	if err := k8s.Delete(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "lease gone, key released, annotation removed", func() error {
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(l), &v1.Lease{})
+		if !apierrors.IsNotFound(err) || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
+			return fmt.Errorf("get: %v, key %d, annotation %q", err, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
+		}
+		return nil
+	})
+}
+
+// TestRestartAdoptsGrant: a controller that replaces another mid-tenure keeps
+// the grant (same token) and renews it past its TTL.
+func TestRestartAdoptsGrant(t *testing.T) {
+	stop := startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 3))
+	first := heldBy(t, ns, "job")
+	stop()
+
+	startController(t, "c2")
+	// Three TTLs: the key outlives them only if the new controller renews it.
+	time.Sleep(9 * time.Second)
+	if tok := etcdToken(t, ns, "job"); tok != first.Token {
+		t.Fatalf("etcd token after restart %d, want the adopted %d", tok, first.Token)
+	}
+	if st := heldBy(t, ns, "job"); st.Token != first.Token || st.Transitions != 0 {
+		t.Fatalf("status after restart: token %d transitions %d, want %d and 0", st.Token, st.Transitions, first.Token)
+	}
+}
+
+// TestEtcdUnavailable: with etcd down the Lease says EtcdUnavailable, and it
+// is held again once etcd is back.
+func TestEtcdUnavailable(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 15))
+	heldBy(t, ns, "job")
+
+	if err := etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = etcd.Start(context.Background())
+		}
+	}()
+	// Any change to the Lease makes the controller look at etcd at once.
+	touch(t, ns, "job")
+	eventually(t, 60*time.Second, "EtcdUnavailable", func() error {
+		if r := heldReason(getLease(t, ns, "job")); r != v1.ReasonEtcdUnavailable {
+			return fmt.Errorf("reason %q", r)
+		}
+		return nil
+	})
+
+	if err := etcd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	eventually(t, 60*time.Second, "held again", func() error {
+		l := getLease(t, ns, "job")
+		if heldReason(l) != v1.ReasonGranted || l.Status.Token != etcdToken(t, ns, "job") {
+			return fmt.Errorf("reason %q token %d etcd %d", heldReason(l), l.Status.Token, etcdToken(t, ns, "job"))
+		}
+		return nil
+	})
+}
+
+func touch(t *testing.T, ns, name string) {
+	t.Helper()
+	l := getLease(t, ns, name)
+	patch := client.MergeFrom(l.DeepCopy())
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations["test/touched"] = time.Now().String()
+	if err := k8s.Patch(context.Background(), l, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestManyLeases: 200 Leases at once are all granted, and every status
+// agrees with etcd and with the holder's annotations.
+func TestManyLeases(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "many")
+	readyPod(t, ns, "w-1", "many")
+	const n = 200
+	for i := range n {
+		create(t, newLease(ns, fmt.Sprintf("l-%03d", i), "many", 30))
+	}
+	eventually(t, 120*time.Second, "all 200 held", func() error {
+		var list v1.LeaseList
+		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		held := 0
+		for _, l := range list.Items {
+			if heldReason(&l) == v1.ReasonGranted && l.Status.Token != 0 {
+				held++
+			}
+		}
+		if held != n {
+			return fmt.Errorf("%d of %d held", held, n)
+		}
+		return nil
+	})
+	var list v1.LeaseList
+	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]string{}
+	pod := &corev1.Pod{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "w-0"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range list.Items {
+		if tok := etcdToken(t, ns, l.Name); tok != l.Status.Token {
+			t.Errorf("%s: status token %d, etcd %d", l.Name, l.Status.Token, tok)
+		}
+		if prev, dup := seen[l.Status.Token]; dup {
+			t.Errorf("%s and %s share token %d", prev, l.Name, l.Status.Token)
+		}
+		seen[l.Status.Token] = l.Name
+		if l.Status.Holder != "w-0" {
+			t.Errorf("%s held by %s, want w-0", l.Name, l.Status.Holder)
+		}
+	}
+	eventually(t, 60*time.Second, "all annotations on w-0", func() error {
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "w-0"}, pod); err != nil {
+			return err
+		}
+		for _, l := range list.Items {
+			if got := pod.Annotations["lease.fencer.io/"+l.Name]; got != itoa(l.Status.Token) {
+				return fmt.Errorf("%s: annotation %q, token %d", l.Name, got, l.Status.Token)
+			}
+		}
+		return nil
+	})
+}
