@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -292,6 +293,68 @@ func TestManyLeases(t *testing.T) {
 			if got := pod.Annotations["lease.fencer.io/"+l.Name]; got != itoa(l.Status.Token) {
 				return fmt.Errorf("%s: annotation %q, token %d", l.Name, got, l.Status.Token)
 			}
+		}
+		return nil
+	})
+}
+
+// TestDirectRenewalExpiresWithoutTheHolder: with renewal Direct the
+// controller publishes the etcd lease ID and does not renew; when nobody
+// renews, etcd expires the key, the watch wakes the controller, and the next
+// grant carries a larger token.
+func TestDirectRenewalExpiresWithoutTheHolder(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 2)
+	l.Spec.Renewal = v1.RenewalDirect
+	create(t, l)
+	first := heldBy(t, ns, "job")
+	eventually(t, 30*time.Second, "lease ID annotation", func() error {
+		p := &corev1.Pod{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "w-0"}, p); err != nil {
+			return err
+		}
+		if got := p.Annotations["leaseid.fencer.io/job"]; got != itoa(first.LeaseID) {
+			return fmt.Errorf("leaseid annotation %q, want %d", got, first.LeaseID)
+		}
+		return nil
+	})
+	eventually(t, 60*time.Second, "expired and granted again", func() error {
+		st := getLease(t, ns, "job").Status
+		if st.Token <= first.Token || len(st.History) < 2 {
+			return fmt.Errorf("token %d, history %d", st.Token, len(st.History))
+		}
+		if st.History[1].EndReason != v1.TenureExpired {
+			return fmt.Errorf("previous tenure ended %q, want Expired", st.History[1].EndReason)
+		}
+		return nil
+	})
+}
+
+// TestEventsAreRecorded: grants and releases show up as Events on the Lease.
+func TestEventsAreRecorded(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	p0 := readyPod(t, ns, "w-0", "w")
+	readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 2))
+	heldBy(t, ns, "job")
+	setReady(t, p0, false)
+	heldBy(t, ns, "job", "w-0")
+	eventually(t, 30*time.Second, "Granted and Released events", func() error {
+		var list eventsv1.EventList
+		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		reasons := map[string]int{}
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "Lease" && e.Regarding.Name == "job" {
+				reasons[e.Reason]++
+			}
+		}
+		if reasons["Granted"] < 2 || reasons["Released"] < 1 {
+			return fmt.Errorf("events by reason: %v", reasons)
 		}
 		return nil
 	})

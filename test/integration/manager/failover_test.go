@@ -1,0 +1,188 @@
+package manager
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// replica is one fencer manager process.
+type replica struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func startReplica(t *testing.T, etcdURL, name string) *replica {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(fencerBin,
+		"--kubeconfig="+kubeconfig,
+		"--etcd-endpoints="+etcdURL,
+		"--leader-elect=true",
+		"--leader-election-namespace=default",
+		"--metrics-bind-address=0",
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", freePort(t)),
+	)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s log:\n%s", name, b)
+		}
+	})
+	return &replica{cmd: cmd, log: logPath}
+}
+
+// wonAt returns when the replica logged winning the etcd election, if it did.
+func (r *replica) wonAt() (time.Time, bool) {
+	f, err := os.Open(r.log)
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, "won the etcd election") {
+			continue
+		}
+		// fencer logs "ts" as RFC3339 with nanoseconds.
+		if i := strings.Index(line, `"ts":"`); i >= 0 {
+			if end := strings.IndexByte(line[i+6:], '"'); end > 0 {
+				if ts, err := time.Parse(time.RFC3339Nano, line[i+6:i+6+end]); err == nil {
+					return ts, true
+				}
+			}
+		}
+		return time.Now(), true
+	}
+	return time.Time{}, false
+}
+
+// TestControllerCrashKeepsToken: kill -9 the active replica mid-tenure; the
+// standby takes over renewals before the grant's TTL runs out, so the token
+// does not change. It logs the takeover time, which docs/operations.md
+// states as the smallest safe ttlSeconds.
+func TestControllerCrashKeepsToken(t *testing.T) {
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd, err := devcluster.NewEtcd(bin, t.TempDir(), "fencer-etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := etcd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = etcd.Stop() })
+	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "default", Labels: map[string]string{"app": "crash"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if err := cl.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if err := cl.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	// The smallest ttlSeconds docs/operations.md promises survives a crash.
+	const ttl = 10
+	lease := &v1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "crash", Namespace: "default"},
+		Spec:       v1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
+	}
+	if err := cl.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+
+	a := startReplica(t, etcd.Endpoint, "a")
+	token := waitToken(t, cl, 0)
+	b := startReplica(t, etcd.Endpoint, "b")
+	if _, won := a.wonAt(); !won {
+		t.Fatal("replica a granted without logging its etcd election win")
+	}
+	time.Sleep(2 * time.Second) // let b's caches sync, as a standby's would have
+	killed := time.Now()
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+
+	var won time.Time
+	deadline := time.Now().Add(60 * time.Second)
+	for ok := false; !ok; won, ok = b.wonAt() {
+		if time.Now().After(deadline) {
+			t.Fatal("standby never won the etcd election")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("takeover: standby won the etcd election %s after the leader was killed", won.Sub(killed).Round(time.Millisecond))
+
+	// Past a full TTL after the crash, the key survives only if b renews it.
+	time.Sleep(time.Until(killed.Add((ttl + 2) * time.Second)))
+	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcdCli.Close()
+	resp, err := etcdCli.Get(ctx, etcdstore.LeaseKey(etcdstore.DefaultPrefix, "default", "crash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != token {
+		t.Fatalf("after the crash the key is %v, want CreateRevision %d kept", resp.Kvs, token)
+	}
+	l := &v1.Lease{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Status.Token != token || l.Status.Transitions != 0 {
+		t.Fatalf("status token %d transitions %d, want %d and 0", l.Status.Token, l.Status.Transitions, token)
+	}
+}
+
+// waitToken waits until the Lease's status has a token other than not.
+func waitToken(t *testing.T, cl client.Client, not int64) int64 {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		l := &v1.Lease{}
+		if err := cl.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "crash"}, l); err == nil && l.Status.Token != 0 && l.Status.Token != not {
+			return l.Status.Token
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("lease never held")
+	return 0
+}
