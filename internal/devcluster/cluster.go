@@ -291,6 +291,10 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--cidr=10.244.0.1/16",
 		"--node-ip=127.0.0.1",
 		"--server-address=127.0.0.1:" + strconv.Itoa(ports[2]),
+		// The "fast" profile heartbeats through node Leases: without kwok
+		// renewing them, kube-controller-manager marks the nodes, and then
+		// every pod on them, not Ready after its 50 s grace period.
+		"--node-lease-duration-seconds=40",
 	}
 	for _, s := range c.opts.KwokStages {
 		args = append(args, "--config="+s)

@@ -135,6 +135,14 @@ func TestDevCluster(t *testing.T) {
 			}
 		}
 	})
+	t.Run("kwok renews node leases", func(t *testing.T) {
+		// Without them the node lifecycle controller marks every node and pod
+		// not Ready after 50 s; a short smoke test would not see it happen.
+		out := kubectl("get", "leases", "-n", "kube-node-lease", "-o", "jsonpath={.items[*].spec.holderIdentity}")
+		if len(strings.Fields(out)) != 3 {
+			t.Fatalf("want a node lease for each of 3 nodes, got %q", out)
+		}
+	})
 	t.Run("fencer CRDs are served", func(t *testing.T) {
 		out := kubectl("get", "flease,idr", "-A")
 		if !strings.Contains(out, "No resources found") {
