@@ -171,6 +171,40 @@ func TestDevCluster(t *testing.T) {
 		kubectl("wait", "--for=delete", "pod", "-l", "app=pause", "--timeout=120s")
 	})
 
+	t.Run("the example Lease is granted with the etcd CreateRevision as token", func(t *testing.T) {
+		kubectl("apply", "-f", filepath.Join(root, "examples", "lease.yaml"), "-f", filepath.Join(root, "examples", "lease-workers.yaml"))
+		kubectl("rollout", "status", "deployment/reporter", "--timeout=120s")
+		var holder, token string
+		deadline := time.Now().Add(60 * time.Second)
+		for holder == "" && time.Now().Before(deadline) {
+			f := strings.Fields(kubectl("get", "flease", "report", "-o", "jsonpath={.status.holder} {.status.token}"))
+			if len(f) == 2 {
+				holder, token = f[0], f[1]
+			} else {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		if holder == "" {
+			t.Fatal("the example Lease was never granted")
+		}
+		endpoints, err := os.ReadFile(filepath.Join(state, "etcd-endpoints"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(filepath.Join(bin, "etcdctl"), "--endpoints="+strings.TrimSpace(string(endpoints)),
+			"get", "/fencer/leases/default/report", "-w", "json").CombinedOutput()
+		if err != nil {
+			t.Fatalf("etcdctl: %v\n%s", err, out)
+		}
+		if want := `"create_revision":` + token + ","; !strings.Contains(string(out), want) {
+			t.Fatalf("TOKEN %s is not the key's create_revision:\n%s", token, out)
+		}
+		ann := kubectl("get", "pod", holder, "-o", `jsonpath={.metadata.annotations.lease\.fencer\.io/report}`)
+		if ann != token {
+			t.Fatalf("holder %s carries annotation %q, want %s", holder, ann, token)
+		}
+	})
+
 	if err := dev.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
