@@ -3,10 +3,7 @@ package manager
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,42 +18,6 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
-
-// replica is one fencer manager process.
-type replica struct {
-	cmd *exec.Cmd
-	log string
-}
-
-func startReplica(t *testing.T, etcdURL, name string) *replica {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(fencerBin,
-		"--kubeconfig="+kubeconfig,
-		"--etcd-endpoints="+etcdURL,
-		"--leader-elect=true",
-		"--leader-election-namespace=default",
-		"--metrics-bind-address=0",
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", freePort(t)),
-	)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s log:\n%s", name, b)
-		}
-	})
-	return &replica{cmd: cmd, log: logPath}
-}
 
 // wonAt returns when the replica logged winning the etcd election, if it did.
 func (r *replica) wonAt() (time.Time, bool) {
@@ -127,9 +88,9 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := startReplica(t, etcd.Endpoint, "a")
+	a := startFencer(t, "a", "--etcd-endpoints="+etcd.Endpoint, "--leader-election-namespace=default")
 	token := waitToken(t, cl, 0)
-	b := startReplica(t, etcd.Endpoint, "b")
+	b := startFencer(t, "b", "--etcd-endpoints="+etcd.Endpoint, "--leader-election-namespace=default")
 	if _, won := a.wonAt(); !won {
 		t.Fatal("replica a granted without logging its etcd election win")
 	}

@@ -97,33 +97,43 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startFencer runs the manager and stops it when the test ends.
-func startFencer(t *testing.T, args ...string) (probeURL string) {
+// replica is one fencer manager process, killed when the test ends.
+type replica struct {
+	cmd      *exec.Cmd
+	log      string
+	probeURL string
+}
+
+// startFencer runs the manager binary against envtest with args added.
+func startFencer(t *testing.T, name string, args ...string) *replica {
 	t.Helper()
 	probe := freePort(t)
-	cmd := exec.Command(fencerBin, append([]string{
+	r := &replica{
+		log:      filepath.Join(t.TempDir(), name+".log"),
+		probeURL: fmt.Sprintf("http://127.0.0.1:%d", probe),
+	}
+	r.cmd = exec.Command(fencerBin, append([]string{
 		"--kubeconfig=" + kubeconfig,
-		"--leader-elect=false",
 		"--metrics-bind-address=0",
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe),
 	}, args...)...)
-	log, err := os.Create(filepath.Join(t.TempDir(), "fencer.log"))
+	log, err := os.Create(r.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	r.cmd.Stdout, r.cmd.Stderr = log, log
+	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
 		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			t.Logf("fencer log:\n%s", b)
+			b, _ := os.ReadFile(r.log)
+			t.Logf("%s log:\n%s", name, b)
 		}
 	})
-	return fmt.Sprintf("http://127.0.0.1:%d", probe)
+	return r
 }
 
 // waitStatus polls url until it answers want, or fails after 60s.
@@ -158,7 +168,7 @@ func TestReadinessFollowsEtcd(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = etcd.Stop() })
 
-	probe := startFencer(t, "--etcd-endpoints="+etcd.Endpoint, "--etcd-probe-timeout=500ms")
+	probe := startFencer(t, "fencer", "--leader-elect=false", "--etcd-endpoints="+etcd.Endpoint, "--etcd-probe-timeout=500ms").probeURL
 	waitStatus(t, probe+"/readyz", http.StatusOK)
 
 	if err := etcd.Stop(); err != nil {
@@ -175,7 +185,7 @@ func TestReadinessFollowsEtcd(t *testing.T) {
 
 // TestStartsWithoutEtcd: the manager starts, unready, when etcd is not yet up.
 func TestStartsWithoutEtcd(t *testing.T) {
-	probe := startFencer(t, fmt.Sprintf("--etcd-endpoints=http://127.0.0.1:%d", freePort(t)), "--etcd-probe-timeout=300ms")
+	probe := startFencer(t, "fencer", "--leader-elect=false", fmt.Sprintf("--etcd-endpoints=http://127.0.0.1:%d", freePort(t)), "--etcd-probe-timeout=300ms").probeURL
 	waitStatus(t, probe+"/healthz", http.StatusOK)
 	waitStatus(t, probe+"/readyz", http.StatusInternalServerError)
 }
