@@ -40,7 +40,8 @@ verify-generated: tools ## Fail when generated files differ from what `make mani
 
 .PHONY: dev
 dev: tools manifests generate build ## Run a local cluster with fencer on loopback; kubeconfig in bin/dev/kubeconfig.
-	go run ./hack/dev --dir $(BIN)/dev --bin $(BIN) --manager $(BIN)/fencer
+	go build -o $(BIN)/fencer-dev ./hack/dev
+	exec $(BIN)/fencer-dev --dir $(BIN)/dev --bin $(BIN) --manager $(BIN)/fencer
 
 ##@ Test
 
