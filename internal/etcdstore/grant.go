@@ -197,3 +197,19 @@ func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.D
 	}
 	return max(time.Duration(resp.TTL)*time.Second, 0), nil
 }
+
+// readLive is one linearizable read of a lease key and etcd's revision.
+func (s *Store) readLive(ctx context.Context, namespace, name string) (Live, error) {
+	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
+	if err != nil {
+		return Live{}, err
+	}
+	live := Live{Revision: resp.Header.Revision}
+	if len(resp.Kvs) > 0 {
+		kv := resp.Kvs[0]
+		if live.Grant, err = decodeGrant(kv.Key, kv.Value, kv.CreateRevision, kv.Lease); err != nil {
+			return Live{}, err
+		}
+	}
+	return live, nil
+}

@@ -43,15 +43,46 @@ var (
 	}, []string{"op", "result"})
 )
 
+var (
+	// AdmissionDecisions counts the webhook's decisions.
+	AdmissionDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencer_admission_decisions_total",
+		Help: "Decisions of the fencing webhook. Label operation: CREATE, UPDATE, DELETE, CONNECT. Label result: allowed, refused. Label reason: Allowed, NotFenced, MissingToken, MalformedToken, ForgedToken, BelowObjectToken, NotCurrentToken, BelowLiveToken, NoHolder, NotHolderIdentity, UnknownLease, LeaseLabelChanged, LookupFailed, BadRequest.",
+	}, []string{"operation", "result", "reason"})
+
+	// AdmissionSeconds measures how long the webhook takes to decide.
+	AdmissionSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "fencer_admission_duration_seconds",
+		Help:    "Time the fencing webhook takes to decide one AdmissionReview. Label operation: CREATE, UPDATE, DELETE, CONNECT.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}, []string{"operation"})
+
+	// TokenLookupSeconds measures the etcd reads behind live-token lookups.
+	TokenLookupSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "fencer_token_lookup_duration_seconds",
+		Help:    "Latency of the linearizable etcd read behind a live-token lookup (one read may serve many concurrent lookups). Label result: ok, error.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}, []string{"result"})
+)
+
 func init() {
-	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, FailoverSeconds, EtcdOperationSeconds)
+	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, FailoverSeconds, EtcdOperationSeconds,
+		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds)
+}
+
+// ObserveLookup records one live-token read; it fits etcdstore.NewLiveReader.
+func ObserveLookup(d time.Duration, err error) {
+	TokenLookupSeconds.WithLabelValues(result(err)).Observe(d.Seconds())
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
 }
 
 // ObserveEtcd records one etcd operation; it fits etcdstore.NewStore.
 func ObserveEtcd(op string, d time.Duration, err error) {
-	result := "ok"
-	if err != nil {
-		result = "error"
-	}
-	EtcdOperationSeconds.WithLabelValues(op, result).Observe(d.Seconds())
+	EtcdOperationSeconds.WithLabelValues(op, result(err)).Observe(d.Seconds())
 }
