@@ -27,20 +27,21 @@ type Options struct {
 	Clock clock.Clock
 }
 
-// Setup adds the etcd election and every reconciler to mgr.
-func Setup(mgr ctrl.Manager, o Options) error {
+// Setup adds the etcd election and every reconciler to mgr, and returns the
+// store they share.
+func Setup(mgr ctrl.Manager, o Options) (*etcdstore.Store, error) {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
 	elector := etcdstore.NewElector(o.Etcd, o.Prefix, o.Identity, o.ElectionTTL)
 	if err := mgr.Add(elector); err != nil {
-		return err
+		return nil, err
 	}
 	store := etcdstore.NewStore(o.Etcd, o.Prefix, elector, metrics.ObserveEtcd)
 	store.Timeout = o.RequestTimeout
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
 	if err := leases.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the Lease controller: %w", err)
+		return nil, fmt.Errorf("setting up the Lease controller: %w", err)
 	}
-	return nil
+	return store, nil
 }

@@ -24,10 +24,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/webhook"
 )
 
 // options are the manager's flags; docs/operations.md lists each of them.
@@ -46,6 +48,9 @@ type options struct {
 	leaderElectionIDStr string
 	kubeconfig          string
 	electionTTL         time.Duration
+	webhookPort         int
+	webhookHost         string
+	webhookCertDir      string
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -86,6 +91,9 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
 	fs.DurationVar(&o.electionTTL, "etcd-election-ttl", 2*time.Second, "Session TTL of the controller's etcd election (whole seconds). A crashed leader's grants are fenced off this long after its last keepalive.")
 	o.etcd.BindFlags(fs)
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook serves HTTPS on; 0 disables the webhook server.")
+	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on; empty means all interfaces.")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook's serving certificate, tls.crt and tls.key. The server reloads them when they change; /readyz fails until they are served.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
 	o.zap.BindFlags(fs)
@@ -104,6 +112,9 @@ func (o *options) validate() error {
 	}
 	if o.electionTTL < time.Second {
 		return fmt.Errorf("--etcd-election-ttl must be at least 1s, got %s", o.electionTTL)
+	}
+	if o.webhookPort < 0 || o.webhookPort > 65535 {
+		return fmt.Errorf("--webhook-port must be between 0 and 65535, got %d", o.webhookPort)
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
@@ -158,6 +169,7 @@ func run(ctx context.Context, o *options) error {
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
 		GracefulShutdownTimeout:       &o.gracefulShutdown,
+		WebhookServer:                 webhookServer(o),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -167,6 +179,13 @@ func run(ctx context.Context, o *options) error {
 	}
 	if err := mgr.AddReadyzCheck("etcd", etcdReadyCheck(etcd, o.etcd.Prefix, o.etcdProbeTimeout)); err != nil {
 		return err
+	}
+	if o.webhookPort != 0 {
+		// Ready only once the webhook serves TLS with its certificate: with
+		// failurePolicy Fail, an endpoint that cannot answer refuses writes.
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return err
+		}
 	}
 	if err := setupControllers(mgr, etcd, o); err != nil {
 		return err
@@ -178,13 +197,30 @@ func run(ctx context.Context, o *options) error {
 // setupControllers wires the etcd election, the store and the reconcilers.
 func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
 	host, _ := os.Hostname()
-	return controllers.Setup(mgr, controllers.Options{
+	store, err := controllers.Setup(mgr, controllers.Options{
 		Etcd:           etcd,
 		Prefix:         o.etcd.Prefix,
 		Identity:       fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
 		ElectionTTL:    o.electionTTL,
 		RequestTimeout: o.etcd.RequestTimeout,
 	})
+	if err != nil {
+		return err
+	}
+	if o.webhookPort != 0 {
+		webhook.Register(mgr, store)
+	}
+	return nil
+}
+
+func webhookServer(o *options) ctrlwebhook.Server {
+	if o.webhookPort == 0 {
+		return nil
+	}
+	return &webhook.CertGatedServer{
+		Server:  ctrlwebhook.NewServer(ctrlwebhook.Options{Host: o.webhookHost, Port: o.webhookPort, CertDir: o.webhookCertDir}),
+		CertDir: o.webhookCertDir,
+	}
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -22,19 +22,20 @@ func main() {
 		binDir  = flag.String("bin", "bin", "Directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok (built by `make tools`).")
 		manager = flag.String("manager", "bin/fencer", "The fencer manager binary (built by `make build`).")
 		crds    = flag.String("crds", "config/crd/bases", "Directory of fencer's CRD manifests.")
+		webhook = flag.String("webhook", "config/webhook/manifests.yaml", "fencer's ValidatingWebhookConfiguration; dev points it at the manager on loopback.")
 		tools   = flag.String("tools", "hack/tools", "The tools module; kwok's stages are read from the kwok version it pins.")
 		nodes   = flag.Int("nodes", 3, "How many kwok nodes to create.")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dir, *binDir, *manager, *crds, *tools, *nodes); err != nil {
+	if err := run(ctx, *dir, *binDir, *manager, *crds, *webhook, *tools, *nodes); err != nil {
 		fmt.Fprintf(os.Stderr, "dev: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir, binDir, manager, crds, tools string, nodes int) error {
+func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string, nodes int) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -61,6 +62,10 @@ func run(ctx context.Context, dir, binDir, manager, crds, tools string, nodes in
 	}
 	fmt.Println("[dev] starting the fencer manager")
 	if err := c.StartManager(ctx, manager); err != nil {
+		return err
+	}
+	fmt.Println("[dev] installing the fencing webhook with kubectl")
+	if err := c.InstallWebhook(ctx, webhook); err != nil {
 		return err
 	}
 	if err := c.WriteEndpoints(); err != nil {

@@ -59,6 +59,8 @@ type Cluster struct {
 	Client kubernetes.Interface
 	// MetricsURL is the manager's metrics endpoint, once StartManager ran.
 	MetricsURL string
+	// WebhookURL is the manager's webhook server, once StartManager ran.
+	WebhookURL string
 }
 
 // The kwok annotation that marks a node as simulated.

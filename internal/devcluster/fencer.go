@@ -3,13 +3,19 @@ package devcluster
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // Kubectl runs the cluster's kubectl against it and returns its stdout.
@@ -47,7 +53,11 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	if _, err := c.Kubectl(ctx, "create", "namespace", ManagerNamespace); err != nil {
 		return err
 	}
-	ports, err := freePorts(2)
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	certDir, err := c.webhookCerts()
 	if err != nil {
 		return err
 	}
@@ -57,6 +67,9 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(ports[0]),
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(ports[1]),
 		"--leader-election-namespace=" + ManagerNamespace,
+		"--webhook-host=127.0.0.1",
+		"--webhook-port=" + strconv.Itoa(ports[2]),
+		"--webhook-cert-dir=" + certDir,
 	}, extraArgs...)
 	p, err := startProc(c.opts.Dir, "fencer", bin, args...)
 	if err != nil {
@@ -64,7 +77,67 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	}
 	c.procs = append(c.procs, p)
 	c.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
+	c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
 	return waitHTTP(ctx, p, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), 60*time.Second)
+}
+
+// webhookCerts issues the manager's webhook serving certificate for
+// 127.0.0.1 from the dev CA, as tls.crt and tls.key.
+func (c *Cluster) webhookCerts() (string, error) {
+	if err := c.pki.issue("webhook", pkix.Name{CommonName: "fencer-webhook"}, x509.ExtKeyUsageServerAuth, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+		return "", err
+	}
+	dir := c.Path("webhook-certs")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	for from, to := range map[string]string{"webhook.crt": "tls.crt", "webhook.key": "tls.key"} {
+		raw, err := os.ReadFile(c.pki.path(from))
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, to), raw, 0o600); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// InstallWebhook applies the ValidatingWebhookConfiguration in manifest with
+// kubectl, pointed at the manager started by StartManager on loopback.
+func (c *Cluster) InstallWebhook(ctx context.Context, manifest string) error {
+	raw, err := os.ReadFile(manifest)
+	if err != nil {
+		return err
+	}
+	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return fmt.Errorf("%s: %w", manifest, err)
+	}
+	ca, err := os.ReadFile(c.pki.path("ca.crt"))
+	if err != nil {
+		return err
+	}
+	for i := range cfg.Webhooks {
+		wh := &cfg.Webhooks[i]
+		path := "/"
+		if wh.ClientConfig.Service != nil && wh.ClientConfig.Service.Path != nil {
+			path = *wh.ClientConfig.Service.Path
+		}
+		url := c.WebhookURL + path
+		wh.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
+	}
+	cfg.APIVersion, cfg.Kind = "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"
+	out, err := yaml.Marshal(&cfg)
+	if err != nil {
+		return err
+	}
+	path := c.Path("webhook.yaml")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		return err
+	}
+	_, err = c.Kubectl(ctx, "apply", "-f", path)
+	return err
 }
 
 // WriteEndpoints records the etcd endpoint in <dir>/etcd-endpoints for

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,6 +63,7 @@ func TestDevCluster(t *testing.T) {
 	dev := exec.Command(devBin, "--dir", state, "--bin", bin,
 		"--manager", filepath.Join(bin, "fencer"),
 		"--crds", filepath.Join(root, "config", "crd", "bases"),
+		"--webhook", filepath.Join(root, "config", "webhook", "manifests.yaml"),
 		"--tools", filepath.Join(root, "hack", "tools"))
 	dev.Dir = root
 	stdout, err := dev.StdoutPipe()
@@ -203,6 +205,24 @@ func TestDevCluster(t *testing.T) {
 		if ann != token {
 			t.Fatalf("holder %s carries annotation %q, want %s", holder, ann, token)
 		}
+
+		// The webhook: a fenced ConfigMap with a stale token is refused with
+		// fencer's message; with the live token it is written.
+		tok, _ := strconv.ParseInt(token, 10, 64)
+		cm := func(tok int64) string {
+			path := filepath.Join(tmp, fmt.Sprintf("cm-%d.yaml", tok))
+			manifest := fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: report-output\n  labels: {fencer.io/lease: report}\n  annotations: {fencer.io/token: %q}\ndata: {written-by: %q}\n", strconv.FormatInt(tok, 10), holder)
+			if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}
+		out, err = exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", filepath.Join(state, "kubeconfig"), "apply", "-f", cm(tok-1)).CombinedOutput()
+		want := fmt.Sprintf("fencer: stale token %d for lease default/report: current token is %d (holder %s)", tok-1, tok, holder)
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Fatalf("stale write: err=%v, output:\n%s\nwant it refused with %q", err, out, want)
+		}
+		kubectl("apply", "-f", cm(tok))
 	})
 
 	if err := dev.Process.Signal(syscall.SIGINT); err != nil {

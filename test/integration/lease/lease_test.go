@@ -111,7 +111,7 @@ func startController(t *testing.T, identity string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: prefix, Identity: identity, ElectionTTL: time.Second}); err != nil {
+	if _, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: prefix, Identity: identity, ElectionTTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

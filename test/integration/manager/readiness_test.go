@@ -115,6 +115,7 @@ func startFencer(t *testing.T, name string, args ...string) *replica {
 	r.cmd = exec.Command(fencerBin, append([]string{
 		"--kubeconfig=" + kubeconfig,
 		"--metrics-bind-address=0",
+		"--webhook-port=0",
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe),
 	}, args...)...)
 	log, err := os.Create(r.log)
