@@ -1,0 +1,234 @@
+// Package framework runs fencer against envtest and a real etcd for the
+// integration tests: the manager in-process, pods whose readiness the test
+// controls, and polling helpers.
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/fencer-io/fencer/controllers"
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/internal/webhook"
+)
+
+// Fencer is envtest (kube-apiserver and its etcd) plus a separate etcd for
+// fencer, which tests may stop and restart, and optionally the fencing
+// webhook installed in the apiserver.
+type Fencer struct {
+	Env     *envtest.Environment
+	Config  *rest.Config
+	Client  client.Client
+	Etcd    *devcluster.Etcd
+	EtcdCli *clientv3.Client
+	dir     string
+	nsSeq   atomic.Int32
+}
+
+// StartFencer starts everything; stop it with Stop. With webhook true the
+// apiserver sends fenced objects to the webhook of StartController.
+func StartFencer(webhook bool) (*Fencer, error) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
+	env, err := testenv.New()
+	if err != nil {
+		return nil, err
+	}
+	f := &Fencer{Env: env}
+	if webhook {
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		env.WebhookInstallOptions.Paths = []string{filepath.Join(root, "config", "webhook")}
+	}
+	if f.Config, err = env.Start(); err != nil {
+		return nil, fmt.Errorf("starting envtest: %w", err)
+	}
+	if err := f.startEtcd(); err != nil {
+		f.Stop()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *Fencer) startEtcd() error {
+	var err error
+	if f.Client, err = client.New(f.Config, client.Options{Scheme: f.Env.Scheme}); err != nil {
+		return err
+	}
+	if f.dir, err = os.MkdirTemp("", "fencer-test"); err != nil {
+		return err
+	}
+	if f.Etcd, err = devcluster.NewEtcd(f.Env.BinaryAssetsDirectory, f.dir, "fencer-etcd"); err != nil {
+		return err
+	}
+	if err := f.Etcd.Start(context.Background()); err != nil {
+		return err
+	}
+	f.EtcdCli, err = f.ConnectEtcd()
+	return err
+}
+
+// ConnectEtcd opens a new client to fencer's etcd.
+func (f *Fencer) ConnectEtcd() (*clientv3.Client, error) {
+	return etcdstore.Connect(etcdstore.Config{Endpoints: []string{f.Etcd.Endpoint}, Prefix: etcdstore.DefaultPrefix, DialTimeout: 5 * time.Second})
+}
+
+// Stop stops everything StartFencer started.
+func (f *Fencer) Stop() {
+	if f.EtcdCli != nil {
+		f.EtcdCli.Close()
+	}
+	if f.Etcd != nil {
+		_ = f.Etcd.Stop()
+	}
+	_ = f.Env.Stop()
+	if f.dir != "" {
+		os.RemoveAll(f.dir)
+	}
+}
+
+// logLevel is quiet unless FENCER_TEST_LOG=debug.
+func logLevel() zapcore.Level {
+	if os.Getenv("FENCER_TEST_LOG") == "debug" {
+		return zapcore.DebugLevel
+	}
+	return zapcore.ErrorLevel
+}
+
+// StartController runs a fencer manager (controllers, etcd election and,
+// if the environment installed it, the webhook) in the test process until
+// the returned stop is called or the test ends.
+func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
+	t.Helper()
+	wh := f.Env.WebhookInstallOptions
+	opts := ctrl.Options{
+		Scheme:                 f.Env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Several managers in one process register the same controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+	serveWebhook := len(wh.Paths) > 0
+	if serveWebhook {
+		opts.WebhookServer = ctrlwebhook.NewServer(ctrlwebhook.Options{Host: wh.LocalServingHost, Port: wh.LocalServingPort, CertDir: wh.LocalServingCertDir})
+	}
+	mgr, err := ctrl.NewManager(f.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := f.ConnectEtcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: etcdstore.DefaultPrefix, Identity: identity, ElectionTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serveWebhook {
+		webhook.Register(mgr, store)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager %s: %v", identity, err)
+		}
+	}()
+	var once atomic.Bool
+	stop = func() {
+		if once.CompareAndSwap(false, true) {
+			cancel()
+			<-done
+			cli.Close()
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// Namespace creates a fresh namespace for one test.
+func (f *Fencer) Namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%d", f.nsSeq.Add(1))}}
+	if err := f.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// ReadyPod creates a pod labeled app=<app> and marks it Ready, as a kubelet
+// would. sa names its service account ("" for none).
+func (f *Fencer) ReadyPod(t *testing.T, ns, name, app, sa string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if err := f.Client.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	f.SetReady(t, pod, true)
+	return pod
+}
+
+// SetReady sets the pod's Ready condition.
+func (f *Fencer) SetReady(t *testing.T, pod *corev1.Pod, ready bool) {
+	t.Helper()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	for {
+		if err := f.Client.Get(context.Background(), client.ObjectKeyFromObject(pod), pod); err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
+		err := f.Client.Status().Update(context.Background(), pod)
+		if err == nil {
+			return
+		}
+		if !apierrors.IsConflict(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Eventually polls check until it returns nil, failing the test after
+// timeout. Timeouts are generous bounds for progress, not performance claims.
+func Eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = check(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: still not true after %s: %v", what, timeout, err)
+}
