@@ -208,7 +208,7 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 		return err
 	}
 	if o.webhookPort != 0 {
-		webhook.Register(mgr, store)
+		return webhook.Register(context.Background(), mgr, store)
 	}
 	return nil
 }

@@ -148,7 +148,9 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 		t.Fatal(err)
 	}
 	if serveWebhook {
-		webhook.Register(mgr, store)
+		if err := webhook.Register(context.Background(), mgr, store); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -170,8 +170,9 @@ func TestForgedMissingMalformedAndLowering(t *testing.T) {
 	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, l); err != nil {
 		t.Fatal(err)
 	}
+	patch := client.MergeFrom(l.DeepCopy())
 	l.Spec.Policy = v1.PolicyMonotonic
-	if err := fx.Client.Update(ctx, l); err != nil {
+	if err := fx.Client.Patch(ctx, l, patch); err != nil {
 		t.Fatal(err)
 	}
 	// Revisions are global: another key's write yields a valid, higher,
@@ -335,4 +336,38 @@ func podClient(t *testing.T, ns, podName string) client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestOnlyTheControllerWritesLeaseStatus: a workload with RBAC to write Lease
+// status still cannot mint itself a token there; the controller's own status
+// writes (every other test depends on them) pass.
+func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
+	ns, _, tok := setup(t, nil)
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: ns}}
+	if err := fx.Client.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "lease-status", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"fencer.io"}, Resources: []string{"leases", "leases/status"}, Verbs: []string{"*"}}}}
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "lease-status", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "lease-status"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "rogue", Namespace: ns}}}
+	for _, o := range []client.Object{role, rb} {
+		if err := fx.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.ReadyPod(t, ns, "rogue", "rogue", "rogue")
+	rogue := podClient(t, ns, "rogue")
+	l := &v1.Lease{}
+	if err := rogue.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, l); err != nil {
+		t.Fatal(err)
+	}
+	l.Status.Token = tok + 100
+	l.Status.Holder = "rogue"
+	err := rogue.Status().Update(ctx, l)
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "fencer: only the fencer controller") {
+		t.Fatalf("a workload wrote Lease status: %v", err)
+	}
 }
