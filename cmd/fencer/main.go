@@ -10,11 +10,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -51,6 +53,10 @@ type options struct {
 	webhookPort         int
 	webhookHost         string
 	webhookCertDir      string
+	certRotation        bool
+	webhookNamespace    string
+	webhookSecret       string
+	webhookService      string
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -94,6 +100,10 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook serves HTTPS on; 0 disables the webhook server.")
 	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on; empty means all interfaces.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook's serving certificate, tls.crt and tls.key. The server reloads them when they change; /readyz fails until they are served.")
+	fs.BoolVar(&o.certRotation, "webhook-cert-rotation", false, "Manage the webhook's certificate: create a CA and serving certificate in --webhook-secret, rotate them, write them to --webhook-cert-dir and inject the CA into the fencer-fencing ValidatingWebhookConfiguration. Leave off when cert-manager or another tool provides the certificate.")
+	fs.StringVar(&o.webhookNamespace, "webhook-namespace", podNamespace(), "Namespace of the webhook Service and certificate Secret; defaults to the pod's namespace.")
+	fs.StringVar(&o.webhookSecret, "webhook-secret", "fencer-webhook-cert", "Secret holding the webhook's CA and serving certificate, with --webhook-cert-rotation.")
+	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
 	o.zap.BindFlags(fs)
@@ -115,6 +125,12 @@ func (o *options) validate() error {
 	}
 	if o.webhookPort < 0 || o.webhookPort > 65535 {
 		return fmt.Errorf("--webhook-port must be between 0 and 65535, got %d", o.webhookPort)
+	}
+	if o.certRotation && o.webhookPort == 0 {
+		return errors.New("--webhook-cert-rotation needs the webhook server; --webhook-port is 0")
+	}
+	if o.certRotation && o.webhookNamespace == "" {
+		return errors.New("--webhook-cert-rotation needs --webhook-namespace (not running in a pod, so it cannot be guessed)")
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
@@ -207,10 +223,32 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 	if err != nil {
 		return err
 	}
-	if o.webhookPort != 0 {
-		return webhook.Register(context.Background(), mgr, store)
+	if o.webhookPort == 0 {
+		return nil
 	}
-	return nil
+	if o.certRotation {
+		err := webhook.AddCertRotation(context.Background(), mgr, webhook.RotationOptions{
+			Secret:  types.NamespacedName{Namespace: o.webhookNamespace, Name: o.webhookSecret},
+			Service: o.webhookService,
+			CertDir: o.webhookCertDir,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return webhook.Register(context.Background(), mgr, store)
+}
+
+// podNamespace is the namespace of the pod fencer runs in, or "".
+func podNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	raw, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(raw))
 }
 
 func webhookServer(o *options) ctrlwebhook.Server {

@@ -117,3 +117,28 @@ func (p *pki) serviceAccountKeys() error {
 func writePEM(path, typ string, der []byte) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }
+
+// TestCA is a throwaway certificate authority for tests.
+type TestCA struct{ p *pki }
+
+// NewTestCA creates a CA whose files live in dir.
+func NewTestCA(dir string) (*TestCA, error) {
+	p, err := newPKI(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &TestCA{p: p}, nil
+}
+
+// ServingPair issues a serving certificate for host and returns it and its
+// key, PEM-encoded.
+func (c *TestCA) ServingPair(host string) (crt, key []byte, err error) {
+	if err := c.p.issue("serving", pkix.Name{CommonName: host}, x509.ExtKeyUsageServerAuth, []string{host}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+		return nil, nil, err
+	}
+	if crt, err = os.ReadFile(c.p.path("serving.crt")); err != nil {
+		return nil, nil, err
+	}
+	key, err = os.ReadFile(c.p.path("serving.key"))
+	return crt, key, err
+}
