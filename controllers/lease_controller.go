@@ -55,12 +55,18 @@ type LeaseReconciler struct {
 	wake chan event.GenericEvent
 
 	mu sync.Mutex
-	// endAt is when a PodReady tenure whose holder stopped qualifying ends:
-	// one TTL after its last renewal.
-	endAt map[string]time.Time
+	// endAt is when, and why, a PodReady tenure whose holder stopped
+	// qualifying ends: one TTL after its last renewal.
+	endAt map[string]ending
 	// deletedAt is when the etcd watch saw a lease key go, for the failover
 	// duration metric.
 	deletedAt map[string]time.Time
+}
+
+// ending is a tenure the controller has stopped renewing.
+type ending struct {
+	at  time.Time
+	why v1.TenureEndReason
 }
 
 // NewLeaseReconciler wires a reconciler; the Renewer's lost callback wakes it.
@@ -68,7 +74,7 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 	r := &LeaseReconciler{
 		Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk,
 		wake:      make(chan event.GenericEvent, 1024),
-		endAt:     map[string]time.Time{},
+		endAt:     map[string]ending{},
 		deletedAt: map[string]time.Time{},
 	}
 	r.Renewer = renew.New(store.Client(), clk, func(key string) {
@@ -160,18 +166,20 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 	lease.Status.ObservedGeneration = lease.Generation
 	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 
-	if _, err := r.Elector.Term(); err != nil {
-		// Not leading etcd yet: the new term wakes every Lease.
-		out.result.RequeueAfter = time.Second
-		return out, nil
-	}
 	pods, err := r.candidates(ctx, lease)
 	if err != nil {
 		return out, err
 	}
+	// Read first: reads need no leadership, and a failed read is how an
+	// etcd outage shows, even after it has also cost us the election.
 	grant, err := r.Store.GetGrant(ctx, lease.Namespace, lease.Name)
 	if err != nil {
 		r.etcdUnavailable(lease, &out, err)
+		return out, nil
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		// Not leading etcd (yet): the next term wakes every Lease.
+		out.result.RequeueAfter = time.Second
 		return out, nil
 	}
 
@@ -186,10 +194,16 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		}
 		grant = nil
 	} else if open := openTenure(lease); open != nil {
-		// The key is gone without our release: the etcd lease expired.
-		closeTenure(lease, now, v1.TenureExpired)
+		// The key is gone without our release: the etcd lease expired. If we
+		// had stopped renewing it, etcd merely beat our own release to it
+		// (its lessor may run before our timer), and the cause is ours.
+		why := v1.TenureExpired
+		if e, ok := r.takeEnding(key); ok {
+			why = e.why
+		}
+		closeTenure(lease, now, why)
 		metrics.LeaseExpiries.Inc()
-		out.event(corev1.EventTypeNormal, v1.ReasonExpired, "tenure of %s (token %d) expired in etcd", open.Holder, open.Token)
+		out.event(corev1.EventTypeNormal, v1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
 	}
 
 	clearHolder(lease)
@@ -255,13 +269,13 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 		return false, nil
 	}
 
-	end, err := r.tenureEnd(ctx, key, g, now)
-	if err != nil {
-		return false, err
-	}
 	reason := v1.TenureHolderNotReady
 	if pod == nil {
 		reason = v1.TenureHolderGone
+	}
+	end, err := r.tenureEnd(ctx, key, g, now, reason)
+	if err != nil {
+		return false, err
 	}
 	if now.Before(end) {
 		lease.Status.ExpireTime = microTime(end)
@@ -275,13 +289,14 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 // tenureEnd is when a grant no longer renewed ends: one TTL after its last
 // renewal. Stopping the renewer yields that time; a grant adopted from
 // another controller replica has only etcd's remaining TTL to go by.
-func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time) (time.Time, error) {
+func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time, why v1.TenureEndReason) (time.Time, error) {
 	r.mu.Lock()
-	end, known := r.endAt[key]
+	e, known := r.endAt[key]
 	r.mu.Unlock()
 	if known {
-		return end, nil
+		return e.at, nil
 	}
+	var end time.Time
 	if last, ok := r.Renewer.Stop(key); ok {
 		end = last.Add(time.Duration(g.TTL) * time.Second)
 	} else {
@@ -294,9 +309,18 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 		end = now.Add(remaining + time.Second)
 	}
 	r.mu.Lock()
-	r.endAt[key] = end
+	r.endAt[key] = ending{at: end, why: why}
 	r.mu.Unlock()
 	return end, nil
+}
+
+// takeEnding returns and forgets the ending recorded for key.
+func (r *LeaseReconciler) takeEnding(key string) (ending, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.endAt[key]
+	delete(r.endAt, key)
+	return e, ok
 }
 
 func (r *LeaseReconciler) clearEnd(key string) {
