@@ -55,18 +55,12 @@ type LeaseReconciler struct {
 	wake chan event.GenericEvent
 
 	mu sync.Mutex
-	// endAt is when, and why, a PodReady tenure whose holder stopped
-	// qualifying ends: one TTL after its last renewal.
-	endAt map[string]ending
+	// endAt is when a PodReady tenure whose holder stopped qualifying ends:
+	// one TTL after its last renewal.
+	endAt map[string]time.Time
 	// deletedAt is when the etcd watch saw a lease key go, for the failover
 	// duration metric.
 	deletedAt map[string]time.Time
-}
-
-// ending is a tenure the controller has stopped renewing.
-type ending struct {
-	at  time.Time
-	why v1.TenureEndReason
 }
 
 // NewLeaseReconciler wires a reconciler; the Renewer's lost callback wakes it.
@@ -74,7 +68,7 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 	r := &LeaseReconciler{
 		Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk,
 		wake:      make(chan event.GenericEvent, 1024),
-		endAt:     map[string]ending{},
+		endAt:     map[string]time.Time{},
 		deletedAt: map[string]time.Time{},
 	}
 	r.Renewer = renew.New(store.Client(), clk, func(key string) {
@@ -198,8 +192,8 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		// had stopped renewing it, etcd merely beat our own release to it
 		// (its lessor may run before our timer), and the cause is ours.
 		why := v1.TenureExpired
-		if e, ok := r.takeEnding(key); ok {
-			why = e.why
+		if _, ok := r.takeEnding(key); ok {
+			why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
 		}
 		closeTenure(lease, now, why)
 		metrics.LeaseExpiries.Inc()
@@ -269,11 +263,8 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 		return false, nil
 	}
 
-	reason := v1.TenureHolderNotReady
-	if pod == nil {
-		reason = v1.TenureHolderGone
-	}
-	end, err := r.tenureEnd(ctx, key, g, now, reason)
+	reason := whyNotQualified(pod)
+	end, err := r.tenureEnd(ctx, key, g, now)
 	if err != nil {
 		return false, err
 	}
@@ -289,14 +280,13 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 // tenureEnd is when a grant no longer renewed ends: one TTL after its last
 // renewal. Stopping the renewer yields that time; a grant adopted from
 // another controller replica has only etcd's remaining TTL to go by.
-func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time, why v1.TenureEndReason) (time.Time, error) {
+func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time) (time.Time, error) {
 	r.mu.Lock()
-	e, known := r.endAt[key]
+	end, known := r.endAt[key]
 	r.mu.Unlock()
 	if known {
-		return e.at, nil
+		return end, nil
 	}
-	var end time.Time
 	if last, ok := r.Renewer.Stop(key); ok {
 		end = last.Add(time.Duration(g.TTL) * time.Second)
 	} else {
@@ -309,18 +299,27 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 		end = now.Add(remaining + time.Second)
 	}
 	r.mu.Lock()
-	r.endAt[key] = ending{at: end, why: why}
+	r.endAt[key] = end
 	r.mu.Unlock()
 	return end, nil
 }
 
-// takeEnding returns and forgets the ending recorded for key.
-func (r *LeaseReconciler) takeEnding(key string) (ending, bool) {
+// whyNotQualified names why a holder no longer qualifies: gone (deleted, or
+// being deleted) or merely not Ready.
+func whyNotQualified(pod *corev1.Pod) v1.TenureEndReason {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return v1.TenureHolderGone
+	}
+	return v1.TenureHolderNotReady
+}
+
+// takeEnding reports, and forgets, whether key's tenure was being ended.
+func (r *LeaseReconciler) takeEnding(key string) (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e, ok := r.endAt[key]
+	at, ok := r.endAt[key]
 	delete(r.endAt, key)
-	return e, ok
+	return at, ok
 }
 
 func (r *LeaseReconciler) clearEnd(key string) {

@@ -19,7 +19,7 @@ var (
 	// LeaseReleases counts tenures the controller ended itself.
 	LeaseReleases = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_lease_releases_total",
-		Help: "Tenures ended by the controller's conditional delete. Label reason: HolderNotReady, HolderGone, Suspended, Deleted.",
+		Help: "Tenures ended by the controller's conditional delete. Label reason: HolderNotReady, HolderGone (deleted or being deleted), Suspended, Deleted.",
 	}, []string{"reason"})
 
 	// LeaseExpiries counts tenures that ended by their etcd lease expiring.
