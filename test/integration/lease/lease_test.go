@@ -8,183 +8,61 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/controllers"
-	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/framework"
 )
 
 var (
-	env     *envtest.Environment
-	cfg     *rest.Config
-	k8s     client.Client
-	etcd    *devcluster.Etcd
-	etcdCli *clientv3.Client
-	nsSeq   atomic.Int32
+	fx   *framework.Fencer
+	k8s  client.Client
+	etcd interface {
+		Start(context.Context) error
+		Stop() error
+	}
 )
 
 const prefix = etcdstore.DefaultPrefix
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel())))
+func TestMain(m *testing.M) {
 	var err error
-	fail := func(err error) int { fmt.Fprintln(os.Stderr, err); return 1 }
-	if env, err = testenv.New(); err != nil {
-		return fail(err)
+	if fx, err = framework.StartFencer(false); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	if cfg, err = env.Start(); err != nil {
-		return fail(err)
-	}
-	defer env.Stop()
-	if k8s, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
-		return fail(err)
-	}
-	dir, err := os.MkdirTemp("", "fencer-lease-test")
-	if err != nil {
-		return fail(err)
-	}
-	defer os.RemoveAll(dir)
-	if etcd, err = devcluster.NewEtcd(env.BinaryAssetsDirectory, dir, "fencer-etcd"); err != nil {
-		return fail(err)
-	}
-	if err := etcd.Start(context.Background()); err != nil {
-		return fail(err)
-	}
-	defer etcd.Stop()
-	if etcdCli, err = etcdstore.Connect(etcdstore.Config{Endpoints: []string{etcd.Endpoint}, Prefix: prefix, DialTimeout: 5 * time.Second}); err != nil {
-		return fail(err)
-	}
-	defer etcdCli.Close()
-	return m.Run()
+	k8s, etcd = fx.Client, fx.Etcd
+	code := m.Run()
+	fx.Stop()
+	os.Exit(code)
 }
 
-// zapLevel is quiet unless FENCER_TEST_LOG=debug.
-func zapLevel() zapcore.Level {
-	if os.Getenv("FENCER_TEST_LOG") == "debug" {
-		return zapcore.DebugLevel
-	}
-	return zapcore.ErrorLevel
-}
-
-// ctrlConfig lets several managers in one test process register the same
-// controller name.
-func ctrlConfig() config.Controller {
-	return config.Controller{SkipNameValidation: ptr.To(true)}
-}
-
-// startController runs a fencer manager (Lease controller and etcd election)
-// in the test process until the returned stop is called or the test ends.
 func startController(t *testing.T, identity string) (stop func()) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             ctrlConfig(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := etcdstore.Connect(etcdstore.Config{Endpoints: []string{etcd.Endpoint}, Prefix: prefix, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: prefix, Identity: identity, ElectionTTL: time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("manager %s: %v", identity, err)
-		}
-	}()
-	var once atomic.Bool
-	stop = func() {
-		if once.CompareAndSwap(false, true) {
-			cancel()
-			<-done
-			cli.Close()
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return fx.StartController(t, identity)
 }
 
-// namespace creates a fresh namespace for one test.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%d", nsSeq.Add(1))}}
-	if err := k8s.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
+func namespace(t *testing.T) string { t.Helper(); return fx.Namespace(t) }
 
-// readyPod creates a pod labeled app=<app> and marks it Ready, as a kubelet would.
 func readyPod(t *testing.T, ns, name, app string) *corev1.Pod {
 	t.Helper()
-	ctx := context.Background()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
-	}
-	if err := k8s.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	setReady(t, pod, true)
-	return pod
+	return fx.ReadyPod(t, ns, name, app, "")
 }
 
-func setReady(t *testing.T, pod *corev1.Pod, ready bool) {
+func setReady(t *testing.T, pod *corev1.Pod, ready bool) { t.Helper(); fx.SetReady(t, pod, ready) }
+
+func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
 	t.Helper()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	err := retryOnConflict(func() error {
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pod), pod); err != nil {
-			return err
-		}
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
-		return k8s.Status().Update(context.Background(), pod)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func retryOnConflict(fn func() error) error {
-	for {
-		err := fn()
-		if !apierrors.IsConflict(err) {
-			return err
-		}
-	}
+	framework.Eventually(t, timeout, what, check)
 }
 
 func newLease(ns, name, app string, ttl int32) *v1.Lease {
@@ -202,21 +80,6 @@ func create(t *testing.T, obj client.Object) {
 	if err := k8s.Create(context.Background(), obj); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// eventually polls check until it returns nil or timeout passes. Timeouts
-// here are generous bounds for progress, not performance assertions.
-func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: still not true after %s: %v", what, timeout, err)
 }
 
 func getLease(t *testing.T, ns, name string) *v1.Lease {
@@ -252,7 +115,7 @@ func heldBy(t *testing.T, ns, name string, notBy ...string) v1.LeaseStatus {
 // etcdToken is the CreateRevision of the Lease's key, or 0 without a key.
 func etcdToken(t *testing.T, ns, name string) int64 {
 	t.Helper()
-	resp, err := etcdCli.Get(context.Background(), etcdstore.LeaseKey(prefix, ns, name))
+	resp, err := fx.EtcdCli.Get(context.Background(), etcdstore.LeaseKey(prefix, ns, name))
 	if err != nil {
 		t.Fatal(err)
 	}
