@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
@@ -50,19 +49,8 @@ func (r *replica) wonAt() (time.Time, bool) {
 // does not change. It logs the takeover time, which docs/operations.md
 // states as the smallest safe ttlSeconds.
 func TestControllerCrashKeepsToken(t *testing.T) {
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	etcd, err := devcluster.NewEtcd(bin, t.TempDir(), "fencer-etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
+	endpoint := fencerEtcd(t)
 	ctx := context.Background()
-	if err := etcd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = etcd.Stop() })
 	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -88,9 +76,9 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := startFencer(t, "a", "--etcd-endpoints="+etcd.Endpoint, "--leader-election-namespace=default")
+	a := startFencer(t, "a", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
 	token := waitToken(t, cl, 0)
-	b := startFencer(t, "b", "--etcd-endpoints="+etcd.Endpoint, "--leader-election-namespace=default")
+	b := startFencer(t, "b", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
 	if _, won := a.wonAt(); !won {
 		t.Fatal("replica a granted without logging its etcd election win")
 	}
@@ -112,7 +100,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 
 	// Past a full TTL after the crash, the key survives only if b renews it.
 	time.Sleep(time.Until(killed.Add((ttl + 2) * time.Second)))
-	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second})
+	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
