@@ -5,7 +5,6 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -36,37 +35,9 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *v1.Lease, pods []c
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)
 			}
 		}
-		if err := r.annotate(ctx, pod, want, tokenKey, idKey); err != nil {
+		if err := annotatePod(ctx, r.Client, pod, want, tokenKey, idKey); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// annotate sets the keys in want and removes the other keys named, with one
-// merge patch, and only when something differs.
-func (r *LeaseReconciler) annotate(ctx context.Context, pod *corev1.Pod, want map[string]string, keys ...string) error {
-	changed := false
-	for _, k := range keys {
-		v, ok := want[k]
-		cur, has := pod.Annotations[k]
-		if (ok && (!has || cur != v)) || (!ok && has) {
-			changed = true
-		}
-	}
-	if !changed {
-		return nil
-	}
-	patch := client.MergeFrom(pod.DeepCopy())
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	for _, k := range keys {
-		if v, ok := want[k]; ok {
-			pod.Annotations[k] = v
-		} else {
-			delete(pod.Annotations, k)
-		}
-	}
-	return client.IgnoreNotFound(r.Patch(ctx, pod, patch))
 }

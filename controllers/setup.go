@@ -43,5 +43,9 @@ func Setup(mgr ctrl.Manager, o Options) (*etcdstore.Store, error) {
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the Lease controller: %w", err)
 	}
+	ranges := NewIDRangeReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
+	if err := ranges.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setting up the IDRange controller: %w", err)
+	}
 	return store, nil
 }

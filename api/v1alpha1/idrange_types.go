@@ -38,6 +38,7 @@ type IDRangeSpec struct {
 	// max is the last ID (Blocks) or slot (Slots) of the range, inclusive. It
 	// may grow but never shrink.
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="spec.max may only grow; shrinking it would strand IDs already issued"
+	// +kubebuilder:validation:XValidation:rule="self < 9223372036854775807",message="spec.max must be below 9223372036854775807, so that the next free ID stays representable"
 	// +required
 	Max int64 `json:"max"`
 
@@ -101,6 +102,7 @@ const (
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=idr,categories=fencer
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="IDRange names are limited to 63 characters, so that the pod annotation key idrange.fencer.io/<name> is valid"
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
 // +kubebuilder:printcolumn:name="Next",type=integer,JSONPath=`.status.next`
 // +kubebuilder:printcolumn:name="InUse",type=integer,JSONPath=`.status.slotsInUse`

@@ -38,7 +38,7 @@ var (
 	// EtcdOperationSeconds measures the latency of fencer's etcd operations.
 	EtcdOperationSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "fencer_etcd_operation_duration_seconds",
-		Help:    "Latency of fencer's etcd operations. Label op: get, grant, release, ttl. Label result: ok, error.",
+		Help:    "Latency of fencer's etcd operations. Label op: get, grant, release, ttl, claim, slot, slots. Label result: ok, error.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"op", "result"})
 )
@@ -65,9 +65,33 @@ var (
 	}, []string{"result"})
 )
 
+var (
+	// IDRangeBlocks counts ID blocks handed out.
+	IDRangeBlocks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fencer_idrange_blocks_total",
+		Help: "ID blocks handed out to pods by Blocks-mode IDRanges.",
+	})
+	// IDRangeRemaining is how many IDs (Blocks) or free slots (Slots) remain.
+	IDRangeRemaining = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_idrange_remaining",
+		Help: "IDs (Blocks mode) or free slots (Slots mode) left in an IDRange. Labels namespace and name: the IDRange.",
+	}, []string{"namespace", "name"})
+	// IDRangeSlotsInUse is how many slots are leased.
+	IDRangeSlotsInUse = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_idrange_slots_in_use",
+		Help: "Live slot leases of a Slots-mode IDRange. Labels namespace and name: the IDRange.",
+	}, []string{"namespace", "name"})
+	// IDRangeRepairs counts drift the periodic repair fixed.
+	IDRangeRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencer_idrange_repairs_total",
+		Help: "Drift between pod annotations and etcd that the IDRange controller fixed. Label kind: annotation_without_slot (a pod's slot annotation had no live slot; a new slot was leased), slot_without_pod (a live slot's pod is gone or finished; it is no longer renewed).",
+	}, []string{"kind"})
+)
+
 func init() {
 	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, FailoverSeconds, EtcdOperationSeconds,
-		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds)
+		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
+		IDRangeBlocks, IDRangeRemaining, IDRangeSlotsInUse, IDRangeRepairs)
 }
 
 // ObserveLookup records one live-token read; it fits etcdstore.NewLiveReader.

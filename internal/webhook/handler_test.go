@@ -26,7 +26,9 @@ type fakeLive struct {
 	err  error
 }
 
-func (f fakeLive) Lookup(context.Context, string, string) (etcdstore.Live, error) { return f.live, f.err }
+func (f fakeLive) Lookup(context.Context, string, string) (etcdstore.Live, error) {
+	return f.live, f.err
+}
 
 func newFence(t *testing.T, live LiveLookup) *Fence {
 	t.Helper()

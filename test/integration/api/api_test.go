@@ -171,6 +171,8 @@ func TestIDRangeCreateRefusals(t *testing.T) {
 		{"zero blockSize", func() *v1.IDRange { r := blocks("f"); r.Spec.BlockSize = ptr.To[int64](0); return r }, "spec.blockSize in body should be greater than or equal to 1"},
 		{"slot TTL too long", func() *v1.IDRange { r := slots("g"); r.Spec.SlotTTLSeconds = ptr.To[int32](3601); return r }, "spec.slotTTLSeconds in body should be less than or equal to 3600"},
 		{"empty pod selector", func() *v1.IDRange { r := blocks("i"); r.Spec.PodSelector = metav1.LabelSelector{}; return r }, "spec.podSelector must select something"},
+		{"name of 64 characters", func() *v1.IDRange { r := blocks(strings.Repeat("i", 64)); return r }, "IDRange names are limited to 63 characters"},
+		{"max at MaxInt64", func() *v1.IDRange { r := blocks("j"); r.Spec.Max = 1<<63 - 1; return r }, "spec.max must be below 9223372036854775807"},
 		{"unknown mode", func() *v1.IDRange { r := blocks("h"); r.Spec.Mode = "Ranges"; return r }, `spec.mode: Unsupported value: "Ranges"`},
 	}
 	for _, tc := range cases {

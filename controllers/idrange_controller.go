@@ -1,0 +1,435 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/internal/renew"
+)
+
+const (
+	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
+	IDRangeAnnotationPrefix = "idrange.fencer.io/"
+	// IDRangeFinalizer makes the controller release slots before an IDRange goes.
+	IDRangeFinalizer = "fencer.io/release-slots"
+	// DeleteNextAnnotation, set to "true" on an IDRange, deletes its next-ID
+	// key with it. Without it the key is kept, so a range recreated under the
+	// same name continues where the old one stopped and reissues nothing.
+	DeleteNextAnnotation = "fencer.io/delete-next-on-delete"
+	// repairInterval is how often a range is compared with etcd even when
+	// nothing changes, to fix drift.
+	repairInterval = 30 * time.Second
+)
+
+// IDRangeReconciler hands out ID blocks and leased worker-ID slots.
+type IDRangeReconciler struct {
+	client.Client
+	Store    *etcdstore.Store
+	Elector  *etcdstore.Elector
+	Renewer  *renew.Renewer
+	Recorder events.EventRecorder
+	Clock    clock.Clock
+	wake     chan event.GenericEvent
+}
+
+// NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
+func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *IDRangeReconciler {
+	r := &IDRangeReconciler{Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk, wake: make(chan event.GenericEvent, 1024)}
+	r.Renewer = renew.New(store.Client(), clk, func(key string) {
+		// key is <prefix>/idranges/<ns>/<name>/slots/<n>
+		parts := strings.Split(strings.TrimPrefix(key, store.Prefix()+"/idranges/"), "/")
+		if len(parts) == 4 {
+			r.enqueue(parts[0], parts[1])
+		}
+	})
+	return r
+}
+
+func (r *IDRangeReconciler) enqueue(namespace, name string) {
+	o := &v1.IDRange{}
+	o.Namespace, o.Name = namespace, name
+	r.wake <- event.GenericEvent{Object: o}
+}
+
+// +kubebuilder:rbac:groups=fencer.io,resources=idranges,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=idranges/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=idranges/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+
+// Reconcile allocates for one IDRange and writes its status once.
+func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	rng := &v1.IDRange{}
+	if err := r.Get(ctx, req.NamespacedName, rng); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("idrange", req.NamespacedName))
+	if !rng.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, rng)
+	}
+	if controllerutil.AddFinalizer(rng, IDRangeFinalizer) {
+		if err := r.Update(ctx, rng); err != nil {
+			return requeueOnConflict(err)
+		}
+	}
+	before := rng.Status.DeepCopy()
+	out, err := r.reconcileRange(ctx, rng)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !equality.Semantic.DeepEqual(before, &rng.Status) {
+		if err := r.Status().Update(ctx, rng); err != nil {
+			return requeueOnConflict(err)
+		}
+	}
+	for _, e := range out.events {
+		r.Recorder.Eventf(rng, nil, e.kind, e.reason, e.reason, "%s", e.note)
+	}
+	return out.result, nil
+}
+
+func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange) (outcome, error) {
+	var out outcome
+	out.result.RequeueAfter = repairInterval
+	rng.Status.ObservedGeneration = rng.Generation
+	pods, err := r.pods(ctx, rng)
+	if err != nil {
+		return out, err
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		out.result.RequeueAfter = time.Second
+		return out, nil
+	}
+	if rng.Spec.Mode == v1.ModeBlocks {
+		err = r.blocks(ctx, rng, pods, &out)
+	} else {
+		err = r.slots(ctx, rng, pods, &out)
+	}
+	if errors.Is(err, etcdstore.ErrNotLeader) {
+		out.result.RequeueAfter = time.Second
+		return out, nil
+	}
+	if err != nil {
+		setRangeCondition(rng, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
+		out.event(corev1.EventTypeWarning, v1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+		out.result.RequeueAfter = 2 * time.Second
+		return out, nil
+	}
+	setRangeCondition(rng, v1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
+	setLowCondition(rng)
+	metrics.IDRangeRemaining.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Status.Remaining))
+	return out, nil
+}
+
+// blocks gives every matching pod without one a block.
+func (r *IDRangeReconciler) blocks(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := IDRangeAnnotationPrefix + rng.Name
+	next, err := r.Store.ReadNext(ctx, rng.Namespace, rng.Name, rng.Spec.Min)
+	if err != nil {
+		return err
+	}
+	var waiting []string
+	for i := range pods {
+		pod := &pods[i]
+		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
+			continue
+		}
+		if next > rng.Spec.Max {
+			waiting = append(waiting, pod.Name)
+			continue
+		}
+		b, n, err := r.Store.ClaimBlock(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, *rng.Spec.BlockSize)
+		if errors.Is(err, etcdstore.ErrExhausted) {
+			next = n
+			waiting = append(waiting, pod.Name)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		next = n
+		rng.Status.AllocatedBlocks++
+		metrics.IDRangeBlocks.Inc()
+		// A claimed block whose annotation write fails is skipped, never
+		// reissued: the pod gets a fresh block next time.
+		if err := annotatePod(ctx, r.Client, pod, map[string]string{key: fmt.Sprintf("block=%d-%d", b.First, b.Last)}, key); err != nil {
+			return err
+		}
+	}
+	rng.Status.Next = next
+	rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
+	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
+	return nil
+}
+
+// remainingIDs is max-next+1, clamped to [0, MaxInt64].
+func remainingIDs(next, max int64) int64 {
+	if next > max {
+		return 0
+	}
+	if d := max - next; d >= 0 && d < 1<<63-1 {
+		return d + 1
+	}
+	return 1<<63 - 1
+}
+
+// slots keeps one live slot per qualifying pod and repairs drift.
+func (r *IDRangeReconciler) slots(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := IDRangeAnnotationPrefix + rng.Name
+	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
+	if err != nil {
+		return err
+	}
+	byUID := map[string]etcdstore.Slot{}
+	for _, sl := range live {
+		slotKey := etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
+		pod := podByUID(pods, sl.PodUID)
+		if pod == nil || !slotQualifies(pod) {
+			if r.Renewer.Renewing(slotKey, sl.LeaseID) {
+				r.Renewer.Stop(slotKey)
+				metrics.IDRangeRepairs.WithLabelValues("slot_without_pod").Inc()
+				out.event(corev1.EventTypeNormal, "SlotFreed", "slot %d of %s is no longer renewed; it returns to the pool when its etcd lease expires", sl.N, sl.Pod)
+			}
+			continue
+		}
+		byUID[sl.PodUID] = sl
+		r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
+	}
+	var waiting []string
+	ttl := time.Duration(*rng.Spec.SlotTTLSeconds) * time.Second
+	for i := range pods {
+		pod := &pods[i]
+		if !slotQualifies(pod) {
+			continue
+		}
+		sl, ok := byUID[string(pod.UID)]
+		if !ok {
+			if pod.Annotations[key] != "" {
+				metrics.IDRangeRepairs.WithLabelValues("annotation_without_slot").Inc()
+				out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q without a live slot; leasing a new one", pod.Name, pod.Annotations[key])
+			}
+			got, err := r.Store.LeaseSlot(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, live, pod.Name, string(pod.UID), ttl)
+			if errors.Is(err, etcdstore.ErrExhausted) {
+				waiting = append(waiting, pod.Name)
+				if err := annotatePod(ctx, r.Client, pod, nil, key); err != nil {
+					return err
+				}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			sl = *got
+			live = append(live, sl)
+			byUID[sl.PodUID] = sl
+			r.Renewer.Ensure(etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
+		}
+		want := fmt.Sprintf("slot=%d,token=%d", sl.N, sl.Token)
+		if err := annotatePod(ctx, r.Client, pod, map[string]string{key: want}, key); err != nil {
+			return err
+		}
+	}
+	size := rng.Spec.Max - rng.Spec.Min + 1
+	rng.Status.SlotsInUse = int32(len(live))
+	rng.Status.Remaining = max(size-int64(len(live)), 0)
+	metrics.IDRangeSlotsInUse.WithLabelValues(rng.Namespace, rng.Name).Set(float64(len(live)))
+	exhausted(rng, len(waiting) > 0, waiting, out, "all %d slots are leased", size)
+	return nil
+}
+
+// slotQualifies: a pod keeps (and gets) a slot while it exists, is not being
+// deleted and has not finished. Readiness is not required: a generator
+// usually needs its worker ID before it can become Ready.
+func slotQualifies(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+func podByUID(pods []corev1.Pod, uid string) *corev1.Pod {
+	for i := range pods {
+		if string(pods[i].UID) == uid {
+			return &pods[i]
+		}
+	}
+	return nil
+}
+
+// exhausted sets the Exhausted condition, with an Event naming waiting pods.
+func exhausted(rng *v1.IDRange, is bool, waiting []string, out *outcome, format string, args ...any) {
+	if !is {
+		setRangeCondition(rng, v1.ConditionExhausted, metav1.ConditionFalse, "Available", "IDs remain")
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if len(waiting) > 0 {
+		sort.Strings(waiting)
+		msg += fmt.Sprintf("; waiting: %s", strings.Join(waiting, ", "))
+		out.event(corev1.EventTypeWarning, v1.ConditionExhausted, "%s", msg)
+	}
+	setRangeCondition(rng, v1.ConditionExhausted, metav1.ConditionTrue, v1.ConditionExhausted, msg)
+}
+
+// setLowCondition: Low when less than 10% of the range remains.
+func setLowCondition(rng *v1.IDRange) {
+	total := float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1
+	low := float64(rng.Status.Remaining) < total/10
+	status, reason := metav1.ConditionFalse, "Plenty"
+	if low {
+		status, reason = metav1.ConditionTrue, "Low"
+	}
+	setRangeCondition(rng, v1.ConditionLow, status, reason, fmt.Sprintf("%d of %.0f remain", rng.Status.Remaining, total))
+}
+
+func setRangeCondition(rng *v1.IDRange, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&rng.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: rng.Generation})
+}
+
+func (r *IDRangeReconciler) pods(ctx context.Context, rng *v1.IDRange) ([]corev1.Pod, error) {
+	sel, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector)
+	if err != nil {
+		return nil, reconcile.TerminalError(fmt.Errorf("spec.podSelector: %w", err))
+	}
+	var list corev1.PodList
+	if err := r.List(ctx, &list, client.InNamespace(rng.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items, nil
+}
+
+// finalize releases the range's slots (their generators are fenced off at
+// once) and, only on opt-in, its next-ID key.
+func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(rng, IDRangeFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, sl := range slots {
+		r.Renewer.Stop(etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
+	}
+	if err := r.Store.ReleaseSlots(ctx, slots); err != nil {
+		return ctrl.Result{}, err
+	}
+	if rng.Annotations[DeleteNextAnnotation] == "true" {
+		if err := r.Store.DeleteNext(ctx, rng.Namespace, rng.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	pods, err := r.pods(ctx, rng)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for i := range pods {
+		if err := annotatePod(ctx, r.Client, &pods[i], nil, IDRangeAnnotationPrefix+rng.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	metrics.IDRangeRemaining.DeleteLabelValues(rng.Namespace, rng.Name)
+	metrics.IDRangeSlotsInUse.DeleteLabelValues(rng.Namespace, rng.Name)
+	controllerutil.RemoveFinalizer(rng, IDRangeFinalizer)
+	return ctrl.Result{}, r.Update(ctx, rng)
+}
+
+// SetupWithManager registers the controller; a new etcd term wakes every range.
+func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.Add(leaderRunnable(r.followTerms)); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.IDRange{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.rangesForPod)).
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		Named("idrange").
+		Complete(r)
+}
+
+func (r *IDRangeReconciler) followTerms(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			r.Renewer.StopAll()
+			return nil
+		case <-r.Elector.Changed():
+			if _, err := r.Elector.Term(); err != nil {
+				r.Renewer.StopAll()
+				continue
+			}
+			var list v1.IDRangeList
+			if err := r.List(ctx, &list); err == nil {
+				for _, o := range list.Items {
+					r.enqueue(o.Namespace, o.Name)
+				}
+			}
+		}
+	}
+}
+
+func (r *IDRangeReconciler) rangesForPod(ctx context.Context, obj client.Object) []reconcile.Request {
+	var list v1.IDRangeList
+	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, o := range list.Items {
+		sel, err := metav1.LabelSelectorAsSelector(&o.Spec.PodSelector)
+		_, annotated := obj.GetAnnotations()[IDRangeAnnotationPrefix+o.Name]
+		if annotated || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&o)})
+		}
+	}
+	return reqs
+}
+
+// annotatePod sets the keys in want and removes the other keys named, with
+// one merge patch, only when something differs.
+func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
+	changed := false
+	for _, k := range keys {
+		v, ok := want[k]
+		cur, has := pod.Annotations[k]
+		if (ok && (!has || cur != v)) || (!ok && has) {
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	patch := client.MergeFrom(pod.DeepCopy())
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	for _, k := range keys {
+		if v, ok := want[k]; ok {
+			pod.Annotations[k] = v
+		} else {
+			delete(pod.Annotations, k)
+		}
+	}
+	return client.IgnoreNotFound(c.Patch(ctx, pod, patch))
+}

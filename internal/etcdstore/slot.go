@@ -1,0 +1,131 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Slot is a live worker-ID slot lease.
+type Slot struct {
+	N int64
+	// Token is the CreateRevision of the slot key; it fences the generator
+	// that uses the slot and grows every time the slot is leased again.
+	Token   int64
+	LeaseID clientv3.LeaseID
+	SlotValue
+}
+
+// SlotValue is the JSON stored at a slot key (DESIGN.md §3).
+type SlotValue struct {
+	Pod    string `json:"pod"`
+	PodUID string `json:"podUID"`
+}
+
+// SlotKey is the key of slot n of an IDRange.
+func SlotKey(prefix, namespace, name string, n int64) string {
+	return IDRangeSlotsPrefix(prefix, namespace, name) + strconv.FormatInt(n, 10)
+}
+
+// Slots lists the live slots of an IDRange, in no particular order.
+func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot, err error) {
+	defer s.timed("slots")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	prefix := IDRangeSlotsPrefix(s.prefix, namespace, name)
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range resp.Kvs {
+		n, err := strconv.ParseInt(strings.TrimPrefix(string(kv.Key), prefix), 10, 64)
+		if err != nil {
+			continue // not a slot key; nothing fencer wrote
+		}
+		sl := Slot{N: n, Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease)}
+		if err := json.Unmarshal(kv.Value, &sl.SlotValue); err != nil {
+			return nil, fmt.Errorf("etcd key %s holds malformed JSON: %w", kv.Key, err)
+		}
+		slots = append(slots, sl)
+	}
+	return slots, nil
+}
+
+// LeaseSlot leases the lowest free slot in [min,max] to a pod, attached to a
+// new etcd lease of ttl, in a transaction fenced by this controller's term
+// that requires the slot key to be absent. taken lists the slots known to be
+// live. It returns ErrExhausted when every slot is taken.
+func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max int64, taken []Slot, pod, podUID string, ttl time.Duration) (sl *Slot, err error) {
+	defer s.timed("slot")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	used := make(map[int64]bool, len(taken))
+	for _, t := range taken {
+		used[t.N] = true
+	}
+	val, err := json.Marshal(SlotValue{Pod: pod, PodUID: podUID})
+	if err != nil {
+		return nil, err
+	}
+	for n := min; n <= max && n >= min; n++ { // n >= min stops at int64 overflow
+		if used[n] {
+			continue
+		}
+		term, err := s.elector.Term()
+		if err != nil {
+			return nil, err
+		}
+		lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+		if err != nil {
+			return nil, err
+		}
+		key := SlotKey(s.prefix, namespace, name, n)
+		resp, err := s.cli.Txn(ctx).
+			If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease.ID))).
+			Else(clientv3.OpGet(term.Key)).
+			Commit()
+		if err != nil || !resp.Succeeded {
+			s.revoke(lease.ID)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if resp.Succeeded {
+			return &Slot{N: n, Token: resp.Header.Revision, LeaseID: lease.ID, SlotValue: SlotValue{Pod: pod, PodUID: podUID}}, nil
+		}
+		if !term.heldIn(resp) {
+			return nil, ErrNotLeader
+		}
+		// Slot n was taken meanwhile (its key still lives): try the next.
+	}
+	return nil, ErrExhausted
+}
+
+// ReleaseSlots revokes the etcd leases of slots, deleting their keys. Used
+// when an IDRange is deleted; a slot's generator is fenced off at once.
+func (s *Store) ReleaseSlots(ctx context.Context, slots []Slot) error {
+	for _, sl := range slots {
+		ctx, cancel := s.bound(ctx)
+		_, err := s.cli.Revoke(ctx, sl.LeaseID)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteNext removes an IDRange's next key; only on explicit opt-in, since a
+// recreated range would then reissue IDs.
+func (s *Store) DeleteNext(ctx context.Context, namespace, name string) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	_, err := s.cli.Delete(ctx, IDRangeNextKey(s.prefix, namespace, name))
+	return err
+}

@@ -1,0 +1,284 @@
+// Package idrange tests the IDRange controller against a real kube-apiserver
+// (envtest) and etcd: blocks are disjoint and never reissued, slots are
+// unique and reused only after their lease expires.
+package idrange
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/test/framework"
+)
+
+var fx *framework.Fencer
+
+func TestMain(m *testing.M) {
+	var err error
+	if fx, err = framework.StartFencer(false); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	fx.Stop()
+	os.Exit(code)
+}
+
+func blocksRange(ns string, min, max, size int64) *v1.IDRange {
+	return &v1.IDRange{
+		ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns},
+		Spec: v1.IDRangeSpec{Mode: v1.ModeBlocks, Min: min, Max: max, BlockSize: ptr.To(size),
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
+	}
+}
+
+func slotsRange(ns string, min, max int64, ttl int32) *v1.IDRange {
+	return &v1.IDRange{
+		ObjectMeta: metav1.ObjectMeta{Name: "workers", Namespace: ns},
+		Spec: v1.IDRangeSpec{Mode: v1.ModeSlots, Min: min, Max: max, SlotTTLSeconds: ptr.To(ttl),
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
+	}
+}
+
+func pods(t *testing.T, ns string, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		fx.ReadyPod(t, ns, fmt.Sprintf("w-%03d", i), "w", "")
+	}
+}
+
+// annotations returns pod name -> value of idrange.fencer.io/<name>.
+func annotations(t *testing.T, ns, name string) map[string]string {
+	t.Helper()
+	var list corev1.PodList
+	if err := fx.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range list.Items {
+		if v, ok := p.Annotations["idrange.fencer.io/"+name]; ok {
+			out[p.Name] = v
+		}
+	}
+	return out
+}
+
+type block struct {
+	pod         string
+	first, last int64
+}
+
+func parseBlocks(t *testing.T, ann map[string]string) []block {
+	t.Helper()
+	var bs []block
+	for pod, v := range ann {
+		var b block
+		if _, err := fmt.Sscanf(v, "block=%d-%d", &b.first, &b.last); err != nil || b.first > b.last {
+			t.Fatalf("pod %s: malformed block annotation %q", pod, v)
+		}
+		b.pod = pod
+		bs = append(bs, b)
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].first < bs[j].first })
+	return bs
+}
+
+// checkDisjoint fails unless blocks are disjoint and inside [min,max], and
+// returns how many IDs they hold.
+func checkDisjoint(t *testing.T, bs []block, min, max int64) int64 {
+	t.Helper()
+	var total int64
+	for i, b := range bs {
+		if b.first < min || b.last > max {
+			t.Fatalf("block %d-%d of %s leaves [%d,%d]", b.first, b.last, b.pod, min, max)
+		}
+		if i > 0 && b.first <= bs[i-1].last {
+			t.Fatalf("blocks overlap: %s %d-%d and %s %d-%d", bs[i-1].pod, bs[i-1].first, bs[i-1].last, b.pod, b.first, b.last)
+		}
+		total += b.last - b.first + 1
+	}
+	return total
+}
+
+func etcdNext(t *testing.T, ns, name string) int64 {
+	t.Helper()
+	resp, err := fx.EtcdCli.Get(context.Background(), etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, ns, name))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("next key: %v %v", resp, err)
+	}
+	n, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func getRange(t *testing.T, ns, name string) *v1.IDRange {
+	t.Helper()
+	r := &v1.IDRange{}
+	if err := fx.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestFiftyPodsGetDisjointBlocks(t *testing.T) {
+	fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 50)
+	if err := fx.Client.Create(context.Background(), blocksRange(ns, 1000, 1_000_000, 100)); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 120*time.Second, "50 blocks", func() error {
+		if n := len(annotations(t, ns, "ids")); n != 50 {
+			return fmt.Errorf("%d of 50 pods annotated", n)
+		}
+		return nil
+	})
+	bs := parseBlocks(t, annotations(t, ns, "ids"))
+	total := checkDisjoint(t, bs, 1000, 1_000_000)
+	if next := etcdNext(t, ns, "ids"); next != 1000+total {
+		t.Fatalf("etcd next %d, but %d IDs were issued from 1000", next, total)
+	}
+	framework.Eventually(t, 30*time.Second, "status", func() error {
+		st := getRange(t, ns, "ids").Status
+		if st.Next != 1000+total || st.Remaining != 1_000_000-(1000+total)+1 || st.AllocatedBlocks != 50 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+}
+
+func TestExhaustion(t *testing.T) {
+	fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 4)
+	if err := fx.Client.Create(context.Background(), blocksRange(ns, 1, 25, 10)); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "exhausted", func() error {
+		r := getRange(t, ns, "ids")
+		c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionExhausted)
+		if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "waiting: w-003") {
+			return fmt.Errorf("conditions %+v", r.Status.Conditions)
+		}
+		return nil
+	})
+	bs := parseBlocks(t, annotations(t, ns, "ids"))
+	if got := fmt.Sprint(bs); got != "[{w-000 1 10} {w-001 11 20} {w-002 21 25}]" {
+		t.Fatalf("blocks %s: want 1-10, 11-20 and the short final block 21-25", got)
+	}
+	r := getRange(t, ns, "ids")
+	if r.Status.Remaining != 0 || meta.FindStatusCondition(r.Status.Conditions, v1.ConditionLow).Status != metav1.ConditionTrue {
+		t.Fatalf("status %+v", r.Status)
+	}
+	// Growing max serves the waiting pod from where the range stopped.
+	patch := client.MergeFrom(r.DeepCopy())
+	r.Spec.Max = 40
+	if err := fx.Client.Patch(context.Background(), r, patch); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "w-003 served after max grew", func() error {
+		if v := annotations(t, ns, "ids")["w-003"]; v != "block=26-35" {
+			return fmt.Errorf("w-003: %q", v)
+		}
+		return nil
+	})
+}
+
+// TestRestartMidAllocation: a controller replaced while pods keep arriving
+// never hands out an overlapping or reissued block.
+func TestRestartMidAllocation(t *testing.T) {
+	stop := fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	if err := fx.Client.Create(context.Background(), blocksRange(ns, 0, 1_000_000, 7)); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 0, 10)
+	stop()
+	pods(t, ns, 10, 20)
+	fx.StartController(t, "c2")
+	pods(t, ns, 20, 30)
+	framework.Eventually(t, 120*time.Second, "30 blocks", func() error {
+		if n := len(annotations(t, ns, "ids")); n != 30 {
+			return fmt.Errorf("%d of 30 pods annotated", n)
+		}
+		return nil
+	})
+	bs := parseBlocks(t, annotations(t, ns, "ids"))
+	total := checkDisjoint(t, bs, 0, 1_000_000)
+	if next := etcdNext(t, ns, "ids"); next < total {
+		t.Fatalf("etcd next %d below the %d IDs issued", next, total)
+	}
+}
+
+func TestSlotsAreUniqueAndReusedOnlyAfterTTL(t *testing.T) {
+	fx.StartController(t, "c1")
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 4)
+	if err := fx.Client.Create(ctx, slotsRange(ns, 0, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	var ann map[string]string
+	framework.Eventually(t, 60*time.Second, "3 slots leased, the 4th pod waits", func() error {
+		ann = annotations(t, ns, "workers")
+		r := getRange(t, ns, "workers")
+		c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionExhausted)
+		if len(ann) != 3 || c == nil || c.Status != metav1.ConditionTrue || r.Status.SlotsInUse != 3 {
+			return fmt.Errorf("annotations %v, status %+v", ann, r.Status)
+		}
+		if !strings.Contains(c.Message, "all 3 slots are leased; waiting: w-003") {
+			return fmt.Errorf("condition message %q", c.Message)
+		}
+		return nil
+	})
+	slots := map[int64]string{}
+	var freed string
+	var freedSlot, freedToken int64
+	for pod, v := range ann {
+		var n, tok int64
+		if _, err := fmt.Sscanf(v, "slot=%d,token=%d", &n, &tok); err != nil {
+			t.Fatalf("%s: %q", pod, v)
+		}
+		if other, dup := slots[n]; dup {
+			t.Fatalf("slot %d held by %s and %s", n, other, pod)
+		}
+		slots[n] = pod
+		freed, freedSlot, freedToken = pod, n, tok
+	}
+
+	deleted := time.Now()
+	if err := fx.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: freed, Namespace: ns}}, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "w-003 gets the freed slot", func() error {
+		v := annotations(t, ns, "workers")["w-003"]
+		var n, tok int64
+		if _, err := fmt.Sscanf(v, "slot=%d,token=%d", &n, &tok); err != nil {
+			return fmt.Errorf("w-003: %q", v)
+		}
+		if n != freedSlot || tok <= freedToken {
+			t.Fatalf("w-003 got slot %d token %d; want slot %d with a token above %d", n, tok, freedSlot, freedToken)
+		}
+		return nil
+	})
+	// A slot returns only after its etcd lease (3 s) expires; renewals
+	// happen every TTL/3, so no earlier than 2 s after the deletion.
+	if waited := time.Since(deleted); waited < 2*time.Second {
+		t.Fatalf("slot reused %s after its pod was deleted, before its lease could expire", waited)
+	}
+}
