@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -281,4 +283,127 @@ func TestSlotsAreUniqueAndReusedOnlyAfterTTL(t *testing.T) {
 	if waited := time.Since(deleted); waited < 2*time.Second {
 		t.Fatalf("slot reused %s after its pod was deleted, before its lease could expire", waited)
 	}
+}
+
+// TestEtcdRestartMidAllocation: blocks claimed before and after an etcd
+// restart never overlap; the next key survives the restart.
+func TestEtcdRestartMidAllocation(t *testing.T) {
+	fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	if err := fx.Client.Create(context.Background(), blocksRange(ns, 0, 1_000_000, 5)); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 0, 5)
+	framework.Eventually(t, 60*time.Second, "5 blocks", func() error {
+		if n := len(annotations(t, ns, "ids")); n != 5 {
+			return fmt.Errorf("%d annotated", n)
+		}
+		return nil
+	})
+	if err := fx.Etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 5, 10)
+	if err := fx.Etcd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 10, 15)
+	framework.Eventually(t, 120*time.Second, "15 blocks", func() error {
+		if n := len(annotations(t, ns, "ids")); n != 15 {
+			return fmt.Errorf("%d annotated", n)
+		}
+		return nil
+	})
+	checkDisjoint(t, parseBlocks(t, annotations(t, ns, "ids")), 0, 1_000_000)
+}
+
+// TestDeleteReleasesSlotsAndKeepsNext: deleting an IDRange revokes its slot
+// leases at once; a Blocks range's next key stays, so a recreated range
+// continues where it stopped, unless the opt-in annotation says otherwise.
+func TestDeleteReleasesSlotsAndKeepsNext(t *testing.T) {
+	fx.StartController(t, "c1")
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 2)
+	slots := slotsRange(ns, 0, 9, 60)
+	blocks := blocksRange(ns, 1, 1000, 10)
+	for _, o := range []client.Object{slots, blocks} {
+		if err := fx.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, 60*time.Second, "slots and blocks issued", func() error {
+		if a, b := len(annotations(t, ns, "workers")), len(annotations(t, ns, "ids")); a != 2 || b != 2 {
+			return fmt.Errorf("%d slots, %d blocks", a, b)
+		}
+		return nil
+	})
+	for _, o := range []client.Object{slots, blocks} {
+		if err := fx.Client.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, 30*time.Second, "slot keys gone at once", func() error {
+		resp, err := fx.EtcdCli.Get(ctx, etcdstore.IDRangeSlotsPrefix(etcdstore.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
+		if err != nil || resp.Count != 0 {
+			return fmt.Errorf("%d slot keys left (%v)", resp.Count, err)
+		}
+		return nil
+	})
+	framework.Eventually(t, 30*time.Second, "both ranges gone", func() error {
+		for _, o := range []client.Object{slots, blocks} {
+			if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(o), &v1.IDRange{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%s: %v", o.GetName(), err)
+			}
+		}
+		return nil
+	})
+	if next := etcdNext(t, ns, "ids"); next != 21 {
+		t.Fatalf("next key after delete: %d, want 21 kept", next)
+	}
+	again := blocksRange(ns, 1, 1000, 10)
+	if err := fx.Client.Create(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "recreated range continues at 21", func() error {
+		bs := parseBlocks(t, annotations(t, ns, "ids"))
+		if len(bs) != 2 || bs[0].first < 21 {
+			return fmt.Errorf("blocks %v", bs)
+		}
+		return nil
+	})
+}
+
+// TestRepairAnnotationWithoutSlot: when a pod's slot vanishes from etcd
+// behind the controller's back, the pod gets a new slot and a new token.
+func TestRepairAnnotationWithoutSlot(t *testing.T) {
+	fx.StartController(t, "c1")
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 1)
+	if err := fx.Client.Create(ctx, slotsRange(ns, 0, 9, 30)); err != nil {
+		t.Fatal(err)
+	}
+	var before string
+	framework.Eventually(t, 60*time.Second, "slot leased", func() error {
+		before = annotations(t, ns, "workers")["w-000"]
+		if before == "" {
+			return fmt.Errorf("no slot yet")
+		}
+		return nil
+	})
+	resp, err := fx.EtcdCli.Get(ctx, etcdstore.IDRangeSlotsPrefix(etcdstore.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("slot keys: %v %v", resp, err)
+	}
+	if _, err := fx.EtcdCli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "a new slot and token", func() error {
+		after := annotations(t, ns, "workers")["w-000"]
+		if after == "" || after == before {
+			return fmt.Errorf("annotation %q (was %q)", after, before)
+		}
+		return nil
+	})
 }
