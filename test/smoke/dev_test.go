@@ -225,6 +225,29 @@ func TestDevCluster(t *testing.T) {
 		kubectl("apply", "-f", cm(tok))
 	})
 
+	t.Run("the example IDRanges hand out distinct blocks and slots (disjointness is proven in test/integration/idrange)", func(t *testing.T) {
+		ex := filepath.Join(root, "examples")
+		kubectl("apply", "-f", filepath.Join(ex, "idrange-blocks.yaml"), "-f", filepath.Join(ex, "idrange-slots.yaml"), "-f", filepath.Join(ex, "idrange-workers.yaml"))
+		kubectl("rollout", "status", "deployment/orders", "deployment/events", "--timeout=120s")
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			out := kubectl("get", "pods", "-l", "app in (orders,events)", "-o",
+				`jsonpath={range .items[*]}{.metadata.annotations.idrange\.fencer\.io/order-ids}{.metadata.annotations.idrange\.fencer\.io/event-workers}{"\n"}{end}`)
+			vals := strings.Fields(out)
+			seen := map[string]bool{}
+			for _, v := range vals {
+				seen[strings.Split(v, ",")[0]] = true // block=a-b, or slot=n
+			}
+			if len(vals) == 6 && len(seen) == 6 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("want 3 distinct blocks and 3 distinct slots, got %q", out)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
 	if err := dev.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
