@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -98,15 +97,7 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !equality.Semantic.DeepEqual(before, &rng.Status) {
-		if err := r.Status().Update(ctx, rng); err != nil {
-			return requeueOnConflict(err)
-		}
-	}
-	for _, e := range out.events {
-		r.Recorder.Eventf(rng, nil, e.kind, e.reason, e.reason, "%s", e.note)
-	}
-	return out.result, nil
+	return finish(ctx, r.Client, r.Recorder, rng, before, &rng.Status, out)
 }
 
 func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange) (outcome, error) {
@@ -358,7 +349,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl
 
 // SetupWithManager registers the controller; a new etcd term wakes every range.
 func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := mgr.Add(leaderRunnable(r.followTerms)); err != nil {
+	if err := mgr.Add(followTerms(r.Elector, r.Renewer, r.enqueueAll)); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -369,24 +360,14 @@ func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-func (r *IDRangeReconciler) followTerms(ctx context.Context) error {
-	for {
-		select {
-		case <-ctx.Done():
-			r.Renewer.StopAll()
-			return nil
-		case <-r.Elector.Changed():
-			if _, err := r.Elector.Term(); err != nil {
-				r.Renewer.StopAll()
-				continue
-			}
-			var list v1.IDRangeList
-			if err := r.List(ctx, &list); err == nil {
-				for _, o := range list.Items {
-					r.enqueue(o.Namespace, o.Name)
-				}
-			}
-		}
+func (r *IDRangeReconciler) enqueueAll(ctx context.Context) {
+	var list v1.IDRangeList
+	if err := r.List(ctx, &list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing IDRanges for a resync")
+		return
+	}
+	for _, o := range list.Items {
+		r.enqueue(o.Namespace, o.Name)
 	}
 }
 

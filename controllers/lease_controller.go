@@ -8,8 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -111,44 +109,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !equality.Semantic.DeepEqual(before, &lease.Status) {
-		if err := r.Status().Update(ctx, lease); err != nil {
-			return requeueOnConflict(err)
-		}
-	}
-	for _, e := range out.events {
-		r.Recorder.Eventf(lease, nil, e.kind, e.reason, e.reason, "%s", e.note)
-	}
-	return out.result, nil
-}
-
-// requeueOnConflict turns a write conflict (our cache was behind) into a
-// quiet retry; other errors go to the workqueue's backoff.
-func requeueOnConflict(err error) (ctrl.Result, error) {
-	if apierrors.IsConflict(err) {
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
-	}
-	return ctrl.Result{}, err
-}
-
-// outcome is what reconcileGrant decided beyond the status it set.
-type outcome struct {
-	result ctrl.Result
-	events []leaseEvent
-}
-
-type leaseEvent struct{ kind, reason, note string }
-
-func (o *outcome) event(kind, reason, format string, args ...any) {
-	o.events = append(o.events, leaseEvent{kind, reason, fmt.Sprintf(format, args...)})
-}
-
-// requeueAt asks to run again at t, keeping the earliest of several asks.
-func (o *outcome) requeueAt(now, t time.Time) {
-	d := max(t.Sub(now), time.Millisecond)
-	if o.result.RequeueAfter == 0 || d < o.result.RequeueAfter {
-		o.result.RequeueAfter = d
-	}
+	return finish(ctx, r.Client, r.Recorder, lease, before, &lease.Status, out)
 }
 
 // reconcileGrant brings etcd and the pods in line with the Lease's spec and
@@ -454,7 +415,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(leaderRunnable(r.watchEtcd)); err != nil {
 		return err
 	}
-	if err := mgr.Add(leaderRunnable(r.followTerms)); err != nil {
+	if err := mgr.Add(followTerms(r.Elector, r.Renewer, r.enqueueAll)); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -474,24 +435,6 @@ func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 		r.enqueue(ev.Namespace, ev.Name)
 	}, func() { r.enqueueAll(ctx) })
 	return nil
-}
-
-// followTerms re-reconciles every Lease when this replica wins the etcd
-// election, to adopt live grants, and stops renewing when it loses it.
-func (r *LeaseReconciler) followTerms(ctx context.Context) error {
-	for {
-		select {
-		case <-ctx.Done():
-			r.Renewer.StopAll()
-			return nil
-		case <-r.Elector.Changed():
-			if _, err := r.Elector.Term(); err != nil {
-				r.Renewer.StopAll()
-				continue
-			}
-			r.enqueueAll(ctx)
-		}
-	}
 }
 
 func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
@@ -520,9 +463,3 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 	}
 	return reqs
 }
-
-// leaderRunnable adapts a function to a Runnable that runs only on the leader.
-type leaderRunnable func(context.Context) error
-
-func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
-func (f leaderRunnable) NeedLeaderElection() bool        { return true }

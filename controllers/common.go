@@ -1,0 +1,86 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/renew"
+)
+
+// outcome is what an inner reconcile decided beyond the status it set.
+type outcome struct {
+	result ctrl.Result
+	events []recordedEvent
+}
+
+type recordedEvent struct{ kind, reason, note string }
+
+func (o *outcome) event(kind, reason, format string, args ...any) {
+	o.events = append(o.events, recordedEvent{kind, reason, fmt.Sprintf(format, args...)})
+}
+
+// requeueAt asks to run again at t, keeping the earliest of several asks.
+func (o *outcome) requeueAt(now, t time.Time) {
+	d := max(t.Sub(now), time.Millisecond)
+	if o.result.RequeueAfter == 0 || d < o.result.RequeueAfter {
+		o.result.RequeueAfter = d
+	}
+}
+
+// finish writes obj's status once, if it changed from before, and only then
+// records the outcome's Events.
+func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
+	if !equality.Semantic.DeepEqual(before, after) {
+		if err := c.Status().Update(ctx, obj); err != nil {
+			return requeueOnConflict(err)
+		}
+	}
+	for _, e := range out.events {
+		rec.Eventf(obj, nil, e.kind, e.reason, e.reason, "%s", e.note)
+	}
+	return out.result, nil
+}
+
+// requeueOnConflict turns a write conflict (our cache was behind) into a
+// quiet retry; other errors go to the workqueue's backoff.
+func requeueOnConflict(err error) (ctrl.Result, error) {
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// followTerms runs on the leader: when this replica wins the etcd election
+// it calls resync, so every object is reconciled and live leases adopted;
+// when it loses the election, or stops, it stops renewing.
+func followTerms(elector *etcdstore.Elector, renewer *renew.Renewer, resync func(context.Context)) leaderRunnable {
+	return func(ctx context.Context) error {
+		for {
+			select {
+			case <-ctx.Done():
+				renewer.StopAll()
+				return nil
+			case <-elector.Changed():
+				if _, err := elector.Term(); err != nil {
+					renewer.StopAll()
+					continue
+				}
+				resync(ctx)
+			}
+		}
+	}
+}
+
+// leaderRunnable adapts a function to a Runnable that runs only on the leader.
+type leaderRunnable func(context.Context) error
+
+func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (f leaderRunnable) NeedLeaderElection() bool        { return true }
