@@ -1,0 +1,169 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// FencedError means an etcd transaction was fenced off: the lease key no
+// longer holds the grant with the offered token.
+type FencedError struct {
+	// Key is the lease key compared.
+	Key string
+	// Offered is the token the transaction carried.
+	Offered int64
+	// Current is the live token, 0 if nobody holds the lease.
+	Current int64
+}
+
+func (e *FencedError) Error() string {
+	if e.Current == 0 {
+		return fmt.Sprintf("fence: token %d is fenced off: %s has no holder", e.Offered, e.Key)
+	}
+	return fmt.Sprintf("fence: token %d is fenced off: %s is held under token %d", e.Offered, e.Key, e.Current)
+}
+
+// Txn is an etcd transaction that commits only while t is the live token of
+// its lease: If(CreateRevision(leaseKey) == token) Then(ops). The check and
+// the writes are one atomic step inside etcd.
+type Txn struct {
+	cli *clientv3.Client
+	key string
+	tok int64
+	ops []clientv3.Op
+}
+
+// NewTxn starts a fenced transaction for t's lease in namespace, under
+// fencer's etcd prefix (etcdstore.DefaultPrefix unless fencer was started
+// with --etcd-prefix).
+func NewTxn(cli *clientv3.Client, prefix, namespace string, t Token) *Txn {
+	return &Txn{cli: cli, key: etcdstore.LeaseKey(prefix, namespace, t.Lease), tok: t.Value}
+}
+
+// Then adds operations to run when the token is live.
+func (x *Txn) Then(ops ...clientv3.Op) *Txn {
+	x.ops = append(x.ops, ops...)
+	return x
+}
+
+// Commit runs the transaction. It returns a *FencedError when the token is
+// not live, and then nothing was written.
+func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
+	resp, err := x.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(x.key), "=", x.tok)).
+		Then(x.ops...).
+		Else(clientv3.OpGet(x.key)).
+		Commit()
+	if err != nil {
+		return nil, err
+	}
+	if !resp.Succeeded {
+		e := &FencedError{Key: x.key, Offered: x.tok}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			e.Current = kvs[0].CreateRevision
+		}
+		return resp, e
+	}
+	return resp, nil
+}
+
+// ErrLeaseLost is the cause of a Hold context's cancellation.
+var ErrLeaseLost = errors.New("fence: the lease was lost")
+
+// Hold keeps a renewal: Direct lease alive for its holder and returns a
+// context that is cancelled, with cause ErrLeaseLost, the moment the lease
+// is lost: its key is deleted or re-granted, etcd reports the lease expired,
+// or no keepalive has succeeded for a whole TTL (the process was paused or
+// cut off, so etcd has expired it or is about to). Work done under the
+// token must stop when the context ends. Cancel ctx to stop renewing.
+func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t Token) (context.Context, error) {
+	if t.LeaseID == 0 {
+		return nil, fmt.Errorf("fence: token of lease %s has no etcd lease ID; Hold is for renewal: Direct leases", t.Lease)
+	}
+	key := etcdstore.LeaseKey(prefix, namespace, t.Lease)
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
+		e := &FencedError{Key: key, Offered: t.Value}
+		if len(resp.Kvs) > 0 {
+			e.Current = resp.Kvs[0].CreateRevision
+		}
+		return nil, e
+	}
+	ttlResp, err := cli.TimeToLive(ctx, clientv3.LeaseID(t.LeaseID))
+	if err != nil {
+		return nil, err
+	}
+	if ttlResp.TTL <= 0 {
+		return nil, fmt.Errorf("fence: etcd lease %d of %s has expired: %w", t.LeaseID, key, ErrLeaseLost)
+	}
+	held, lose := context.WithCancelCause(ctx)
+	ttl := time.Duration(ttlResp.GrantedTTL) * time.Second
+	go keepAlive(held, lose, cli, clientv3.LeaseID(t.LeaseID), ttl)
+	go watchKey(held, lose, cli, key, t.Value, resp.Header.Revision)
+	return held, nil
+}
+
+// keepAlive renews every TTL/3 and declares the lease lost once a full TTL
+// has passed without a successful renewal.
+func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) {
+	// lastOK is when the last successful renewal was *sent*: etcd renewed no
+	// earlier, so lastOK+TTL never lies after etcd's own expiry.
+	lastOK := time.Now()
+	tick := max(ttl/3, 100*time.Millisecond)
+	for {
+		deadline := lastOK.Add(ttl)
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		sent := time.Now()
+		resp, err := cli.KeepAliveOnce(rctx, id)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && resp.TTL > 0:
+			lastOK = sent
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			lose(fmt.Errorf("etcd lease %x expired: %w", int64(id), ErrLeaseLost))
+			return
+		}
+		if !time.Now().Before(deadline) {
+			lose(fmt.Errorf("no keepalive of etcd lease %x succeeded for %s: %w", int64(id), ttl, ErrLeaseLost))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(tick, time.Until(deadline))):
+		}
+	}
+}
+
+// watchKey declares the lease lost when its key is deleted or recreated.
+func watchKey(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, key string, token, fromRev int64) {
+	for ctx.Err() == nil {
+		for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(fromRev+1)) {
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete || ev.Kv.CreateRevision != token {
+					lose(fmt.Errorf("lease key %s was deleted or re-granted: %w", key, ErrLeaseLost))
+					return
+				}
+			}
+			if wr.Header.Revision > fromRev {
+				fromRev = wr.Header.Revision
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+const prefix = etcdstore.DefaultPrefix
+
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	return e.Endpoint
+}
+
+func connect(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// grant writes a lease key as fencer's controller would, attached to an
+// etcd lease of ttl, and returns the holder's token.
+func grant(t *testing.T, cli *clientv3.Client, lease string, ttl int64) Token {
+	t.Helper()
+	ctx := context.Background()
+	l, err := cli.Grant(ctx, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(ctx, etcdstore.LeaseKey(prefix, "ns", lease), `{"holder":"me"}`, clientv3.WithLease(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Token{Lease: lease, Value: resp.Header.Revision, LeaseID: int64(l.ID)}
+}
+
+func TestFencedTxn(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	old := grant(t, cli, "job", 30)
+	if _, err := NewTxn(cli, prefix, "ns", old).Then(clientv3.OpPut("/data/x", "by old")).Commit(ctx); err != nil {
+		t.Fatalf("live token: %v", err)
+	}
+	// A new grant replaces the key: the old token is fenced off.
+	if _, err := cli.Delete(ctx, etcdstore.LeaseKey(prefix, "ns", "job")); err != nil {
+		t.Fatal(err)
+	}
+	nu := grant(t, cli, "job", 30)
+	_, err := NewTxn(cli, prefix, "ns", old).Then(clientv3.OpPut("/data/x", "stale")).Commit(ctx)
+	var fenced *FencedError
+	if !errors.As(err, &fenced) || fenced.Offered != old.Value || fenced.Current != nu.Value {
+		t.Fatalf("stale txn: %v, want a FencedError offering %d with current %d", err, old.Value, nu.Value)
+	}
+	got, err := cli.Get(ctx, "/data/x")
+	if err != nil || string(got.Kvs[0].Value) != "by old" {
+		t.Fatalf("a fenced-off txn wrote: %v %v", got, err)
+	}
+}
+
+// proxy forwards TCP to target until paused, as a network partition or a
+// paused process would cut a client off.
+type proxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	paused bool
+	conns  []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{l: l, target: target}
+	t.Cleanup(func() { l.Close() })
+	go p.serve()
+	return p
+}
+
+func (p *proxy) URL() string { return "http://" + p.l.Addr().String() }
+
+func (p *proxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		paused := p.paused
+		p.mu.Unlock()
+		if paused {
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close() }()
+	}
+}
+
+func (p *proxy) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestHoldCancelsWithinOneTTLWhenCutOff: a holder whose keepalives stop
+// getting through loses its context within one TTL of its last renewal,
+// measured from when the last successful renewal was sent, so never after
+// etcd itself expires the lease.
+func TestHoldCancelsWithinOneTTLWhenCutOff(t *testing.T) {
+	endpoint := startEtcd(t)
+	admin := connect(t, endpoint)
+	p := newProxy(t, endpoint[len("http://"):])
+	holder := connect(t, p.URL())
+	tok := grant(t, admin, "job", 2)
+
+	held, err := Hold(context.Background(), holder, prefix, "ns", tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // past the TTL: Hold is renewing
+	if held.Err() != nil {
+		t.Fatalf("lost while renewing: %v", context.Cause(held))
+	}
+	ttl, err := admin.TimeToLive(context.Background(), clientv3.LeaseID(tok.LeaseID))
+	if err != nil || ttl.TTL <= 0 {
+		t.Fatalf("lease not kept alive: %+v %v", ttl, err)
+	}
+
+	cut := time.Now()
+	p.pause()
+	select {
+	case <-held.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Hold never noticed it was cut off")
+	}
+	lostAfter := time.Since(cut)
+	if !errors.Is(context.Cause(held), ErrLeaseLost) {
+		t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(held))
+	}
+	// Within one TTL (2 s) of the last renewal, which was before the cut;
+	// the extra second only absorbs scheduling on a loaded machine.
+	if lostAfter > 3*time.Second {
+		t.Fatalf("Hold noticed the loss %s after the cut, later than one TTL", lostAfter)
+	}
+	t.Logf("Hold cancelled %s after keepalives were cut (TTL 2s)", lostAfter.Round(time.Millisecond))
+}
+
+func TestHoldCancelsWhenTheKeyIsRegranted(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	tok := grant(t, cli, "job", 30)
+	held, err := Hold(context.Background(), cli, prefix, "ns", tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(context.Background(), etcdstore.LeaseKey(prefix, "ns", "job")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Hold missed the key's deletion")
+	}
+	if _, err := Hold(context.Background(), cli, prefix, "ns", tok); err == nil {
+		t.Fatal("Hold accepted a token whose key is gone")
+	}
+	if _, err := Hold(context.Background(), cli, prefix, "ns", Token{Lease: "job", Value: tok.Value}); err == nil {
+		t.Fatal("Hold accepted a token without a lease ID")
+	}
+}

@@ -1,0 +1,173 @@
+// Package fence is the workload side of fencer: it reads the fencing token
+// fencer publishes for the pod, stamps it on every protected write, runs etcd
+// transactions that only commit under the live token, and keeps Direct-mode
+// leases alive.
+//
+// A pod that holds a fencer Lease carries its token in the annotation
+// lease.fencer.io/<lease-name>. Mount the pod's annotations with the Downward
+// API and read them with FileSource, or read the pod from the API with
+// PodSource (the kubelet refreshes Downward API files only every sync period,
+// about a minute; the API is current).
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Annotation prefixes fencer writes on holder pods.
+const (
+	TokenAnnotationPrefix   = "lease.fencer.io/"
+	LeaseIDAnnotationPrefix = "leaseid.fencer.io/"
+	// LeaseLabel fences an object; TokenAnnotation carries a write's token.
+	LeaseLabel      = "fencer.io/lease"
+	TokenAnnotation = "fencer.io/token"
+)
+
+// ErrNotHolder means the pod does not hold the lease (now).
+var ErrNotHolder = errors.New("this pod does not hold the lease")
+
+// Token is a fencing token of one lease.
+type Token struct {
+	// Lease is the name of the fencer Lease, in the pod's namespace.
+	Lease string
+	// Value is the token: the etcd revision of the grant.
+	Value int64
+	// LeaseID is the etcd lease of the grant, published for renewal: Direct;
+	// 0 otherwise.
+	LeaseID int64
+}
+
+// Source yields the pod's current token for a lease.
+type Source interface {
+	// Token returns the current token, or an error wrapping ErrNotHolder.
+	Token(ctx context.Context) (Token, error)
+}
+
+// ParseAnnotations parses the Downward API annotations file the kubelet
+// writes for `fieldPath: metadata.annotations`: one `key="value"` per line,
+// keys sorted, values quoted with Go's escaping (so a value never spans
+// lines).
+func ParseAnnotations(data []byte) (map[string]string, error) {
+	out := map[string]string{}
+	for i, line := range strings.Split(string(data), "\n") {
+		if line == "" {
+			continue
+		}
+		key, quoted, ok := strings.Cut(line, "=")
+		if !ok || key == "" {
+			return nil, fmt.Errorf("line %d: want key=\"value\", got %q", i+1, truncate(line))
+		}
+		value, err := strconv.Unquote(quoted)
+		if err != nil || !strings.HasPrefix(quoted, `"`) {
+			return nil, fmt.Errorf("line %d: the value of %s is not a double-quoted string: %q", i+1, key, truncate(quoted))
+		}
+		out[key] = value
+	}
+	return out, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 60 {
+		return s[:60] + "…"
+	}
+	return s
+}
+
+// TokenFromAnnotations reads lease's token from a pod's annotations.
+func TokenFromAnnotations(annotations map[string]string, lease string) (Token, error) {
+	raw, ok := annotations[TokenAnnotationPrefix+lease]
+	if !ok {
+		return Token{}, fmt.Errorf("no %s%s annotation: %w", TokenAnnotationPrefix, lease, ErrNotHolder)
+	}
+	v, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || v <= 0 {
+		return Token{}, fmt.Errorf("annotation %s%s is %q, not a fencing token", TokenAnnotationPrefix, lease, raw)
+	}
+	t := Token{Lease: lease, Value: v}
+	if id, ok := annotations[LeaseIDAnnotationPrefix+lease]; ok {
+		if t.LeaseID, err = strconv.ParseInt(id, 10, 64); err != nil {
+			return Token{}, fmt.Errorf("annotation %s%s is %q, not an etcd lease ID", LeaseIDAnnotationPrefix, lease, id)
+		}
+	}
+	return t, nil
+}
+
+// FileSource reads a lease's token from a Downward API annotations file.
+type FileSource struct {
+	// Path is the file, e.g. /etc/fencer/annotations.
+	Path string
+	// Lease is the fencer Lease's name.
+	Lease string
+}
+
+// Token reads the file now.
+func (f FileSource) Token(context.Context) (Token, error) {
+	data, err := os.ReadFile(f.Path)
+	if err != nil {
+		return Token{}, err
+	}
+	ann, err := ParseAnnotations(data)
+	if err != nil {
+		return Token{}, fmt.Errorf("%s: %w", f.Path, err)
+	}
+	return TokenFromAnnotations(ann, f.Lease)
+}
+
+// PodSource reads a lease's token from the pod's own annotations through the
+// API: current, where the Downward API file lags.
+type PodSource struct {
+	Client    client.Reader
+	Namespace string
+	Pod       string
+	Lease     string
+}
+
+// Token reads the pod now.
+func (p PodSource) Token(ctx context.Context) (Token, error) {
+	pod := &corev1.Pod{}
+	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
+		return Token{}, err
+	}
+	return TokenFromAnnotations(pod.Annotations, p.Lease)
+}
+
+// Watch polls src every interval and sends each change: a new token, or
+// the zero Token (with Lease set) when the pod stops holding the lease. The
+// channel closes when ctx ends. Read errors other than ErrNotHolder are
+// retried at the next tick.
+func Watch(ctx context.Context, src Source, lease string, interval time.Duration) <-chan Token {
+	ch := make(chan Token, 1)
+	go func() {
+		defer close(ch)
+		last, first := Token{}, true
+		for {
+			t, err := src.Token(ctx)
+			if errors.Is(err, ErrNotHolder) {
+				t, err = Token{Lease: lease}, nil
+			}
+			if err == nil && (first || t != last) {
+				select {
+				case ch <- t:
+				case <-ctx.Done():
+					return
+				}
+				last, first = t, false
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	return ch
+}
