@@ -155,3 +155,36 @@ func format(m map[string]string) string {
 	}
 	return b.String()
 }
+
+func TestRunExclusive(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "annotations")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`example.com/x="y"`) // not the holder yet
+	src := FileSource{Path: path, Lease: "report"}
+	started := make(chan Token, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", 10*time.Millisecond, func(ctx context.Context, tok Token) error {
+			started <- tok
+			<-ctx.Done() // a long job, stopped only by losing the lease
+			return ctx.Err()
+		})
+	}()
+	select {
+	case <-started:
+		t.Fatal("ran before holding the lease")
+	case <-time.After(100 * time.Millisecond):
+	}
+	write(`lease.fencer.io/report="11"`)
+	if tok := <-started; tok.Value != 11 {
+		t.Fatalf("ran with %+v", tok)
+	}
+	write(`lease.fencer.io/report="12"`) // failed over and back: a new tenure
+	if err := <-done; !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
+	}
+}

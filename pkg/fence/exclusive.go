@@ -1,0 +1,42 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RunExclusive is the scheduled-job pattern: it waits until src says this
+// pod holds lease, then runs fn once with the token and a context that is
+// cancelled the moment the token changes or disappears. It returns fn's
+// error, or an error wrapping ErrLeaseLost if the lease was lost while fn
+// ran. Pass every write fn makes through the token (Stamp, Client, NewTxn),
+// since cancellation alone cannot stop a write already on the wire.
+func RunExclusive(ctx context.Context, src Source, lease string, poll time.Duration, fn func(context.Context, Token) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	tokens := Watch(ctx, src, lease, poll)
+	var held Token
+	for held.Value == 0 {
+		t, ok := <-tokens
+		if !ok {
+			return ctx.Err()
+		}
+		held = t
+	}
+	run, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	go func() {
+		for t := range tokens {
+			if t != held {
+				lose(fmt.Errorf("token of lease %s changed from %d to %d: %w", lease, held.Value, t.Value, ErrLeaseLost))
+				return
+			}
+		}
+	}()
+	err := fn(run, held)
+	if cause := context.Cause(run); cause != nil && run.Err() != nil && ctx.Err() == nil {
+		return cause
+	}
+	return err
+}
