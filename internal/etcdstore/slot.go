@@ -45,7 +45,7 @@ func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot
 	for _, kv := range resp.Kvs {
 		n, err := strconv.ParseInt(strings.TrimPrefix(string(kv.Key), prefix), 10, 64)
 		if err != nil {
-			continue // not a slot key; nothing fencer wrote
+			continue // slots/<n>/clock, the SDK generator's reserved time, or foreign
 		}
 		sl := Slot{N: n, Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease)}
 		if err := json.Unmarshal(kv.Value, &sl.SlotValue); err != nil {

@@ -1,0 +1,209 @@
+package idgen
+
+import (
+	"context"
+	"errors"
+	"math/bits"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+func startEtcd(t testing.TB) *clientv3.Client {
+	t.Helper()
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// bitmap records IDs in [base, base+n) and reports duplicates.
+type bitmap struct {
+	base  int64
+	words []uint64
+}
+
+func newBitmap(base, n int64) *bitmap { return &bitmap{base: base, words: make([]uint64, n/64+1)} }
+
+// set marks id and reports whether it was already marked.
+func (b *bitmap) set(id int64) bool {
+	i := id - b.base
+	mask := uint64(1) << (i % 64)
+	return atomic.OrUint64(&b.words[i/64], mask)&mask != 0
+}
+
+func (b *bitmap) count() int {
+	n := 0
+	for _, w := range b.words {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// TestManyAllocatorsNeverDuplicate: 8 allocators × 4 goroutines × 1M IDs
+// each, claiming from etcd while a "controller" claims blocks of the same
+// range with its own transaction: no ID twice, none inside a controller
+// block, and no gaps but the remainders each allocator left unused.
+func TestManyAllocatorsNeverDuplicate(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	const allocators, goroutines, perG, size = 8, 4, 1_000_000, 50_000
+	const min = int64(1_000)
+	span := int64(allocators*goroutines*perG + 4*allocators*size + 100*size)
+	seen := newBitmap(min, span)
+	var dups, outside atomic.Int64
+	var wg sync.WaitGroup
+	stopController := make(chan struct{})
+	var controllerBlocks []etcdstore.Block
+	go func() { // the controller's Blocks mode claims from the same key
+		for {
+			select {
+			case <-stopController:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			b, err := controllerClaim(ctx, cli, min, min+span-1, 97)
+			if err == nil {
+				controllerBlocks = append(controllerBlocks, b)
+			}
+		}
+	}()
+	for range allocators {
+		a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "ids", Min: min, Max: min + span - 1, BlockSize: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perG {
+					id, err := a.Next(ctx)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if id < min || id >= min+span {
+						outside.Add(1)
+						continue
+					}
+					if seen.set(id) {
+						dups.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stopController)
+	time.Sleep(50 * time.Millisecond)
+	if dups.Load() != 0 || outside.Load() != 0 {
+		t.Fatalf("%d duplicate IDs, %d outside the range", dups.Load(), outside.Load())
+	}
+	if got := seen.count(); got != allocators*goroutines*perG {
+		t.Fatalf("%d distinct IDs, want %d", got, allocators*goroutines*perG)
+	}
+	for _, b := range controllerBlocks {
+		for id := b.First; id <= b.Last; id++ {
+			if seen.set(id) {
+				t.Fatalf("ID %d was issued by an allocator inside the controller's block %v", id, b)
+			}
+		}
+	}
+	resp, err := cli.Get(ctx, etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, "ns", "ids"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _ := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	// Every ID below next is either issued or a remainder: each allocator
+	// leaves at most its current and its prefetched block partly unused.
+	unused := int(next-min) - seen.count()
+	if unused > allocators*2*size {
+		t.Fatalf("%d IDs below next were never issued; remainders account for at most %d", unused, allocators*2*size)
+	}
+	t.Logf("%d IDs, %d controller blocks, %d unused remainder IDs", allocators*goroutines*perG, len(controllerBlocks), unused)
+}
+
+// controllerClaim is the controller's block claim (etcdstore.Store.ClaimBlock
+// without its election fence, which needs a controller term).
+func controllerClaim(ctx context.Context, cli *clientv3.Client, min, max, size int64) (etcdstore.Block, error) {
+	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "ids", Min: min, Max: max, BlockSize: size})
+	if err != nil {
+		return etcdstore.Block{}, err
+	}
+	s, err := a.claim(ctx, size)
+	if err != nil {
+		return etcdstore.Block{}, err
+	}
+	return etcdstore.Block{First: s.next.Load(), Last: s.last}, nil
+}
+
+func TestExhaustionAndShortFinalBlock(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "small", Min: 1, Max: 25, BlockSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := int64(1); want <= 25; want++ {
+		id, err := a.Next(ctx)
+		if err != nil || id != want {
+			t.Fatalf("Next = %d, %v; want %d", id, err, want)
+		}
+	}
+	if _, err := a.Next(ctx); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("after 25 IDs: %v, want ErrExhausted", err)
+	}
+}
+
+func TestAdaptiveGrows(t *testing.T) {
+	cli := startEtcd(t)
+	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "adaptive", Min: 0, Max: 1 << 40, BlockSize: 100,
+		Adaptive: true, MaxBlockSize: 800, TargetDuration: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5000 {
+		if _, err := a.Next(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.size.Load(); got != 800 {
+		t.Fatalf("block size %d after fast consumption, want it grown to the 800 cap", got)
+	}
+}
+
+func TestBlockOptionsRefused(t *testing.T) {
+	for _, o := range []BlockOptions{
+		{Namespace: "ns", Name: "x", Min: 0, Max: 10},
+		{Namespace: "ns", Name: "x", Min: 5, Max: 4, BlockSize: 1},
+		{Namespace: "ns", Name: "x", Min: 0, Max: 1<<63 - 1, BlockSize: 1},
+		{Min: 0, Max: 10, BlockSize: 1},
+	} {
+		if _, err := NewBlocks(nil, o); err == nil {
+			t.Errorf("NewBlocks(%+v) accepted", o)
+		}
+	}
+}

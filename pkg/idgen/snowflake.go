@@ -1,0 +1,234 @@
+package idgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of
+// worker ID (the slot), 11 bits of sequence; 63 bits, so IDs are positive
+// int64s that sort by time. 2^42 ms is 139 years: from Epoch (2026) the
+// layout lasts until 2165. (Baidu's uid-generator gave seconds 28 bits and
+// ran out in 2024.)
+const (
+	TimeBits   = 42
+	WorkerBits = 10
+	SeqBits    = 11
+	MaxWorker  = 1<<WorkerBits - 1
+	maxSeq     = 1<<SeqBits - 1
+)
+
+// Epoch is time zero of the layout.
+var Epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// ErrSlotLost means the generator's slot lease ended (or its token is no
+// longer live): it issues no more IDs, since another pod may now hold the slot.
+var ErrSlotLost = errors.New("idgen: the worker-ID slot was lost")
+
+// ClockRollbackError means the clock went back further than the generator
+// will wait out.
+type ClockRollbackError struct{ Back, Max time.Duration }
+
+func (e *ClockRollbackError) Error() string {
+	return fmt.Sprintf("idgen: the clock went back %s, more than the %s the generator waits out; refusing to issue IDs that could repeat", e.Back, e.Max)
+}
+
+// SnowflakeOptions configure a generator.
+type SnowflakeOptions struct {
+	// Prefix is fencer's etcd prefix ("/fencer" by default).
+	Prefix string
+	// Namespace and Name name the Slots-mode IDRange.
+	Namespace, Name string
+	// Slot and Token come from the pod's annotation
+	// idrange.fencer.io/<name>: "slot=<n>,token=<rev>". Slot must fit 10 bits.
+	Slot, Token int64
+	// MaxRollback is the largest clock step back the generator waits out
+	// (default 10 ms); a larger one is refused with *ClockRollbackError.
+	MaxRollback time.Duration
+	// Reserve is how far ahead the generator records in etcd the time it may
+	// issue IDs up to (default 1 s). A restart resumes after that time, so a
+	// clock that went back across a restart cannot repeat IDs; at most one
+	// etcd write per Reserve.
+	Reserve time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Snowflake issues unique, time-ordered IDs on a leased worker slot.
+type Snowflake struct {
+	cli      *clientv3.Client
+	o        SnowflakeOptions
+	slotKey  string
+	clockKey string
+	lost     atomic.Bool
+
+	mu       sync.Mutex
+	lastMs   int64 // the millisecond of the last ID
+	seq      int64
+	reserved int64 // IDs may be issued up to this millisecond
+	stop     context.CancelFunc
+}
+
+// ParseSlot reads the annotation fencer writes on a Slots-mode pod.
+func ParseSlot(annotation string) (slot, token int64, err error) {
+	if _, err := fmt.Sscanf(annotation, "slot=%d,token=%d", &slot, &token); err != nil || slot < 0 || token <= 0 {
+		return 0, 0, fmt.Errorf("idgen: %q is not a slot annotation (slot=<n>,token=<rev>)", annotation)
+	}
+	return slot, token, nil
+}
+
+// NewSnowflake checks that the slot is live under Token, waits out a clock
+// that is behind the time reserved by the slot's previous generator (up to
+// Reserve+MaxRollback), and watches the slot so that Next stops the moment
+// it is lost. Close stops the watch.
+func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions) (*Snowflake, error) {
+	if o.Slot < 0 || o.Slot > MaxWorker {
+		return nil, fmt.Errorf("idgen: slot %d does not fit the %d worker bits: use an IDRange within [0, %d]", o.Slot, WorkerBits, MaxWorker)
+	}
+	if o.Prefix == "" {
+		o.Prefix = etcdstore.DefaultPrefix
+	}
+	if o.MaxRollback <= 0 {
+		o.MaxRollback = 10 * time.Millisecond
+	}
+	if o.Reserve <= 0 {
+		o.Reserve = time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	g := &Snowflake{
+		cli: cli, o: o,
+		slotKey:  etcdstore.SlotKey(o.Prefix, o.Namespace, o.Name, o.Slot),
+		clockKey: etcdstore.IDRangeSlotsPrefix(o.Prefix, o.Namespace, o.Name) + strconv.FormatInt(o.Slot, 10) + "/clock",
+	}
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(g.slotKey), clientv3.OpGet(g.clockKey)).Commit()
+	if err != nil {
+		return nil, err
+	}
+	slot := resp.Responses[0].GetResponseRange().Kvs
+	if len(slot) == 0 || slot[0].CreateRevision != o.Token {
+		return nil, fmt.Errorf("slot %d is not held under token %d: %w", o.Slot, o.Token, ErrSlotLost)
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		if g.lastMs, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
+			return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a millisecond count", g.clockKey, kvs[0].Value)
+		}
+	}
+	if back := time.Duration(g.lastMs-g.nowMs()) * time.Millisecond; back > o.Reserve+o.MaxRollback {
+		return nil, &ClockRollbackError{Back: back, Max: o.Reserve + o.MaxRollback}
+	}
+	// A predecessor may have issued IDs up to lastMs: wait until it is past.
+	for g.nowMs() <= g.lastMs {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	g.stop = stop
+	go g.watch(wctx, resp.Header.Revision)
+	return g, nil
+}
+
+// Close stops watching the slot.
+func (g *Snowflake) Close() { g.stop() }
+
+func (g *Snowflake) nowMs() int64 { return g.o.Now().Sub(Epoch).Milliseconds() }
+
+// Next returns a unique ID.
+func (g *Snowflake) Next(ctx context.Context) (int64, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost.Load() {
+		return 0, ErrSlotLost
+	}
+	ms, err := g.tick(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if ms > g.reserved {
+		if err := g.reserve(ctx, ms); err != nil {
+			return 0, err
+		}
+	}
+	if ms >= 1<<TimeBits {
+		return 0, errors.New("idgen: the snowflake layout has run out of time bits")
+	}
+	return ms<<(WorkerBits+SeqBits) | g.o.Slot<<SeqBits | g.seq, nil
+}
+
+// tick advances to the millisecond and sequence of the next ID: the
+// sequence counts up within a millisecond and restarts only in a later one;
+// a clock that went back is waited out if the step is small, refused if not.
+func (g *Snowflake) tick(ctx context.Context) (int64, error) {
+	for {
+		now := g.nowMs()
+		switch {
+		case now > g.lastMs:
+			g.lastMs, g.seq = now, 0
+			return now, nil
+		case now == g.lastMs && g.seq < maxSeq:
+			g.seq++
+			return now, nil
+		case now < g.lastMs:
+			if back := time.Duration(g.lastMs-now) * time.Millisecond; back > g.o.MaxRollback {
+				return 0, &ClockRollbackError{Back: back, Max: g.o.MaxRollback}
+			}
+		}
+		// Sequence used up, or a small step back: wait for a later millisecond.
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Microsecond):
+		}
+	}
+}
+
+// reserve records in etcd, fenced by the slot's token, that IDs may be
+// issued up to ms+Reserve.
+func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
+	upTo := ms + g.o.Reserve.Milliseconds()
+	resp, err := g.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(g.slotKey), "=", g.o.Token)).
+		Then(clientv3.OpPut(g.clockKey, strconv.FormatInt(upTo, 10))).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		g.lost.Store(true)
+		return ErrSlotLost
+	}
+	g.reserved = upTo
+	return nil
+}
+
+// watch marks the generator lost when its slot key is deleted or recreated.
+func (g *Snowflake) watch(ctx context.Context, fromRev int64) {
+	for ctx.Err() == nil {
+		for wr := range g.cli.Watch(clientv3.WithRequireLeader(ctx), g.slotKey, clientv3.WithRev(fromRev+1)) {
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete || ev.Kv.CreateRevision != g.o.Token {
+					g.lost.Store(true)
+					return
+				}
+			}
+			fromRev = max(fromRev, wr.Header.Revision)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

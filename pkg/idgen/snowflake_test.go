@@ -1,0 +1,181 @@
+package idgen
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// leaseSlot writes slot n as the controller would and returns its token.
+func leaseSlot(t *testing.T, cli *clientv3.Client, n int64) int64 {
+	t.Helper()
+	l, err := cli.Grant(context.Background(), 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(context.Background(), etcdstore.SlotKey(etcdstore.DefaultPrefix, "ns", "workers", n), `{"pod":"p"}`, clientv3.WithLease(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// clock is a settable clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+
+func newGen(t *testing.T, cli *clientv3.Client, slot, token int64, now func() time.Time) *Snowflake {
+	t.Helper()
+	g, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: slot, Token: token, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return g
+}
+
+func TestLayoutLastsPast2100(t *testing.T) {
+	end := Epoch.Add(time.Duration(1<<TimeBits) * time.Millisecond)
+	if end.Year() <= 2100 || TimeBits+WorkerBits+SeqBits != 63 {
+		t.Fatalf("layout ends in %d with %d bits", end.Year(), TimeBits+WorkerBits+SeqBits)
+	}
+}
+
+func TestTwoSlotsNeverCollide(t *testing.T) {
+	cli := startEtcd(t)
+	a := newGen(t, cli, 1, leaseSlot(t, cli, 1), nil)
+	b := newGen(t, cli, 2, leaseSlot(t, cli, 2), nil)
+	seen := map[int64]bool{}
+	var last int64
+	for range 100_000 {
+		for _, g := range []*Snowflake{a, b} {
+			id, err := g.Next(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[id] {
+				t.Fatalf("duplicate ID %d", id)
+			}
+			seen[id] = true
+			if g == a {
+				if id <= last {
+					t.Fatalf("IDs of one generator went backwards: %d after %d", id, last)
+				}
+				last = id
+			}
+		}
+	}
+}
+
+func TestClockRollback(t *testing.T) {
+	cli := startEtcd(t)
+	c := &clock{now: time.Now()}
+	g := newGen(t, cli, 3, leaseSlot(t, cli, 3), c.Now)
+	ctx := context.Background()
+	first, err := g.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A small step back is waited out: move the clock forward from another
+	// goroutine while Next waits, as time passing would.
+	c.Add(-5 * time.Millisecond)
+	go func() { time.Sleep(20 * time.Millisecond); c.Add(10 * time.Millisecond) }()
+	second, err := g.Next(ctx)
+	if err != nil || second <= first {
+		t.Fatalf("after a 5ms step back: %d, %v (first %d)", second, err, first)
+	}
+	// A large one is refused, with the size of the step.
+	c.Add(-time.Second)
+	_, err = g.Next(ctx)
+	var rb *ClockRollbackError
+	if !errors.As(err, &rb) || rb.Back < 900*time.Millisecond {
+		t.Fatalf("after a 1s step back: %v", err)
+	}
+}
+
+// TestRestartAfterRollbackCannotRepeat: a generator restarted on the same
+// slot with a clock behind what its predecessor reserved waits (or refuses)
+// instead of repeating IDs.
+func TestRestartAfterRollbackCannotRepeat(t *testing.T) {
+	cli := startEtcd(t)
+	tok := leaseSlot(t, cli, 4)
+	c := &clock{now: time.Now()}
+	g := newGen(t, cli, 4, tok, c.Now)
+	issued := map[int64]bool{}
+	for range 1000 {
+		id, err := g.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		issued[id] = true
+	}
+	g.Close()
+	c.Add(-5 * time.Second) // far behind the reservation: refused
+	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 4, Token: tok, Now: c.Now}); !errors.As(err, new(*ClockRollbackError)) {
+		t.Fatalf("restart 5s behind: %v, want a ClockRollbackError", err)
+	}
+	c.Add(5 * time.Second) // back where it was, inside the reservation: waits it out
+	go func() {
+		for range 200 {
+			time.Sleep(5 * time.Millisecond)
+			c.Add(10 * time.Millisecond)
+		}
+	}()
+	g2 := newGen(t, cli, 4, tok, c.Now)
+	for range 1000 {
+		id, err := g2.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if issued[id] {
+			t.Fatalf("restarted generator repeated ID %d", id)
+		}
+	}
+}
+
+func TestSlotLossStopsIssuance(t *testing.T) {
+	cli := startEtcd(t)
+	g := newGen(t, cli, 5, leaseSlot(t, cli, 5), nil)
+	if _, err := g.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(context.Background(), etcdstore.SlotKey(etcdstore.DefaultPrefix, "ns", "workers", 5)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := g.Next(context.Background())
+		if errors.Is(err, ErrSlotLost) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still issuing IDs after the slot was lost")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 5, Token: 1}); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("a generator on a lost slot started: %v", err)
+	}
+}
+
+func TestParseSlot(t *testing.T) {
+	if s, tok, err := ParseSlot("slot=7,token=1234"); err != nil || s != 7 || tok != 1234 {
+		t.Fatalf("%d %d %v", s, tok, err)
+	}
+	for _, bad := range []string{"", "slot=x", "block=1-2", "slot=-1,token=3", "slot=1,token=0"} {
+		if _, _, err := ParseSlot(bad); err == nil {
+			t.Errorf("ParseSlot(%q) accepted", bad)
+		}
+	}
+}
