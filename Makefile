@@ -71,3 +71,11 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 .PHONY: clean
 clean: ## Remove bin/ (tool builds included; the next build is cold).
 	rm -rf $(BIN)
+
+##@ Benchmarks
+
+BENCHTIME ?= 2s
+.PHONY: bench
+bench: tools ## Run the Go benchmarks (SDK allocators and fenced txn, webhook handler) and print the table; results go to bin/bench/latest.txt.
+	@mkdir -p $(BIN)/bench
+	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/webhook/ ./pkg/... | tee $(BIN)/bench/latest.txt | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'

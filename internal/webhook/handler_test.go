@@ -30,7 +30,7 @@ func (f fakeLive) Lookup(context.Context, string, string) (etcdstore.Live, error
 	return f.live, f.err
 }
 
-func newFence(t *testing.T, live LiveLookup) *Fence {
+func newFence(t testing.TB, live LiveLookup) *Fence {
 	t.Helper()
 	s := runtime.NewScheme()
 	utilruntime.Must(v1.AddToScheme(s))

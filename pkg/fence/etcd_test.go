@@ -10,6 +10,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -18,7 +19,9 @@ import (
 
 const prefix = etcdstore.DefaultPrefix
 
-func startEtcd(t *testing.T) string {
+func startEtcd(t *testing.T) string { return startEtcdB(t) }
+
+func startEtcdB(t testing.TB) string {
 	t.Helper()
 	bin, err := testenv.BinDir()
 	if err != nil {
@@ -35,9 +38,11 @@ func startEtcd(t *testing.T) string {
 	return e.Endpoint
 }
 
-func connect(t *testing.T, endpoint string) *clientv3.Client {
+func connect(t *testing.T, endpoint string) *clientv3.Client { return connectB(t, endpoint) }
+
+func connectB(t testing.TB, endpoint string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 2 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +53,10 @@ func connect(t *testing.T, endpoint string) *clientv3.Client {
 // grant writes a lease key as fencer's controller would, attached to an
 // etcd lease of ttl, and returns the holder's token.
 func grant(t *testing.T, cli *clientv3.Client, lease string, ttl int64) Token {
+	return grantB(t, cli, lease, ttl)
+}
+
+func grantB(t testing.TB, cli *clientv3.Client, lease string, ttl int64) Token {
 	t.Helper()
 	ctx := context.Background()
 	l, err := cli.Grant(ctx, ttl)

@@ -58,6 +58,9 @@ type Blocks struct {
 	opts BlockOptions
 	size atomic.Int64
 
+	ctx   context.Context // ends at Close, stopping any fetch
+	close context.CancelFunc
+
 	cur  atomic.Pointer[segment]
 	mu   sync.Mutex // guards swapping segments and the prefetch below
 	pre  *segment   // a prefetched block, or nil
@@ -85,12 +88,17 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 		o.TargetDuration = 15 * time.Minute
 	}
 	b := &Blocks{cli: cli, key: etcdstore.IDRangeNextKey(o.Prefix, o.Namespace, o.Name), opts: o}
+	b.ctx, b.close = context.WithCancel(context.Background())
 	b.size.Store(o.BlockSize)
 	empty := &segment{last: -1, prefetchAt: -1}
 	empty.next.Store(0)
 	b.cur.Store(empty)
 	return b, nil
 }
+
+// Close stops any block fetch in flight. IDs of claimed blocks not yet
+// handed out are skipped, never reissued.
+func (b *Blocks) Close() { b.close() }
 
 // Next returns a unique ID.
 func (b *Blocks) Next(ctx context.Context) (int64, error) {
@@ -159,7 +167,7 @@ func (b *Blocks) startPrefetchLocked() {
 	done := make(chan struct{})
 	b.wait = done
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 		seg, err := b.claim(ctx, b.size.Load())
 		cancel()
 		b.mu.Lock()

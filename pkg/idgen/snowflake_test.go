@@ -13,7 +13,9 @@ import (
 )
 
 // leaseSlot writes slot n as the controller would and returns its token.
-func leaseSlot(t *testing.T, cli *clientv3.Client, n int64) int64 {
+func leaseSlot(t *testing.T, cli *clientv3.Client, n int64) int64 { return leaseSlotB(t, cli, n) }
+
+func leaseSlotB(t testing.TB, cli *clientv3.Client, n int64) int64 {
 	t.Helper()
 	l, err := cli.Grant(context.Background(), 30)
 	if err != nil {
