@@ -21,6 +21,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // Annotation prefixes fencer writes on holder pods.
@@ -123,7 +125,8 @@ func (f FileSource) Token(context.Context) (Token, error) {
 }
 
 // PodSource reads a lease's token from the pod's own annotations through the
-// API: current, where the Downward API file lags.
+// API: current, where the Downward API file lags. LeaseSource reads the
+// Lease's status instead.
 type PodSource struct {
 	Client    client.Reader
 	Namespace string
@@ -170,4 +173,28 @@ func Watch(ctx context.Context, src Source, lease string, interval time.Duration
 		}
 	}()
 	return ch
+}
+
+// LeaseSource reads the token from the fencer Lease's status, for a pod
+// that knows its own name: it holds the lease when status.holder names it.
+// The status is written by the controller only (fencer's webhook refuses
+// anyone else), a little after each grant.
+type LeaseSource struct {
+	Client    client.Reader
+	Namespace string
+	Lease     string
+	// Pod is this pod's name.
+	Pod string
+}
+
+// Token reads the Lease now.
+func (l LeaseSource) Token(ctx context.Context) (Token, error) {
+	lease := &fencerv1alpha1.Lease{}
+	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {
+		return Token{}, err
+	}
+	if lease.Status.Holder != l.Pod || lease.Status.Token == 0 {
+		return Token{}, fmt.Errorf("lease %s/%s is held by %q: %w", l.Namespace, l.Lease, lease.Status.Holder, ErrNotHolder)
+	}
+	return Token{Lease: l.Lease, Value: lease.Status.Token, LeaseID: lease.Status.LeaseID}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/fence"
 )
 
 // Tests run one after another: they share the fencer etcd, which one of them
@@ -357,6 +358,45 @@ func TestEventsAreRecorded(t *testing.T) {
 		// first, "Expired" when etcd's lessor beats it; both are events.
 		if reasons["Granted"] < 2 || reasons["Released"]+reasons["Expired"] < 1 {
 			return fmt.Errorf("events by reason: %v", reasons)
+		}
+		return nil
+	})
+}
+
+// TestDirectHolderRenewsWithHold: with renewal Direct, the SDK's Hold keeps
+// the controller's grant alive past its TTL (same token); when the holder
+// stops renewing, the controller grants again with a larger token.
+func TestDirectHolderRenewsWithHold(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 2)
+	l.Spec.Renewal = v1.RenewalDirect
+	create(t, l)
+	heldBy(t, ns, "job")
+	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0"}
+	tok, err := src.Token(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := fx.ConnectEtcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, stopRenewing := context.WithCancel(context.Background())
+	held, err := fence.Hold(ctx, cli, prefix, ns, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // 2.5 TTLs: the grant lives only if Hold renews it
+	if held.Err() != nil || etcdToken(t, ns, "job") != tok.Value {
+		t.Fatalf("Hold did not keep the grant: ctx %v, etcd token %d, want %d", context.Cause(held), etcdToken(t, ns, "job"), tok.Value)
+	}
+	stopRenewing()
+	eventually(t, 30*time.Second, "granted again after the holder stopped renewing", func() error {
+		if st := getLease(t, ns, "job").Status; st.Token <= tok.Value {
+			return fmt.Errorf("token %d", st.Token)
 		}
 		return nil
 	})
