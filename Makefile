@@ -27,6 +27,7 @@ build: ## Build the manager into bin/fencer.
 manifests: tools ## Generate CRDs and RBAC into config/ from the API types and markers.
 	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@bash hack/sync-chart.sh
 
 .PHONY: generate
 generate: tools ## Generate DeepCopy methods for the API types.
@@ -46,7 +47,7 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 ##@ Test
 
 .PHONY: test
-test: tools verify-generated vet test-unit test-integration test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest) and the make-dev smoke test.
+test: tools verify-generated vet test-unit test-integration test-chart test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart and the make-dev smoke test.
 
 .PHONY: vet
 vet: ## go vet every package.
@@ -59,6 +60,10 @@ test-unit: tools ## Unit tests (the etcd store tests run a real etcd from bin/).
 .PHONY: test-integration
 test-integration: tools ## envtest integration tests against the kube-apiserver and etcd in bin/.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -p $(GO_TEST_PARALLEL) ./test/integration/...
+
+.PHONY: test-chart
+test-chart: tools ## helm lint/template/install/upgrade/uninstall of charts/fencer against a real apiserver.
+	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./test/chart/...
 
 .PHONY: test-dev-smoke
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.

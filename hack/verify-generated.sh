@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Fails when the committed generated files (CRDs, RBAC, DeepCopy) differ from
+# Fails when the committed generated files (CRDs, RBAC, DeepCopy, and the
+# chart's CRDs and ClusterRole) differ from
 # what `make manifests generate` produces from the API types and markers. It
 # compares the working tree before and after regenerating, so it works on a
 # fresh clone and on a work tree with uncommitted edits alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-generated=(config/crd config/rbac api/v1alpha1/zz_generated.deepcopy.go)
+generated=(config/crd config/rbac api/v1alpha1/zz_generated.deepcopy.go charts/fencer/templates/crds charts/fencer/templates/clusterrole.yaml)
 
 snapshot() { find "${generated[@]}" -type f 2>/dev/null | sort | xargs -r sha256sum; }
 before=$(snapshot)
