@@ -23,6 +23,14 @@ tools: ## Build etcd, the Kubernetes control plane, kubectl, kwok, helm and cont
 build: ## Build the manager into bin/fencer.
 	go build -o $(BIN)/fencer ./cmd/fencer
 
+IMAGE ?= ghcr.io/fencer-io/fencer:0.1.0
+
+.PHONY: image
+image: ## Build the manager image as bin/fencer-image.tar (docker/podman load, crane push) without a container runtime.
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags="-s -w" -o $(BIN)/fencer-linux-amd64 ./cmd/fencer
+	cd hack/tools/image && go run . --binary $(BIN)/fencer-linux-amd64 --tag $(IMAGE) --out $(BIN)/fencer-image.tar
+	@echo "image $(IMAGE) written to $(BIN)/fencer-image.tar"
+
 .PHONY: manifests
 manifests: tools ## Generate CRDs and RBAC into config/ from the API types and markers.
 	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/..." \
@@ -47,7 +55,7 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 ##@ Test
 
 .PHONY: test
-test: tools verify-generated vet test-unit test-integration test-chart test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart and the make-dev smoke test.
+test: tools verify-generated vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
 
 .PHONY: vet
 vet: ## go vet every package.
@@ -64,6 +72,11 @@ test-integration: tools ## envtest integration tests against the kube-apiserver 
 .PHONY: test-chart
 test-chart: tools ## helm lint/template/install/upgrade/uninstall of charts/fencer against a real apiserver.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./test/chart/...
+
+.PHONY: test-image
+test-image: ## Build the image tarball from the real binary, read it back and run its binary.
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags="-s -w" -o $(BIN)/fencer-linux-amd64 ./cmd/fencer
+	cd hack/tools/image && FENCER_IMAGE_BINARY=$(BIN)/fencer-linux-amd64 go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-dev-smoke
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
