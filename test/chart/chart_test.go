@@ -347,3 +347,18 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Fatal("the webhook configuration survived uninstall")
 	}
 }
+
+// TestKustomizeOverlay: config/default builds with kubectl's kustomize and
+// the real apiserver accepts every object (server-side dry run).
+func TestKustomizeOverlay(t *testing.T) {
+	if _, err := toolErr("kubectl", "get", "namespace", "fencer-system"); err != nil {
+		tool(t, "kubectl", "create", "namespace", "fencer-system")
+	}
+	out := tool(t, "kubectl", "kustomize", filepath.Join(root, "config", "default"))
+	for _, kind := range []string{"kind: Deployment", "kind: StatefulSet", "kind: ValidatingWebhookConfiguration", "kind: CustomResourceDefinition", "namespace: fencer-system"} {
+		if !strings.Contains(out, kind) {
+			t.Errorf("kustomize output lacks %q", kind)
+		}
+	}
+	tool(t, "kubectl", "apply", "--dry-run=server", "-k", filepath.Join(root, "config", "default"))
+}
