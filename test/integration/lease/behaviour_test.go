@@ -170,13 +170,13 @@ func TestRestartAdoptsGrant(t *testing.T) {
 	stop := startController(t, "c1")
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	create(t, newLease(ns, "job", "w", 3))
+	create(t, newLease(ns, "job", "w", 6))
 	first := heldBy(t, ns, "job")
 	stop()
 
 	startController(t, "c2")
-	// Three TTLs: the key outlives them only if the new controller renews it.
-	time.Sleep(9 * time.Second)
+	// Two TTLs: the key outlives them only if the new controller renews it.
+	time.Sleep(13 * time.Second)
 	if tok := etcdToken(t, ns, "job"); tok != first.Token {
 		t.Fatalf("etcd token after restart %d, want the adopted %d", tok, first.Token)
 	}
