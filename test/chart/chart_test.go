@@ -108,6 +108,7 @@ var variants = []variant{
 	{"no CRDs", []string{"--set", "crds.enabled=false"}},
 	{"ServiceMonitor", []string{"--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"}},
 	{"NetworkPolicy", []string{"--set", "networkPolicy.enabled=true"}},
+	{"bundled etcd with TLS", []string{"--set", "etcd.bundled.tlsSecret=fencer-etcd-tls"}},
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
@@ -161,6 +162,12 @@ func one(t *testing.T, objs []*unstructured.Unstructured, kind string, into any)
 // and then left out of the dry run.
 func TestVariantsLintRenderAndValidate(t *testing.T) {
 	tool(t, "kubectl", "create", "namespace", "fencer-system")
+	// The helm test hooks include a Lease: its CRD must exist for the dry
+	// run. Removed again so that `helm install` later owns the CRDs.
+	crds := filepath.Join(root, "config", "crd", "bases")
+	tool(t, "kubectl", "apply", "-f", crds)
+	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/leases.fencer.io")
+	defer tool(t, "kubectl", "delete", "--wait=true", "-f", crds)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			lintArgs := []string{"lint", chartDir()}
@@ -187,8 +194,6 @@ func TestVariantsLintRenderAndValidate(t *testing.T) {
 			if err := os.WriteFile(file, []byte(strings.Join(served, "\n---\n")), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			// CRDs must exist for a server-side dry run of nothing that
-			// uses them; the chart's own CRDs validate as CRDs.
 			tool(t, "kubectl", "apply", "--dry-run=server", "-f", file)
 		})
 	}
@@ -286,6 +291,16 @@ func TestVariantsRenderWhatTheySay(t *testing.T) {
 	one(t, cm, "Deployment", &dep)
 	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--webhook-cert-rotation") {
 		t.Error("cert-manager variant still rotates certificates itself")
+	}
+	tlsEtcd := render(t, variants[6].args...)
+	var sts appsv1.StatefulSet
+	one(t, tlsEtcd, "StatefulSet", &sts)
+	if args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--client-cert-auth") || !strings.Contains(args, "--peer-client-cert-auth") || !strings.Contains(args, "--listen-client-urls=https://") {
+		t.Errorf("bundled etcd TLS args: %s", args)
+	}
+	one(t, tlsEtcd, "Deployment", &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--etcd-endpoints=https://") || !strings.Contains(args, "--etcd-cert-file=/etc/fencer/etcd-tls/tls.crt") {
+		t.Errorf("manager args with bundled etcd TLS: %s", args)
 	}
 	if len(find(render(t, variants[3].args...), "CustomResourceDefinition")) != 0 {
 		t.Error("crds.enabled=false still renders CRDs")

@@ -34,7 +34,7 @@ app.kubernetes.io/component: etcd
 {{- $name := printf "%s-etcd" (include "fencer.fullname" .) -}}
 {{- $eps := list -}}
 {{- range $i := until (int .Values.etcd.bundled.replicas) -}}
-{{- $eps = append $eps (printf "http://%s-%d.%s.%s.svc:2379" $name $i $name $.Release.Namespace) -}}
+{{- $eps = append $eps (printf "%s://%s-%d.%s.%s.svc:2379" (include "fencer.etcdScheme" $) $name $i $name $.Release.Namespace) -}}
 {{- end -}}
 {{- join "," $eps -}}
 {{- end -}}
@@ -42,3 +42,10 @@ app.kubernetes.io/component: etcd
 
 {{- define "fencer.webhookService" -}}{{ include "fencer.fullname" . }}-webhook{{- end -}}
 {{- define "fencer.webhookSecret" -}}{{ include "fencer.fullname" . }}-webhook-cert{{- end -}}
+
+{{- define "fencer.etcdScheme" -}}{{ if .Values.etcd.bundled.tlsSecret }}https{{ else }}http{{ end }}{{- end -}}
+
+{{/* The Secret the manager's etcd client TLS comes from, if any. */}}
+{{- define "fencer.etcdClientTLS" -}}
+{{- if .Values.etcd.endpoints -}}{{ .Values.etcd.tlsSecret }}{{- else -}}{{ .Values.etcd.bundled.tlsSecret }}{{- end -}}
+{{- end -}}
