@@ -33,7 +33,7 @@ image: ## Build the manager image as bin/fencer-image.tar (docker/podman load, c
 
 .PHONY: manifests
 manifests: tools ## Generate CRDs and RBAC into config/ from the API types and markers.
-	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/..." \
+	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/...;./internal/webhook/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	@bash hack/sync-chart.sh
 

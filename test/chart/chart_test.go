@@ -250,27 +250,46 @@ func TestDefaultRendering(t *testing.T) {
 	}
 }
 
-// TestClusterRoleIsTheGeneratedOne: the chart grants exactly the rules
-// controller-gen generated from the RBAC markers, nothing broader.
-func TestClusterRoleIsTheGeneratedOne(t *testing.T) {
-	var rendered, generated rbacv1.ClusterRole
-	for _, o := range find(render(t), "ClusterRole") {
-		if o.GetName() == "fencer-manager" {
-			raw, _ := yaml.Marshal(o.Object)
-			if err := yaml.Unmarshal(raw, &rendered); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+// TestRBACIsTheGeneratedOne: the chart grants exactly the rules
+// controller-gen generated from the RBAC markers (a ClusterRole, and a Role
+// for the release namespace), nothing broader.
+func TestRBACIsTheGeneratedOne(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := yaml.Unmarshal(raw, &generated); err != nil {
-		t.Fatal(err)
+	generated := map[string][]rbacv1.PolicyRule{}
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var r rbacv1.Role // a ClusterRole has the same shape
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatal(err)
+		}
+		generated[meta.Kind] = r.Rules
 	}
-	if !reflect.DeepEqual(rendered.Rules, generated.Rules) {
-		t.Fatalf("chart ClusterRole rules differ from config/rbac/role.yaml:\n%v\n%v", rendered.Rules, generated.Rules)
+	objs := render(t)
+	for _, kind := range []string{"ClusterRole", "Role"} {
+		var rendered []rbacv1.PolicyRule
+		for _, o := range find(objs, kind) {
+			if o.GetName() != "fencer-manager" {
+				continue
+			}
+			var r rbacv1.Role
+			b, _ := yaml.Marshal(o.Object)
+			if err := yaml.Unmarshal(b, &r); err != nil {
+				t.Fatal(err)
+			}
+			rendered = r.Rules
+			if kind == "Role" && o.GetNamespace() != "fencer-system" {
+				t.Errorf("Role in namespace %q, want the release namespace", o.GetNamespace())
+			}
+		}
+		if len(generated[kind]) == 0 || !reflect.DeepEqual(rendered, generated[kind]) {
+			t.Errorf("chart %s rules differ from config/rbac/role.yaml:\n%v\n%v", kind, rendered, generated[kind])
+		}
 	}
 }
 
