@@ -9,26 +9,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
 
 // startEtcd runs a real etcd from bin/ for the test.
 func startEtcd(t *testing.T) *clientv3.Client {
 	t.Helper()
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Stop() })
-	cli, err := Connect(Config{Endpoints: []string{e.Endpoint}, Prefix: DefaultPrefix, DialTimeout: 5 * time.Second})
+	cli, err := Connect(Config{Endpoints: []string{testenv.Etcd(t)}, Prefix: DefaultPrefix, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

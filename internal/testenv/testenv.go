@@ -3,10 +3,12 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -14,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/devcluster"
 )
 
 // RepoRoot is the directory of fencer's go.mod, found from the working
@@ -84,4 +87,23 @@ func New() (*envtest.Environment, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}, nil
+}
+
+// Etcd starts a single-member etcd from the tool binaries for one test (or
+// benchmark) and returns its client URL; it stops when the test ends.
+func Etcd(t testing.TB) string {
+	t.Helper()
+	bin, err := BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	return e.Endpoint
 }

@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
@@ -21,22 +20,7 @@ const prefix = etcdstore.DefaultPrefix
 
 func startEtcd(t *testing.T) string { return startEtcdB(t) }
 
-func startEtcdB(t testing.TB) string {
-	t.Helper()
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := devcluster.NewEtcd(bin, t.TempDir(), "etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Stop() })
-	return e.Endpoint
-}
+func startEtcdB(t testing.TB) string { return testenv.Etcd(t) }
 
 func connect(t *testing.T, endpoint string) *clientv3.Client { return connectB(t, endpoint) }
 
