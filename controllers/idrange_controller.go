@@ -57,10 +57,8 @@ type IDRangeReconciler struct {
 func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *IDRangeReconciler {
 	r := &IDRangeReconciler{Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk, wake: make(chan event.GenericEvent, 1024)}
 	r.Renewer = renew.New(store.Client(), clk, func(key string) {
-		// key is <prefix>/idranges/<ns>/<name>/slots/<n>
-		parts := strings.Split(strings.TrimPrefix(key, store.Prefix()+"/idranges/"), "/")
-		if len(parts) == 4 {
-			r.enqueue(parts[0], parts[1])
+		if ns, name, _, ok := etcdstore.ParseSlotKey(store.Prefix(), key); ok {
+			r.enqueue(ns, name)
 		}
 	})
 	return r

@@ -45,3 +45,15 @@ func FuzzDecodeGrant(f *testing.F) {
 		}
 	})
 }
+
+func TestParseSlotKey(t *testing.T) {
+	ns, name, n, ok := ParseSlotKey("/fencer", SlotKey("/fencer", "ns", "workers", 7))
+	if !ok || ns != "ns" || name != "workers" || n != 7 {
+		t.Fatalf("round trip: %q %q %d %v", ns, name, n, ok)
+	}
+	for _, bad := range []string{"/fencer/idranges/ns/workers/slots/7/clock", "/fencer/idranges/ns/workers/next", "/fencer/leases/ns/a", "/other/idranges/ns/w/slots/1", "/fencer/idranges/ns/w/slots/x"} {
+		if _, _, _, ok := ParseSlotKey("/fencer", bad); ok {
+			t.Errorf("ParseSlotKey(%q) accepted", bad)
+		}
+	}
+}

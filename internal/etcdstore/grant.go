@@ -118,24 +118,13 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	if err != nil {
 		return nil, err
 	}
-	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
-	if err != nil {
-		return nil, err
-	}
-	val := GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(lease.ID), GrantTime: now.UTC(), TTL: lease.TTL}
-	raw, err := json.Marshal(val)
-	if err != nil {
-		return nil, err
-	}
 	key := LeaseKey(s.prefix, namespace, name)
-	resp, err := s.cli.Txn(ctx).
-		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(raw), clientv3.WithLease(lease.ID))).
-		Else(clientv3.OpGet(term.Key), clientv3.OpGet(key)).
-		Commit()
-	if err != nil || !resp.Succeeded {
-		s.revoke(lease.ID)
-	}
+	var val GrantValue
+	resp, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
+		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
+		raw, err := json.Marshal(val)
+		return string(raw), err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +134,36 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 		}
 		return nil, ErrHeld
 	}
-	return &Grant{Token: resp.Header.Revision, LeaseID: lease.ID, GrantValue: val}, nil
+	return &Grant{Token: resp.Header.Revision, LeaseID: leaseID, GrantValue: val}, nil
+}
+
+// createLeased is the write behind every grant and slot: it takes a new etcd
+// lease of ttl and, in one transaction fenced by term, creates key with the
+// value made for that lease, only if key is absent. The Else branch reads the
+// leader key, for Term.heldIn. The etcd lease is revoked unless the key was
+// created, so a failed attempt leaves nothing behind.
+func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error)) (*clientv3.TxnResponse, clientv3.LeaseID, error) {
+	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return nil, 0, err
+	}
+	val, err := value(lease)
+	if err != nil {
+		s.revoke(lease.ID)
+		return nil, 0, err
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, val, clientv3.WithLease(lease.ID))).
+		Else(clientv3.OpGet(term.Key)).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		s.revoke(lease.ID)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp, lease.ID, nil
 }
 
 // Release deletes the lease key only if it still holds the grant with token,

@@ -32,6 +32,18 @@ func SlotKey(prefix, namespace, name string, n int64) string {
 	return IDRangeSlotsPrefix(prefix, namespace, name) + strconv.FormatInt(n, 10)
 }
 
+// ParseSlotKey splits a SlotKey below prefix into the IDRange's namespace and
+// name and the slot number.
+func ParseSlotKey(prefix, key string) (namespace, name string, n int64, ok bool) {
+	rest, found := strings.CutPrefix(key, prefix+"/idranges/")
+	parts := strings.Split(rest, "/")
+	if !found || len(parts) != 4 || parts[2] != "slots" || parts[0] == "" || parts[1] == "" {
+		return "", "", 0, false
+	}
+	n, err := strconv.ParseInt(parts[3], 10, 64)
+	return parts[0], parts[1], n, err == nil
+}
+
 // Slots lists the live slots of an IDRange, in no particular order.
 func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot, err error) {
 	defer s.timed("slots")(&err)
@@ -43,8 +55,8 @@ func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot
 		return nil, err
 	}
 	for _, kv := range resp.Kvs {
-		n, err := strconv.ParseInt(strings.TrimPrefix(string(kv.Key), prefix), 10, 64)
-		if err != nil {
+		_, _, n, ok := ParseSlotKey(s.prefix, string(kv.Key))
+		if !ok {
 			continue // slots/<n>/clock, the SDK generator's reserved time, or foreign
 		}
 		sl := Slot{N: n, Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease)}
@@ -80,24 +92,13 @@ func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max 
 		if err != nil {
 			return nil, err
 		}
-		lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
-		if err != nil {
-			return nil, err
-		}
-		key := SlotKey(s.prefix, namespace, name, n)
-		resp, err := s.cli.Txn(ctx).
-			If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease.ID))).
-			Else(clientv3.OpGet(term.Key)).
-			Commit()
-		if err != nil || !resp.Succeeded {
-			s.revoke(lease.ID)
-		}
+		resp, leaseID, err := s.createLeased(ctx, term, SlotKey(s.prefix, namespace, name, n), ttl,
+			func(*clientv3.LeaseGrantResponse) (string, error) { return string(val), nil })
 		if err != nil {
 			return nil, err
 		}
 		if resp.Succeeded {
-			return &Slot{N: n, Token: resp.Header.Revision, LeaseID: lease.ID, SlotValue: SlotValue{Pod: pod, PodUID: podUID}}, nil
+			return &Slot{N: n, Token: resp.Header.Revision, LeaseID: leaseID, SlotValue: SlotValue{Pod: pod, PodUID: podUID}}, nil
 		}
 		if !term.heldIn(resp) {
 			return nil, ErrNotLeader

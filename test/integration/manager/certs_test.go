@@ -22,17 +22,25 @@ import (
 	"github.com/fencer-io/fencer/internal/testenv"
 )
 
-func fencerEtcd(t *testing.T) string {
+func fencerEtcd(t *testing.T) string { return testenv.Etcd(t) }
+
+// readyPod creates a pod in default labeled app=<app>, marked Ready as a
+// kubelet would.
+func readyPod(t *testing.T, cl client.Client, name, app string) *corev1.Pod {
 	t.Helper()
-	e, err := devcluster.NewEtcd(binDir, t.TempDir(), "fencer-etcd")
-	if err != nil {
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": app}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if err := cl.Create(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Start(context.Background()); err != nil {
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if err := cl.Status().Update(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.Stop() })
-	return e.Endpoint
+	return pod
 }
 
 // TestReadinessWaitsForTheWebhookCertificate: a replica whose certificate has

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,17 +54,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "default", Labels: map[string]string{"app": "crash"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
-	}
-	if err := cl.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	if err := cl.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
+	readyPod(t, cl, "w-0", "crash")
 	// The smallest ttlSeconds docs/operations.md promises survives a crash.
 	const ttl = 10
 	lease := &v1.Lease{

@@ -104,17 +104,7 @@ func TestGeneratedRBACIsEnough(t *testing.T) {
 		"--webhook-cert-rotation", "--webhook-namespace="+ns, "--webhook-secret=rbac-test-cert")
 	waitStatus(t, r.probeURL+"/readyz", http.StatusOK)
 
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "rbac-w", Namespace: "default", Labels: map[string]string{"app": "rbac"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
-	}
-	if err := cl.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	if err := cl.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
+	pod := readyPod(t, cl, "rbac-w", "rbac")
 	lease := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac", Namespace: "default"},
 		Spec: v1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "rbac"}}}}
 	if err := cl.Create(ctx, lease); err != nil {
