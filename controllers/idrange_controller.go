@@ -119,6 +119,9 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange)
 		out.result.RequeueAfter = time.Second
 		return out, nil
 	}
+	if errors.Is(err, errNextRegressed) {
+		return out, nil
+	}
 	if err != nil {
 		setRangeCondition(rng, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
 		out.event(corev1.EventTypeWarning, v1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
@@ -131,12 +134,25 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange)
 	return out, nil
 }
 
+// errNextRegressed stops a reconcile whose status already says why.
+var errNextRegressed = errors.New("next-ID key regressed")
+
 // blocks gives every matching pod without one a block.
 func (r *IDRangeReconciler) blocks(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
 	key := IDRangeAnnotationPrefix + rng.Name
 	next, err := r.Store.ReadNext(ctx, rng.Namespace, rng.Name, rng.Spec.Min)
 	if err != nil {
 		return err
+	}
+	if next < rng.Status.Next {
+		// Blocks below status.next were handed out already; claiming from
+		// etcd's older value would hand them out again.
+		msg := fmt.Sprintf("etcd's next ID %d is below status.next %d: etcd was restored from an old snapshot or replaced; "+
+			"no block is claimed until the key is set to at least %d (see docs/operations.md)", next, rng.Status.Next, rng.Status.Next)
+		setRangeCondition(rng, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNextRegressed, msg)
+		out.event(corev1.EventTypeWarning, v1.ReasonNextRegressed, "%s", msg)
+		metrics.RevisionRegressions.Inc()
+		return errNextRegressed
 	}
 	var waiting []string
 	for i := range pods {

@@ -175,6 +175,9 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		setHeld(lease, metav1.ConditionFalse, v1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
 		return out, r.publish(ctx, lease, pods, nil)
 	}
+	if regressed, err := r.revisionRegressed(ctx, lease, &out); err != nil || regressed {
+		return out, nil
+	}
 	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
 	grant, err = r.Store.GrantLease(ctx, lease.Namespace, lease.Name, next.Name, string(next.UID), ttl, now)
 	switch {
@@ -345,6 +348,43 @@ func (r *LeaseReconciler) markDeleted(key string, at time.Time) {
 	if _, ok := r.deletedAt[key]; !ok {
 		r.deletedAt[key] = at
 	}
+}
+
+// revisionRegressed guards against reissuing tokens: a token is an etcd
+// revision, so an etcd restored from an old snapshot (without
+// --bump-revision) or replaced by an empty cluster would hand out again
+// tokens this Lease already gave to earlier holders, and their stale writes
+// would pass. The Lease's status, kept by the apiserver, remembers the highest
+// token issued; while etcd's revision is below it, nothing is granted.
+func (r *LeaseReconciler) revisionRegressed(ctx context.Context, lease *v1.Lease, out *outcome) (bool, error) {
+	floor := highestToken(lease)
+	if floor == 0 {
+		return false, nil
+	}
+	rev, err := r.Store.Revision(ctx)
+	if err != nil {
+		r.etcdUnavailable(lease, out, err)
+		return false, err
+	}
+	if rev >= floor {
+		return false, nil
+	}
+	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
+		"no grant until its revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", rev, floor, floor)
+	setHeld(lease, metav1.ConditionFalse, v1.ReasonEtcdRevisionRegressed, msg)
+	out.event(corev1.EventTypeWarning, v1.ReasonEtcdRevisionRegressed, "%s", msg)
+	metrics.RevisionRegressions.Inc()
+	out.result.RequeueAfter = 10 * time.Second
+	return true, nil
+}
+
+// highestToken is the largest token the Lease's status records.
+func highestToken(lease *v1.Lease) int64 {
+	top := lease.Status.Token
+	for _, t := range lease.Status.History {
+		top = max(top, t.Token)
+	}
+	return top
 }
 
 func (r *LeaseReconciler) etcdUnavailable(lease *v1.Lease, out *outcome, err error) {

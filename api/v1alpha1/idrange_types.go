@@ -96,6 +96,12 @@ const (
 	ConditionExhausted = "Exhausted"
 )
 
+// ReasonNextRegressed: the next-ID key in etcd is below the status.next this
+// IDRange already recorded (etcd restored from an old snapshot, or replaced),
+// so claiming would hand out blocks again. Ready is False with this reason
+// and no block is claimed until an operator repairs the key.
+const ReasonNextRegressed = "NextRegressed"
+
 // IDRange hands out unique ID blocks (mode Blocks) or leased worker-ID slots
 // (mode Slots) to the pods its podSelector matches.
 //

@@ -160,6 +160,11 @@ const (
 	ReasonExpired         = "Expired"
 	ReasonSuspended       = "Suspended"
 	ReasonEtcdUnavailable = "EtcdUnavailable"
+	// ReasonEtcdRevisionRegressed: etcd's revision is below a token this
+	// Lease already issued, as after a restore from a snapshot without
+	// --bump-revision. Granting would reissue old tokens, so the controller
+	// refuses until etcd's revision passes the highest token issued.
+	ReasonEtcdRevisionRegressed = "EtcdRevisionRegressed"
 )
 
 // Lease grants exclusive, fenced tenure to one pod among the pods its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 )
@@ -55,6 +56,16 @@ func (e *Etcd) Start(ctx context.Context) error {
 	}
 	e.proc = p
 	return waitHTTP(ctx, p, http.DefaultClient, e.Endpoint+"/health", 30*time.Second)
+}
+
+// Wipe deletes the stopped server's data, so the next Start begins at
+// revision 1: what a cluster replaced, or restored from an old snapshot
+// without --bump-revision, looks like to its clients.
+func (e *Etcd) Wipe() error {
+	if e.proc != nil {
+		return fmt.Errorf("etcd %s: stop it before wiping its data", e.name)
+	}
+	return os.RemoveAll(filepath.Join(e.dir, e.name+".data"))
 }
 
 // Stop terminates the server; its data stays for the next Start.

@@ -82,6 +82,19 @@ func (s *Store) timed(op string) func(*error) {
 	}
 }
 
+// Revision returns etcd's current revision, from a linearizable read.
+func (s *Store) Revision(ctx context.Context) (rev int64, err error) {
+	defer s.timed("get")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	// Any key will do: the header carries the store's revision.
+	resp, err := s.cli.Get(ctx, s.prefix+"/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
+}
+
 // GetGrant returns the live grant of namespace/name, or nil if there is none.
 // The read is linearizable.
 func (s *Store) GetGrant(ctx context.Context, namespace, name string) (g *Grant, err error) {

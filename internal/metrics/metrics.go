@@ -28,6 +28,13 @@ var (
 		Help: "Tenures that ended because etcd expired or revoked their lease, not by the controller's release (e.g. a Direct-mode holder stopped renewing).",
 	})
 
+	// RevisionRegressions counts grants refused because etcd's revision was
+	// below a token already issued.
+	RevisionRegressions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fencer_etcd_revision_regressions_total",
+		Help: "Grants and block claims refused because etcd went back in time: its revision below a token a Lease already issued, or an IDRange's next-ID key below its status.next (etcd restored from an old snapshot, or replaced). Any increase needs an operator.",
+	})
+
 	// FailoverSeconds measures from a lease key's deletion to the next grant.
 	FailoverSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "fencer_lease_failover_seconds",
@@ -89,7 +96,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, FailoverSeconds, EtcdOperationSeconds,
+	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
 		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
 		IDRangeBlocks, IDRangeRemaining, IDRangeSlotsInUse, IDRangeRepairs)
 }

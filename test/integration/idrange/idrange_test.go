@@ -407,3 +407,54 @@ func TestRepairAnnotationWithoutSlot(t *testing.T) {
 		return nil
 	})
 }
+
+// TestNextRegressionRefusesClaims: an etcd that comes back without the
+// next-ID key (wiped here; an old snapshot is the same) would hand out the
+// same blocks again. The controller refuses to claim, says why, and resumes
+// once the operator has set the key to status.next.
+func TestNextRegressionRefusesClaims(t *testing.T) {
+	fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	if err := fx.Client.Create(context.Background(), blocksRange(ns, 0, 1_000_000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 0, 3)
+	framework.Eventually(t, 60*time.Second, "3 blocks in status", func() error {
+		if st := getRange(t, ns, "ids").Status; st.Next != 30 {
+			return fmt.Errorf("status.next %d, want 30", st.Next)
+		}
+		return nil
+	})
+	if err := fx.Etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.Etcd.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.Etcd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 3, 4)
+	framework.Eventually(t, 60*time.Second, "NextRegressed", func() error {
+		c := meta.FindStatusCondition(getRange(t, ns, "ids").Status.Conditions, v1.ConditionReady)
+		if c == nil || c.Reason != v1.ReasonNextRegressed {
+			return fmt.Errorf("Ready condition %+v", c)
+		}
+		return nil
+	})
+	if n := len(annotations(t, ns, "ids")); n != 3 {
+		t.Fatalf("%d pods have blocks after the regression, want the 3 from before", n)
+	}
+
+	// The operator's repair: put the key back at status.next.
+	if _, err := fx.EtcdCli.Put(context.Background(), etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, ns, "ids"), "30"); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "4 blocks", func() error {
+		if n := len(annotations(t, ns, "ids")); n != 4 {
+			return fmt.Errorf("%d annotated", n)
+		}
+		return nil
+	})
+	checkDisjoint(t, parseBlocks(t, annotations(t, ns, "ids")), 0, 1_000_000)
+}

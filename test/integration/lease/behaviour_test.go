@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -344,15 +345,9 @@ func TestEventsAreRecorded(t *testing.T) {
 	setReady(t, p0, false)
 	heldBy(t, ns, "job", "w-0")
 	eventually(t, 30*time.Second, "Granted and Released events", func() error {
-		var list eventsv1.EventList
-		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		reasons, err := eventReasons(ns, "job")
+		if err != nil {
 			return err
-		}
-		reasons := map[string]int{}
-		for _, e := range list.Items {
-			if e.Regarding.Kind == "Lease" && e.Regarding.Name == "job" {
-				reasons[e.Reason]++
-			}
 		}
 		// The end is "Released" when the controller's conditional delete runs
 		// first, "Expired" when etcd's lessor beats it; both are events.
@@ -400,4 +395,86 @@ func TestDirectHolderRenewsWithHold(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRevisionRegressionRefusesGrants: when etcd comes back with a revision
+// below a token the Lease already issued (an empty etcd here; a restore
+// without --bump-revision is the same), granting would hand out old tokens
+// again. The controller refuses, says why, and grants again once etcd's
+// revision has passed the old token.
+func TestRevisionRegressionRefusesGrants(t *testing.T) {
+	ctx := context.Background()
+	// Push the revision up, so the empty etcd is far below the token.
+	for i := range 100 {
+		if _, err := fx.EtcdCli.Put(ctx, fmt.Sprintf("/test/bump/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 5))
+	old := heldBy(t, ns, "job").Token
+
+	if err := etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	touch(t, ns, "job")
+	eventually(t, 60*time.Second, "EtcdRevisionRegressed", func() error {
+		l := getLease(t, ns, "job")
+		if r := heldReason(l); r != v1.ReasonEtcdRevisionRegressed {
+			return fmt.Errorf("reason %q, token %d", r, l.Status.Token)
+		}
+		return nil
+	})
+	if tok := etcdToken(t, ns, "job"); tok != 0 {
+		t.Fatalf("granted token %d from a regressed etcd (highest issued %d)", tok, old)
+	}
+	eventually(t, 30*time.Second, "a Warning Event naming the regression", func() error {
+		reasons, err := eventReasons(ns, "job")
+		if err == nil && reasons[v1.ReasonEtcdRevisionRegressed] == 0 {
+			err = fmt.Errorf("events by reason: %v", reasons)
+		}
+		return err
+	})
+
+	// The operator's fix: move the revision past every issued token.
+	for i := 0; ; i++ {
+		resp, err := fx.EtcdCli.Put(ctx, "/test/bump", strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Header.Revision > old {
+			break
+		}
+	}
+	touch(t, ns, "job")
+	eventually(t, 60*time.Second, "held again above the old token", func() error {
+		l := getLease(t, ns, "job")
+		if heldReason(l) != v1.ReasonGranted || l.Status.Token <= old {
+			return fmt.Errorf("reason %q token %d, old %d", heldReason(l), l.Status.Token, old)
+		}
+		return nil
+	})
+}
+
+// eventReasons counts the Events about Lease ns/name by reason.
+func eventReasons(ns, name string) (map[string]int, error) {
+	var list eventsv1.EventList
+	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	reasons := map[string]int{}
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "Lease" && e.Regarding.Name == name {
+			reasons[e.Reason]++
+		}
+	}
+	return reasons, nil
 }

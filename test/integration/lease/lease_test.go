@@ -29,6 +29,7 @@ var (
 	etcd interface {
 		Start(context.Context) error
 		Stop() error
+		Wipe() error
 	}
 )
 
