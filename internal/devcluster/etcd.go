@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -18,7 +19,9 @@ type Etcd struct {
 	dir      string
 	name     string
 	peer     string
-	proc     *proc
+	// cluster is --initial-cluster: this member alone, or all of NewEtcdCluster.
+	cluster string
+	proc    *proc
 }
 
 // NewEtcd prepares an etcd named name whose data and log live below dir.
@@ -28,17 +31,61 @@ func NewEtcd(binDir, dir, name string) (*Etcd, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Etcd{
+	e := &Etcd{
 		Endpoint: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		peer:     fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		bin:      filepath.Join(binDir, "etcd"),
 		dir:      dir,
 		name:     name,
-	}, nil
+	}
+	e.cluster = e.name + "=" + e.peer
+	return e, nil
+}
+
+// NewEtcdCluster prepares an n-member cluster, members <name>-0 … <name>-<n-1>.
+// Start the members together (StartAll): each waits for a quorum.
+func NewEtcdCluster(binDir, dir, name string, n int) ([]*Etcd, error) {
+	members := make([]*Etcd, n)
+	var initial []string
+	for i := range members {
+		m, err := NewEtcd(binDir, dir, fmt.Sprintf("%s-%d", name, i))
+		if err != nil {
+			return nil, err
+		}
+		members[i] = m
+		initial = append(initial, m.cluster)
+	}
+	for _, m := range members {
+		m.cluster = strings.Join(initial, ",")
+	}
+	return members, nil
+}
+
+// StartAll starts members at once and waits until each answers /health,
+// which needs a quorum.
+func StartAll(ctx context.Context, members []*Etcd) error {
+	for _, m := range members {
+		if err := m.launch(); err != nil {
+			return err
+		}
+	}
+	for _, m := range members {
+		if err := m.wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Start runs the server and waits until it answers /health.
 func (e *Etcd) Start(ctx context.Context) error {
+	if err := e.launch(); err != nil {
+		return err
+	}
+	return e.wait(ctx)
+}
+
+func (e *Etcd) launch() error {
 	p, err := startProc(e.dir, e.name, e.bin,
 		"--name="+e.name,
 		"--data-dir="+filepath.Join(e.dir, e.name+".data"),
@@ -46,7 +93,8 @@ func (e *Etcd) Start(ctx context.Context) error {
 		"--advertise-client-urls="+e.Endpoint,
 		"--listen-peer-urls="+e.peer,
 		"--initial-advertise-peer-urls="+e.peer,
-		"--initial-cluster="+e.name+"="+e.peer,
+		"--initial-cluster="+e.cluster,
+		"--initial-cluster-token="+filepath.Base(e.dir),
 		// Test and dev clusters are thrown away: fsync buys nothing and costs seconds.
 		"--unsafe-no-fsync",
 		"--log-level=warn",
@@ -55,8 +103,24 @@ func (e *Etcd) Start(ctx context.Context) error {
 		return err
 	}
 	e.proc = p
-	return waitHTTP(ctx, p, http.DefaultClient, e.Endpoint+"/health", 30*time.Second)
+	return nil
 }
+
+func (e *Etcd) wait(ctx context.Context) error {
+	return waitHTTP(ctx, e.proc, http.DefaultClient, e.Endpoint+"/health", 30*time.Second)
+}
+
+// Kill ends the server with SIGKILL, as a crash; its data stays.
+func (e *Etcd) Kill() {
+	if e.proc == nil {
+		return
+	}
+	e.proc.kill()
+	e.proc = nil
+}
+
+// Running reports whether the server was started and not stopped.
+func (e *Etcd) Running() bool { return e.proc != nil }
 
 // Wipe deletes the stopped server's data, so the next Start begins at
 // revision 1: what a cluster replaced, or restored from an old snapshot

@@ -80,3 +80,9 @@ func (p *proc) stop(grace time.Duration) error {
 	}
 	return nil
 }
+
+// kill sends SIGKILL to the process group and waits for the process.
+func (p *proc) kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
