@@ -1,0 +1,346 @@
+package history
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// DataPrefix is where workers keep their fenced etcd keys:
+// <DataPrefix><namespace>/<lease>.
+const DataPrefix = "/faults/"
+
+// Report is what Check found. Any non-zero violation count fails the run.
+type Report struct {
+	Faults   int
+	Accepted int
+	Refused  int
+	// RefusedBy counts refusals by reason.
+	RefusedBy map[string]int
+	IDs       int64
+
+	StaleAccepted    int // a write accepted under a token below one already accepted, or not live
+	DoubleGrants     int // a lease or slot key overwritten while held, or a pod holding two slots
+	TokenRegressions int // a Lease's token went down, or a grant's token was not above the last one
+	DuplicateIDs     int // IDs issued twice, or a next-ID key that went backwards
+	Unexplained      int // refusals with no reason the checker can name
+	Missing          int // accepted writes absent from the histories: the history is incomplete
+
+	// Violations describes the first violations found.
+	Violations []string
+}
+
+// Summary is the one line a fault run ends with.
+func (r *Report) Summary() string {
+	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d",
+		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs)
+}
+
+// OK reports whether no guarantee was violated.
+func (r *Report) OK() bool {
+	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.Unexplained+r.Missing == 0
+}
+
+func (r *Report) violate(counter *int, format string, args ...any) {
+	*counter++
+	if len(r.Violations) < 50 {
+		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// Histories is a whole run, as read from its directory.
+type Histories struct {
+	Attempts []Attempt
+	Objects  []ObjectEvent
+	Leases   []LeaseEvent
+	Etcd     []EtcdEvent
+	Faults   []Fault
+	// Prefix is fencer's etcd prefix.
+	Prefix string
+}
+
+// Load reads the histories in dir.
+func Load(dir, prefix string) (*Histories, error) {
+	h := &Histories{Prefix: prefix}
+	workers, err := filepath.Glob(filepath.Join(dir, "workers", "*.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range workers {
+		as, err := readLines[Attempt](w)
+		if err != nil {
+			return nil, err
+		}
+		h.Attempts = append(h.Attempts, as...)
+	}
+	if h.Objects, err = readLines[ObjectEvent](filepath.Join(dir, "objects.jsonl")); err != nil {
+		return nil, err
+	}
+	if h.Leases, err = readLines[LeaseEvent](filepath.Join(dir, "leases.jsonl")); err != nil {
+		return nil, err
+	}
+	if h.Etcd, err = readLines[EtcdEvent](filepath.Join(dir, "etcd.jsonl")); err != nil {
+		return nil, err
+	}
+	if h.Faults, err = readLines[Fault](filepath.Join(dir, "faults.jsonl")); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Check replays the histories against every guarantee.
+func Check(h *Histories) *Report {
+	r := &Report{Faults: len(h.Faults), RefusedBy: map[string]int{}}
+	r.attempts(h)
+	r.objects(h)
+	grants := r.grants(h)
+	r.fencedKeys(h, grants)
+	r.leaseTokens(h)
+	r.slots(h)
+	r.blocks(h)
+	r.ids(h)
+	return r
+}
+
+// attempts counts writes and checks every refusal has a nameable reason.
+func (r *Report) attempts(h *Histories) {
+	for _, a := range h.Attempts {
+		if a.Kind == KindIDs {
+			continue
+		}
+		if a.OK {
+			r.Accepted++
+			continue
+		}
+		r.Refused++
+		r.RefusedBy[a.Reason]++
+		if !KnownReasons[a.Reason] {
+			r.violate(&r.Unexplained, "%s's %s write #%d (token %d) was refused for no nameable reason: %q", a.Worker, a.Kind, a.Seq, a.Token, a.Message)
+		}
+	}
+}
+
+// objects: per fenced object, in resourceVersion order, tokens never go
+// down; and every write a worker saw accepted is in the watch history.
+func (r *Report) objects(h *Histories) {
+	byName := map[string][]ObjectEvent{}
+	seen := map[string]bool{}
+	for _, e := range h.Objects {
+		byName[e.Name] = append(byName[e.Name], e)
+		seen[e.Writer+"/"+strconv.FormatInt(e.Seq, 10)] = true
+	}
+	for name, evs := range byName {
+		slices.SortFunc(evs, func(a, b ObjectEvent) int { return cmpInt(a.ResourceVersion, b.ResourceVersion) })
+		var top ObjectEvent
+		for _, e := range evs {
+			if e.Type == "DELETED" {
+				continue
+			}
+			if e.Token < top.Token {
+				r.violate(&r.StaleAccepted, "object %s: %s's write #%d under token %d accepted at rv %d after %s's write #%d under token %d at rv %d",
+					name, e.Writer, e.Seq, e.Token, e.ResourceVersion, top.Writer, top.Seq, top.Token, top.ResourceVersion)
+			}
+			if e.Token >= top.Token {
+				top = e
+			}
+		}
+	}
+	for _, a := range h.Attempts {
+		if a.Kind == KindConfigMap && a.OK && !seen[a.Worker+"/"+strconv.FormatInt(a.Seq, 10)] {
+			r.violate(&r.Missing, "%s's accepted write #%d to %s is not in the apiserver's watch history", a.Worker, a.Seq, a.Target)
+		}
+	}
+}
+
+// tenure is one grant of a lease key: live over [Token, End).
+type tenure struct {
+	Token, End int64
+}
+
+// grants rebuilds each lease key's tenures from etcd and checks a grant is
+// only ever created on an empty key, with a token above the last one.
+func (r *Report) grants(h *Histories) map[string][]tenure {
+	out := map[string][]tenure{}
+	for _, e := range h.Etcd {
+		if _, _, ok := etcdstore.ParseLeaseKey(h.Prefix, e.Key); !ok {
+			continue
+		}
+		ts := out[e.Key]
+		open := len(ts) > 0 && ts[len(ts)-1].End == 0
+		switch e.Type {
+		case "PUT":
+			if open || e.Version != 1 {
+				r.violate(&r.DoubleGrants, "lease key %s written at revision %d (version %d) while the grant with token %d was live", e.Key, e.Revision, e.Version, lastToken(ts))
+				continue
+			}
+			if e.CreateRevision <= lastToken(ts) {
+				r.violate(&r.TokenRegressions, "lease key %s granted with token %d after token %d", e.Key, e.CreateRevision, lastToken(ts))
+			}
+			out[e.Key] = append(ts, tenure{Token: e.CreateRevision})
+		case "DELETE":
+			if open {
+				ts[len(ts)-1].End = e.Revision
+			}
+		}
+	}
+	return out
+}
+
+func lastToken(ts []tenure) int64 {
+	if len(ts) == 0 {
+		return 0
+	}
+	return ts[len(ts)-1].Token
+}
+
+// liveAt is the token of the grant live at revision rev, 0 if none.
+func liveAt(ts []tenure, rev int64) int64 {
+	for _, t := range ts {
+		if t.Token <= rev && (t.End == 0 || rev < t.End) {
+			return t.Token
+		}
+	}
+	return 0
+}
+
+// fencedKeys: every write to a worker's fenced etcd key carries the token
+// of the grant live at that revision, so tokens never go down; and every
+// write a worker saw committed is in etcd's history.
+func (r *Report) fencedKeys(h *Histories, grants map[string][]tenure) {
+	seen := map[string]bool{}
+	top := map[string]FencedValue{}
+	for _, e := range h.Etcd {
+		rest, ok := strings.CutPrefix(e.Key, DataPrefix)
+		if !ok || e.Type != "PUT" {
+			continue
+		}
+		ns, lease, _ := strings.Cut(rest, "/")
+		var v FencedValue
+		if err := json.Unmarshal([]byte(e.Value), &v); err != nil {
+			r.violate(&r.StaleAccepted, "fenced key %s at revision %d holds %q, not a worker's value", e.Key, e.Revision, e.Value)
+			continue
+		}
+		seen[v.Writer+"/"+strconv.FormatInt(v.Seq, 10)] = true
+		live := liveAt(grants[etcdstore.LeaseKey(h.Prefix, ns, lease)], e.Revision)
+		if v.Token != live {
+			r.violate(&r.StaleAccepted, "fenced key %s: %s's write #%d under token %d committed at revision %d, when the live token was %d",
+				e.Key, v.Writer, v.Seq, v.Token, e.Revision, live)
+		}
+		if v.Token < top[e.Key].Token {
+			r.violate(&r.StaleAccepted, "fenced key %s: token %d committed at revision %d after token %d", e.Key, v.Token, e.Revision, top[e.Key].Token)
+		} else {
+			top[e.Key] = v
+		}
+	}
+	for _, a := range h.Attempts {
+		if a.Kind == KindEtcd && a.OK && !seen[a.Worker+"/"+strconv.FormatInt(a.Seq, 10)] {
+			r.violate(&r.Missing, "%s's committed write #%d to %s is not in etcd's history", a.Worker, a.Seq, a.Target)
+		}
+	}
+}
+
+// leaseTokens: the token a Lease's status shows never goes down, in the
+// order the apiserver stored the statuses. This holds across a wiped or
+// regressed etcd too, where etcd's own history starts again.
+func (r *Report) leaseTokens(h *Histories) {
+	byName := map[string][]LeaseEvent{}
+	for _, e := range h.Leases {
+		byName[e.Name] = append(byName[e.Name], e)
+	}
+	for name, evs := range byName {
+		slices.SortFunc(evs, func(a, b LeaseEvent) int { return cmpInt(a.ResourceVersion, b.ResourceVersion) })
+		var top int64
+		for _, e := range evs {
+			if e.Token != 0 && e.Token < top {
+				r.violate(&r.TokenRegressions, "Lease %s: status token %d at rv %d after token %d", name, e.Token, e.ResourceVersion, top)
+			}
+			top = max(top, e.Token)
+		}
+	}
+}
+
+// slots: a slot key is only created while free, and no pod holds two live
+// slots of one IDRange.
+func (r *Report) slots(h *Histories) {
+	type rangeKey struct{ ns, name string }
+	live := map[string]string{} // slot key -> pod UID
+	for _, e := range h.Etcd {
+		ns, name, _, ok := etcdstore.ParseSlotKey(h.Prefix, e.Key)
+		if !ok {
+			continue
+		}
+		switch e.Type {
+		case "PUT":
+			var v etcdstore.SlotValue
+			_ = json.Unmarshal([]byte(e.Value), &v)
+			if owner, held := live[e.Key]; held || e.Version != 1 {
+				r.violate(&r.DoubleGrants, "slot key %s written at revision %d for pod %s while held by %s", e.Key, e.Revision, v.Pod, owner)
+			}
+			for k, uid := range live {
+				kns, kname, _, _ := etcdstore.ParseSlotKey(h.Prefix, k)
+				if (rangeKey{kns, kname}) == (rangeKey{ns, name}) && uid == v.PodUID && k != e.Key {
+					r.violate(&r.DoubleGrants, "pod %s given slot %s at revision %d while it holds %s", v.Pod, e.Key, e.Revision, k)
+				}
+			}
+			live[e.Key] = v.PodUID
+		case "DELETE":
+			delete(live, e.Key)
+		}
+	}
+}
+
+// blocks: a next-ID key only moves forward, so the blocks claimed from it
+// are disjoint.
+func (r *Report) blocks(h *Histories) {
+	last := map[string]int64{}
+	for _, e := range h.Etcd {
+		if e.Type != "PUT" || !strings.HasPrefix(e.Key, h.Prefix+"/idranges/") || !strings.HasSuffix(e.Key, "/next") {
+			continue
+		}
+		n, err := strconv.ParseInt(e.Value, 10, 64)
+		if err != nil {
+			r.violate(&r.DuplicateIDs, "next-ID key %s holds %q at revision %d", e.Key, e.Value, e.Revision)
+			continue
+		}
+		if prev, ok := last[e.Key]; ok && n <= prev {
+			r.violate(&r.DuplicateIDs, "next-ID key %s went from %d to %d at revision %d: blocks overlap", e.Key, prev, n, e.Revision)
+		}
+		last[e.Key] = n
+	}
+}
+
+// ids: the runs of IDs workers issued are pairwise disjoint.
+func (r *Report) ids(h *Histories) {
+	var runs []Attempt
+	for _, a := range h.Attempts {
+		if a.Kind == KindIDs {
+			runs = append(runs, a)
+			r.IDs += a.Hi - a.Lo + 1
+		}
+	}
+	slices.SortFunc(runs, func(a, b Attempt) int { return cmpInt(a.Lo, b.Lo) })
+	for i := 1; i < len(runs); i++ {
+		prev, cur := runs[i-1], runs[i]
+		if cur.Lo <= prev.Hi {
+			r.violate(&r.DuplicateIDs, "IDs [%d, %d] issued by %s overlap [%d, %d] issued by %s", cur.Lo, cur.Hi, cur.Worker, prev.Lo, prev.Hi, prev.Worker)
+			if cur.Hi < prev.Hi {
+				runs[i] = prev // keep comparing against the run reaching furthest
+			}
+		}
+	}
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

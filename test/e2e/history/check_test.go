@@ -1,0 +1,167 @@
+package history
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const prefix = "/fencer"
+
+func val(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// clean is a history where every guarantee holds: two grants of lease a,
+// fenced writes under each, a stale write refused, slots and blocks.
+func clean(t *testing.T) *Histories {
+	lk := prefix + "/leases/ns/a"
+	return &Histories{
+		Prefix: prefix,
+		Attempts: []Attempt{
+			{Worker: "w0", Kind: KindConfigMap, Seq: 1, Token: 10, OK: true},
+			{Worker: "w1", Kind: KindConfigMap, Seq: 1, Token: 20, OK: true},
+			{Worker: "w0", Kind: KindConfigMap, Seq: 2, Token: 10, Reason: ReasonFenced},
+			{Worker: "w0", Kind: KindEtcd, Seq: 3, Token: 10, OK: true},
+			{Worker: "w1", Kind: KindEtcd, Seq: 2, Token: 20, OK: true},
+			{Worker: "w0", Kind: KindIDs, Lo: 0, Hi: 99},
+			{Worker: "w1", Kind: KindIDs, Lo: 100, Hi: 199},
+		},
+		Objects: []ObjectEvent{
+			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
+			{Name: "cm", ResourceVersion: 9, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1},
+		},
+		Leases: []LeaseEvent{{Name: "a", ResourceVersion: 1, Token: 10}, {Name: "a", ResourceVersion: 2, Token: 20}},
+		Etcd: []EtcdEvent{
+			{Revision: 10, Type: "PUT", Key: lk, CreateRevision: 10, Version: 1},
+			{Revision: 11, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 3})},
+			{Revision: 12, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "100"},
+			{Revision: 13, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w0","podUID":"u0"}`},
+			{Revision: 15, Type: "DELETE", Key: lk},
+			{Revision: 16, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "200"},
+			{Revision: 17, Type: "DELETE", Key: prefix + "/idranges/ns/slots/slots/0"},
+			{Revision: 18, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w1","podUID":"u1"}`},
+			{Revision: 20, Type: "PUT", Key: lk, CreateRevision: 20, Version: 1},
+			{Revision: 21, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 20, Writer: "w1", Seq: 2})},
+		},
+		Faults: []Fault{{Kind: "pause-worker", Target: "w0", For: 3 * time.Second}},
+	}
+}
+
+func TestCleanHistoryPasses(t *testing.T) {
+	r := Check(clean(t))
+	if !r.OK() {
+		t.Fatalf("violations in a clean history: %v", r.Violations)
+	}
+	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0"
+	if got := r.Summary(); got != want {
+		t.Fatalf("summary\n got %s\nwant %s", got, want)
+	}
+	if r.IDs != 200 {
+		t.Fatalf("IDs %d, want 200", r.IDs)
+	}
+}
+
+// Each case breaks one guarantee; the checker must count it where it belongs.
+func TestEachViolationIsCaught(t *testing.T) {
+	lk := prefix + "/leases/ns/a"
+	cases := []struct {
+		name    string
+		break_  func(h *Histories)
+		counter func(r *Report) int
+	}{
+		{"stale object write accepted", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 10, Writer: "w0", Seq: 2})
+		}, func(r *Report) int { return r.StaleAccepted }},
+		{"etcd write under a token not live", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 22, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 9})})
+		}, func(r *Report) int { return r.StaleAccepted }},
+		{"lease key overwritten while held", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 23, Type: "PUT", Key: lk, CreateRevision: 20, Version: 2})
+		}, func(r *Report) int { return r.DoubleGrants }},
+		{"slot given twice", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 24, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w2","podUID":"u2"}`})
+		}, func(r *Report) int { return r.DoubleGrants }},
+		{"pod given two slots", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 24, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/1", Version: 1, Value: `{"pod":"w1","podUID":"u1"}`})
+		}, func(r *Report) int { return r.DoubleGrants }},
+		{"status token went down", func(h *Histories) {
+			h.Leases = append(h.Leases, LeaseEvent{Name: "a", ResourceVersion: 3, Token: 15})
+		}, func(r *Report) int { return r.TokenRegressions }},
+		{"IDs issued twice", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w2", Kind: KindIDs, Lo: 150, Hi: 150})
+		}, func(r *Report) int { return r.DuplicateIDs }},
+		{"next-ID key went back", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 25, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "150"})
+		}, func(r *Report) int { return r.DuplicateIDs }},
+		{"refusal without a reason", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w0", Kind: KindEtcd, Seq: 7, Reason: "", Message: "EOF"})
+		}, func(r *Report) int { return r.Unexplained }},
+		{"accepted write missing from the history", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindConfigMap, Seq: 5, Token: 20, OK: true})
+		}, func(r *Report) int { return r.Missing }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := clean(t)
+			c.break_(h)
+			r := Check(h)
+			if c.counter(r) == 0 || r.OK() {
+				t.Fatalf("not caught: %s; report %+v", c.name, r)
+			}
+			t.Logf("caught: %s", strings.Join(r.Violations, "; "))
+		})
+	}
+}
+
+func TestLoadRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	h := clean(t)
+	write := func(name string, vs ...any) {
+		w, err := Create(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		for _, v := range vs {
+			if err := w.Add(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var as, os, ls, es, fs []any
+	for _, a := range h.Attempts {
+		as = append(as, a)
+	}
+	for _, o := range h.Objects {
+		os = append(os, o)
+	}
+	for _, l := range h.Leases {
+		ls = append(ls, l)
+	}
+	for _, e := range h.Etcd {
+		es = append(es, e)
+	}
+	for _, f := range h.Faults {
+		fs = append(fs, f)
+	}
+	write("workers/w.jsonl", as...)
+	write("objects.jsonl", os...)
+	write("leases.jsonl", ls...)
+	write("etcd.jsonl", es...)
+	write("faults.jsonl", fs...)
+	loaded, err := Load(dir, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := Check(loaded).Summary(), Check(h).Summary(); got != want {
+		t.Fatalf("after a round trip through files:\n got %s\nwant %s", got, want)
+	}
+}
