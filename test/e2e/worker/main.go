@@ -1,0 +1,305 @@
+// Command worker is the fault harness's workload: one process per pod,
+// built on fencer's SDK. For each Lease it keeps the last token it read from
+// its pod's annotations and keeps writing with it, to a fenced ConfigMap
+// through the apiserver and to a fenced etcd key, the way a real workload
+// that was paused would wake up and write with a stale token. It also
+// issues IDs from a Blocks IDRange. Every attempt and every ID run goes to
+// its history file for the checker.
+//
+// It serves /readyz on --ready-addr; the harness probes it like a kubelet,
+// so a paused worker goes not Ready and loses its Leases.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/pkg/fence"
+	"github.com/fencer-io/fencer/pkg/idgen"
+	"github.com/fencer-io/fencer/test/e2e/history"
+)
+
+type config struct {
+	kubeconfig, namespace, pod string
+	leases                     []string
+	etcdEndpoints              []string
+	prefix                     string
+	idRange                    string
+	idMin, idMax, blockSize    int64
+	historyPath, readyAddr     string
+	interval                   time.Duration
+}
+
+func main() {
+	var c config
+	var leases, endpoints string
+	flag.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig authenticating as this pod")
+	flag.StringVar(&c.namespace, "namespace", "default", "the pod's namespace")
+	flag.StringVar(&c.pod, "pod", "", "the pod this worker is")
+	flag.StringVar(&leases, "leases", "", "comma-separated fencer Lease names to write under")
+	flag.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd client URLs")
+	flag.StringVar(&c.prefix, "etcd-prefix", "/fencer", "fencer's etcd prefix")
+	flag.StringVar(&c.idRange, "idrange", "", "Blocks IDRange to issue IDs from; empty for none")
+	flag.Int64Var(&c.idMin, "id-min", 0, "the IDRange's spec.min")
+	flag.Int64Var(&c.idMax, "id-max", 1<<62, "the IDRange's spec.max")
+	flag.Int64Var(&c.blockSize, "block-size", 1000, "block size of the ID allocator")
+	flag.StringVar(&c.historyPath, "history", "", "history file (JSON lines)")
+	flag.StringVar(&c.readyAddr, "ready-addr", "127.0.0.1:0", "address of /readyz")
+	flag.DurationVar(&c.interval, "interval", 50*time.Millisecond, "pause between writes")
+	flag.Parse()
+	c.leases = split(leases)
+	c.etcdEndpoints = split(endpoints)
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+func split(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func run(c config) error {
+	if c.pod == "" || c.historyPath == "" {
+		return errors.New("--pod and --history are required")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	rest, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
+	if err != nil {
+		return err
+	}
+	rest.Timeout = 5 * time.Second
+	kube, err := client.New(rest, client.Options{})
+	if err != nil {
+		return err
+	}
+	etcd, err := clientv3.New(clientv3.Config{
+		Endpoints: c.etcdEndpoints, DialTimeout: 2 * time.Second,
+		DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second,
+		Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	hist, err := history.Create(c.historyPath)
+	if err != nil {
+		return err
+	}
+	defer hist.Close()
+	go serveReady(c.readyAddr)
+
+	w := &worker{config: c, kube: kube, etcd: etcd, hist: hist}
+	var wg sync.WaitGroup
+	for _, lease := range c.leases {
+		wg.Go(func() { w.writeLoop(ctx, lease) })
+	}
+	if c.idRange != "" {
+		wg.Go(func() { w.idLoop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func serveReady(addr string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	if err := http.ListenAndServe(addr, mux); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: readiness server:", err)
+		os.Exit(1)
+	}
+}
+
+type worker struct {
+	config
+	kube client.Client
+	etcd *clientv3.Client
+	hist *history.Writer
+	mu   sync.Mutex
+	seq  int64
+}
+
+func (w *worker) nextSeq() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq++
+	return w.seq
+}
+
+func (w *worker) record(a history.Attempt) {
+	a.At, a.Worker = time.Now(), w.pod
+	if err := w.hist.Add(a); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: history:", err)
+		os.Exit(1)
+	}
+}
+
+// writeLoop writes under lease with the last token read, refreshing the
+// token only every few writes: a worker that was paused writes first with
+// what it knew before the pause.
+func (w *worker) writeLoop(ctx context.Context, lease string) {
+	src := fence.PodSource{Client: w.kube, Namespace: w.namespace, Pod: w.pod, Lease: lease}
+	var tok fence.Token
+	for i := 0; ctx.Err() == nil; i++ {
+		if i%5 == 0 {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			t, err := src.Token(rctx)
+			cancel()
+			switch {
+			case err == nil:
+				tok = t
+			case errors.Is(err, fence.ErrNotHolder):
+				tok = fence.Token{}
+			}
+		}
+		if tok.Value != 0 {
+			w.writeObject(ctx, lease, tok)
+			w.writeKey(ctx, lease, tok)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(w.interval):
+		}
+	}
+}
+
+// writeObject merge-patches (or creates) the fenced ConfigMap cm-<lease>.
+func (w *worker) writeObject(ctx context.Context, lease string, tok fence.Token) {
+	seq := w.nextSeq()
+	name := "cm-" + lease
+	tokS, seqS := strconv.FormatInt(tok.Value, 10), strconv.FormatInt(seq, 10)
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.namespace,
+			Labels:      map[string]string{"fencer.io/lease": lease},
+			Annotations: map[string]string{"fencer.io/token": tokS}},
+		Data: map[string]string{"writer": w.pod, "seq": seqS, "token": tokS},
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{"fencer.io/lease":%q},"annotations":{"fencer.io/token":%q}},"data":{"writer":%q,"seq":%q,"token":%q}}`,
+		lease, tokS, w.pod, seqS, tokS)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := w.kube.Patch(wctx, cm, client.RawPatch(types.MergePatchType, patch))
+	if apierrors.IsNotFound(err) {
+		err = w.kube.Create(wctx, cm)
+	}
+	if ctx.Err() != nil {
+		return // shutting down: the outcome is unknown, the history has the truth
+	}
+	a := history.Attempt{Kind: history.KindConfigMap, Lease: lease, Target: name, Token: tok.Value, Seq: seq, OK: err == nil}
+	if err != nil {
+		a.Reason, a.Message = apiReason(err), err.Error()
+	}
+	w.record(a)
+}
+
+// apiReason names why the apiserver refused a write.
+func apiReason(err error) string {
+	var stale *fence.StaleTokenError
+	msg := err.Error()
+	switch {
+	case errors.As(fence.AsStaleToken(err), &stale):
+		return history.ReasonFenced
+	case strings.Contains(msg, "failed calling webhook"):
+		return history.ReasonWebhookUnavailable
+	case strings.Contains(msg, "cannot read the live token"), strings.Contains(msg, "fencer: cannot read lease"):
+		return history.ReasonTokenUnavailable
+	case errors.Is(err, context.DeadlineExceeded), apierrors.IsTimeout(err), strings.Contains(msg, "Client.Timeout"):
+		return history.ReasonTimeout
+	}
+	return "" // unexplained: the checker fails the run
+}
+
+// writeKey writes the fenced etcd key /faults/<ns>/<lease> in a fenced txn.
+func (w *worker) writeKey(ctx context.Context, lease string, tok fence.Token) {
+	seq := w.nextSeq()
+	key := history.DataPrefix + w.namespace + "/" + lease
+	val := fmt.Sprintf(`{"token":%d,"writer":%q,"seq":%d}`, tok.Value, w.pod, seq)
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err := fence.NewTxn(w.etcd, w.prefix, w.namespace, tok).Then(clientv3.OpPut(key, val)).Commit(wctx)
+	if ctx.Err() != nil {
+		return
+	}
+	a := history.Attempt{Kind: history.KindEtcd, Lease: lease, Target: key, Token: tok.Value, Seq: seq, OK: err == nil}
+	var fenced *fence.FencedError
+	switch {
+	case err == nil:
+	case errors.As(err, &fenced):
+		a.Reason = history.ReasonFenced
+	case errors.Is(err, context.DeadlineExceeded):
+		a.Reason = history.ReasonTimeout
+	default:
+		a.Reason = history.ReasonEtcdUnavailable
+	}
+	if err != nil {
+		a.Message = err.Error()
+	}
+	w.record(a)
+}
+
+// idLoop issues IDs and records them as runs of consecutive IDs.
+func (w *worker) idLoop(ctx context.Context) {
+	blocks, err := idgen.NewBlocks(w.etcd, idgen.BlockOptions{Prefix: w.prefix, Namespace: w.namespace, Name: w.idRange,
+		Min: w.idMin, Max: w.idMax, BlockSize: w.blockSize})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker: ids:", err)
+		os.Exit(1)
+	}
+	defer blocks.Close()
+	var lo, hi int64 = -1, -1
+	flush := func() {
+		if lo >= 0 {
+			w.record(history.Attempt{Kind: history.KindIDs, Lo: lo, Hi: hi})
+		}
+		lo, hi = -1, -1
+	}
+	defer flush()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for range 50 {
+			nctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			id, err := blocks.Next(nctx)
+			cancel()
+			if err != nil {
+				break // etcd is away; try again next tick
+			}
+			if id != hi+1 || lo < 0 {
+				flush()
+				lo = id
+			}
+			hi = id
+		}
+		if n%100 == 0 {
+			flush()
+		}
+	}
+}
