@@ -82,6 +82,11 @@ test-image: ## Build the image tarball from the real binary, read it back and ru
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
+FAULT_DURATION ?= 2m
+.PHONY: test-faults
+test-faults: tools ## Fault run: a seeded nemesis against 3 etcd members, 2 managers and 4 SDK workers for FAULT_DURATION (default 2m), then the history checker; plus the checker's own tests.
+	FENCER_BIN=$(BIN) FAULT_DURATION=$(FAULT_DURATION) go test $(GO_TEST_FLAGS) -v -timeout 90m ./test/e2e/...
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	@bash hack/fuzz.sh $${FUZZTIME:-30s}

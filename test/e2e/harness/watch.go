@@ -1,0 +1,115 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/test/e2e/history"
+)
+
+// startWatches records every version of the fenced ConfigMaps and every
+// Lease status, from before the workload starts. A watch that cannot resume
+// where it stopped (410 Gone) would leave a gap, and fails the run.
+func (h *Harness) startWatches(context.Context) error {
+	var err error
+	if h.objects, err = history.Create(filepath.Join(h.opts.Dir, "objects.jsonl")); err != nil {
+		return err
+	}
+	if h.leases, err = history.Create(filepath.Join(h.opts.Dir, "leases.jsonl")); err != nil {
+		return err
+	}
+	if h.faults, err = history.Create(filepath.Join(h.opts.Dir, "faults.jsonl")); err != nil {
+		return err
+	}
+	wc, err := client.NewWithWatch(h.cfg, client.Options{Scheme: h.env.Scheme})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stopWatch = cancel
+	h.watchers.Go(func() {
+		h.follow(ctx, wc, &corev1.ConfigMapList{}, func(obj client.Object, typ watch.EventType) error {
+			cm := obj.(*corev1.ConfigMap)
+			if cm.Labels["fencer.io/lease"] == "" {
+				return nil
+			}
+			tok, _ := strconv.ParseInt(cm.Annotations["fencer.io/token"], 10, 64)
+			seq, _ := strconv.ParseInt(cm.Data["seq"], 10, 64)
+			return h.objects.Add(history.ObjectEvent{Name: cm.Name, ResourceVersion: rvOf(cm), Type: string(typ),
+				Token: tok, Writer: cm.Data["writer"], Seq: seq})
+		})
+	})
+	h.watchers.Go(func() {
+		h.follow(ctx, wc, &v1.LeaseList{}, func(obj client.Object, _ watch.EventType) error {
+			l := obj.(*v1.Lease)
+			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder})
+		})
+	})
+	return nil
+}
+
+func rvOf(obj client.Object) int64 {
+	n, _ := strconv.ParseInt(obj.GetResourceVersion(), 10, 64)
+	return n
+}
+
+func (h *Harness) stopWatches() {
+	if h.stopWatch != nil {
+		h.stopWatch()
+		h.watchers.Wait()
+		h.stopWatch = nil
+	}
+}
+
+// follow lists, then watches from the list's resourceVersion, resuming each
+// broken watch at the last version seen.
+func (h *Harness) follow(ctx context.Context, wc client.WithWatch, list client.ObjectList, emit func(client.Object, watch.EventType) error) {
+	fail := func(err error) {
+		if ctx.Err() == nil {
+			h.watchErr <- err
+		}
+	}
+	if err := wc.List(ctx, list, client.InNamespace(Namespace)); err != nil {
+		fail(err)
+		return
+	}
+	rv := list.GetResourceVersion()
+	for ctx.Err() == nil {
+		w, err := wc.Watch(ctx, list, client.InNamespace(Namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
+		if err != nil {
+			if ctx.Err() == nil {
+				continue
+			}
+			return
+		}
+		for ev := range w.ResultChan() {
+			switch ev.Type {
+			case watch.Error:
+				if st := apierrors.FromObject(ev.Object); apierrors.IsResourceExpired(st) || apierrors.IsGone(st) {
+					fail(fmt.Errorf("watch of %T expired at rv %s: %w", list, rv, st))
+					w.Stop()
+					return
+				}
+				continue
+			case watch.Bookmark:
+			default:
+				if err := emit(ev.Object.(client.Object), ev.Type); err != nil {
+					fail(err)
+				}
+			}
+			if obj, ok := ev.Object.(client.Object); ok && obj.GetResourceVersion() != "" {
+				rv = obj.GetResourceVersion()
+			}
+		}
+		w.Stop()
+	}
+}
