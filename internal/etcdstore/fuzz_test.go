@@ -57,3 +57,19 @@ func TestParseSlotKey(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseSlotKey: a key parses only into parts that rebuild it exactly.
+func FuzzParseSlotKey(f *testing.F) {
+	for _, seed := range []string{"/fencer/idranges/ns/r/slots/3", "/fencer/idranges/ns/r/slots/3/clock", "/fencer/idranges/ns/r/next", "/fencer/idranges//r/slots/1", "/fencer/idranges/ns/r/slots/-1", "/fencer/idranges/ns/r/slots/+1"} {
+		f.Add("/fencer", seed)
+	}
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		ns, name, n, ok := ParseSlotKey(prefix, key)
+		if !ok {
+			return
+		}
+		if got := SlotKey(prefix, ns, name, n); got != key {
+			t.Fatalf("ParseSlotKey(%q, %q) = %q, %q, %d, which rebuilds %q", prefix, key, ns, name, n, got)
+		}
+	})
+}

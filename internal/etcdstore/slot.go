@@ -41,7 +41,11 @@ func ParseSlotKey(prefix, key string) (namespace, name string, n int64, ok bool)
 		return "", "", 0, false
 	}
 	n, err := strconv.ParseInt(parts[3], 10, 64)
-	return parts[0], parts[1], n, err == nil
+	// Only the canonical form SlotKey writes: no sign, no leading zeros.
+	if err != nil || n < 0 || strconv.FormatInt(n, 10) != parts[3] {
+		return "", "", 0, false
+	}
+	return parts[0], parts[1], n, true
 }
 
 // Slots lists the live slots of an IDRange, in no particular order.

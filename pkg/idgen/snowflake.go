@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/token"
 )
 
 // The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of
@@ -79,11 +81,23 @@ type Snowflake struct {
 }
 
 // ParseSlot reads the annotation fencer writes on a Slots-mode pod.
-func ParseSlot(annotation string) (slot, token int64, err error) {
-	if _, err := fmt.Sscanf(annotation, "slot=%d,token=%d", &slot, &token); err != nil || slot < 0 || token <= 0 {
-		return 0, 0, fmt.Errorf("idgen: %q is not a slot annotation (slot=<n>,token=<rev>)", annotation)
+func ParseSlot(annotation string) (slot, tokenValue int64, err error) {
+	bad := fmt.Errorf("idgen: %q is not a slot annotation (slot=<n>,token=<rev>)", annotation)
+	// Exactly the form the controller writes, nothing around it: a lenient
+	// parse would accept a damaged annotation as some other slot.
+	slotPart, tokenPart, ok := strings.Cut(annotation, ",")
+	slotS, ok1 := strings.CutPrefix(slotPart, "slot=")
+	tokenS, ok2 := strings.CutPrefix(tokenPart, "token=")
+	if !ok || !ok1 || !ok2 {
+		return 0, 0, bad
 	}
-	return slot, token, nil
+	var err1, err2 error
+	slot, err1 = token.Parse(slotS)
+	tok, err2 := token.Parse(tokenS)
+	if err1 != nil || err2 != nil || tok == 0 {
+		return 0, 0, bad
+	}
+	return slot, tok, nil
 }
 
 // NewSnowflake checks that the slot is live under Token, waits out a clock

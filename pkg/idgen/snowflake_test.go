@@ -3,6 +3,7 @@ package idgen
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -180,4 +181,24 @@ func TestParseSlot(t *testing.T) {
 			t.Errorf("ParseSlot(%q) accepted", bad)
 		}
 	}
+}
+
+// FuzzParseSlot: an annotation parses only if it is exactly the form the
+// controller writes, so a parsed slot and token print back to the input.
+func FuzzParseSlot(f *testing.F) {
+	for _, seed := range []string{"slot=7,token=1234", "slot=0,token=1", "slot=7,token=12x", "slot=-1,token=5", "slot=1,token=0", " slot=1,token=2", "slot=1,,token=2", ""} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		slot, tok, err := ParseSlot(s)
+		if err != nil {
+			return
+		}
+		if slot < 0 || tok <= 0 {
+			t.Fatalf("ParseSlot(%q) = %d, %d: out of range", s, slot, tok)
+		}
+		if back := fmt.Sprintf("slot=%d,token=%d", slot, tok); back != s {
+			t.Fatalf("ParseSlot(%q) = %d, %d, which prints as %q", s, slot, tok, back)
+		}
+	})
 }
