@@ -26,7 +26,7 @@ build: ## Build the manager into bin/fencer.
 IMAGE ?= ghcr.io/fencer-io/fencer:0.1.0
 
 .PHONY: image
-image: ## Build the manager image as bin/fencer-image.tar (docker/podman load, crane push) without a container runtime.
+image: ## Build the manager image as bin/fencer-image.tar (crane push; docker/podman load) without a container runtime.
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags="-s -w" -o $(BIN)/fencer-linux-amd64 ./cmd/fencer
 	cd hack/tools/image && go run . --binary $(BIN)/fencer-linux-amd64 --tag $(IMAGE) --out $(BIN)/fencer-image.tar
 	@echo "image $(IMAGE) written to $(BIN)/fencer-image.tar"
@@ -74,9 +74,8 @@ test-chart: tools ## helm lint/template/install/upgrade/uninstall of charts/fenc
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./test/chart/...
 
 .PHONY: test-image
-test-image: ## Build the image tarball from the real binary, read it back and run its binary.
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags="-s -w" -o $(BIN)/fencer-linux-amd64 ./cmd/fencer
-	cd hack/tools/image && FENCER_IMAGE_BINARY=$(BIN)/fencer-linux-amd64 go test $(GO_TEST_FLAGS) ./...
+test-image: image ## make image, then read the tarball back, run its binary, and crane push it to a loopback registry.
+	cd hack/tools/image && FENCER_IMAGE_BINARY=$(BIN)/fencer-linux-amd64 FENCER_IMAGE_TAR=$(BIN)/fencer-image.tar go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-dev-smoke
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
@@ -98,7 +97,19 @@ clean: ## Remove bin/ (tool builds included; the next build is cold).
 ##@ Benchmarks
 
 BENCHTIME ?= 2s
+BENCH_OUT := $(BIN)/bench/latest.txt
 .PHONY: bench
-bench: tools ## Run the Go benchmarks (SDK allocators and fenced txn, webhook handler) and print the table; results go to bin/bench/latest.txt.
-	@mkdir -p $(BIN)/bench
-	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/webhook/ ./pkg/... | tee $(BIN)/bench/latest.txt | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
+bench: tools ## Every measurement of docs/performance.md: Go benchmarks (IDs with their anchors, webhook handler), failover vs client-go and etcd elections, admission, scale. Tables on stdout, results in bin/bench/latest.txt, charts in docs/perf/.
+	@mkdir -p $(BIN)/bench && rm -f $(BENCH_OUT)
+	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/webhook/ ./pkg/... | tee -a $(BENCH_OUT) | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
+	@echo "pkg: github.com/fencer-io/fencer/test/bench" >> $(BENCH_OUT)
+	FENCER_BIN=$(BIN) FENCER_BENCH_OUT=$(BENCH_OUT) go test -count=1 -v -timeout 90m ./test/bench/ | grep -vE '^(=== RUN|--- PASS|PASS$$|ok )'
+	cd hack/tools/bench && go run ./cmd/perfcharts $(BENCH_OUT) $(CURDIR)/docs/perf
+
+.PHONY: bench-record
+bench-record: ## Keep bin/bench/latest.txt as the recorded run, docs/perf/bench.txt, that bench-compare compares against.
+	cp $(BENCH_OUT) docs/perf/bench.txt
+
+.PHONY: bench-compare
+bench-compare: ## benchstat: the last `make bench` (bin/bench/latest.txt) against the recorded run (docs/perf/bench.txt).
+	cd hack/tools/bench && go tool benchstat $(CURDIR)/docs/perf/bench.txt $(BENCH_OUT)

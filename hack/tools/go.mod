@@ -1,6 +1,7 @@
 // Tool builds for fencer. This module is separate from the main go.mod so that
-// Kubernetes, kwok, helm and controller-gen never leak into fencer's own
-// dependency graph. Every k8s.io staging module is replaced by its v0.37.2 tag,
+// Kubernetes, kwok, the helm CLI and controller-gen never leak into fencer's
+// own dependency graph (the main module uses only Helm's chart-rendering
+// packages, in test/chart). Every k8s.io staging module is replaced by its v0.37.2 tag,
 // because k8s.io/kubernetes points them at ./staging, which a module build can't
 // see.
 module github.com/fencer-io/fencer/hack/tools

@@ -2,7 +2,6 @@ package idgen
 
 import (
 	"context"
-	"sort"
 	"testing"
 	"time"
 )
@@ -62,11 +61,7 @@ func BenchmarkBlocksBoundaryLatency(b *testing.B) {
 		lat = append(lat, time.Since(start))
 	}
 	b.StopTimer()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	if len(lat) > 0 {
-		b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds()), "p99.9-ns")
-		b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
-	}
+	reportTail(b, lat)
 }
 
 // BenchmarkSnowflakeNext: one generator; bounded by 2,048 IDs per ms.

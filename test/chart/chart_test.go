@@ -86,6 +86,7 @@ func tool(t *testing.T, name string, args ...string) string {
 
 func toolErr(name string, args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd.Dir = root // docs/install.md's commands use paths relative to the repository
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "HELM_CACHE_HOME="+os.TempDir()+"/helm-cache", "HELM_CONFIG_HOME="+os.TempDir()+"/helm-config", "HELM_DATA_HOME="+os.TempDir()+"/helm-data")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -112,23 +113,6 @@ var variants = []variant{
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
-
-// render returns the objects `helm template` renders for args.
-func render(t *testing.T, args ...string) []*unstructured.Unstructured {
-	t.Helper()
-	out := tool(t, "helm", append([]string{"template", "fencer", chartDir(), "--namespace", "fencer-system"}, args...)...)
-	var objs []*unstructured.Unstructured
-	for _, doc := range strings.Split(out, "\n---") {
-		m := map[string]any{}
-		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
-			t.Fatalf("rendered YAML: %v\n%s", err, doc)
-		}
-		if len(m) > 0 {
-			objs = append(objs, &unstructured.Unstructured{Object: m})
-		}
-	}
-	return objs
-}
 
 func find(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstructured {
 	var out []*unstructured.Unstructured

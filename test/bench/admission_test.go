@@ -1,0 +1,193 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// heldLease creates a Lease held by a fresh Ready pod and returns its
+// namespace and token.
+func heldLease(t *testing.T, name string) (string, int64) {
+	t.Helper()
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	fx.ReadyPod(t, ns, name+"-0", name, "")
+	l := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1.LeaseSpec{TTLSeconds: 30, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}}}
+	if err := fx.Client.Create(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	var token int64
+	waitAll(t, 60*time.Second, func() (int, error) {
+		if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+			return 0, err
+		}
+		token = l.Status.Token
+		if token == 0 {
+			return 0, nil
+		}
+		return 1, nil
+	}, 1)
+	return ns, token
+}
+
+// review is the AdmissionReview the apiserver sends for an UPDATE of a
+// fenced ConfigMap carrying token.
+func review(t *testing.T, ns, lease string, token int64) []byte {
+	t.Helper()
+	cm := func(v string) runtime.RawExtension {
+		raw, err := json.Marshal(&corev1.ConfigMap{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: ns, Labels: map[string]string{"fencer.io/lease": lease},
+				Annotations: map[string]string{"fencer.io/token": strconv.FormatInt(token, 10)}},
+			Data: map[string]string{"v": v},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runtime.RawExtension{Raw: raw}
+	}
+	r := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: types.UID("bench"), Kind: metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"},
+			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Name: "out", Namespace: ns,
+			Operation: admissionv1.Update, UserInfo: authenticationv1.UserInfo{Username: "bench"},
+			Object: cm("new"), OldObject: cm("old"),
+		},
+	}
+	body, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+// TestAdmissionThroughput sends AdmissionReviews straight to the webhook
+// server (TLS, the real handler, Lease from the informer cache, the live
+// token read from etcd) at concurrency 1 to 64, 3 s each.
+func TestAdmissionThroughput(t *testing.T) {
+	fx.StartController(t, "bench-admission")
+	ns, token := heldLease(t, "adm")
+	body := review(t, ns, "adm", token)
+	wh := fx.Env.WebhookInstallOptions
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(wh.LocalServingCAData)
+	url := fmt.Sprintf("https://%s:%d/validate-fenced", wh.LocalServingHost, wh.LocalServingPort)
+
+	fmt.Printf("\nAdmission straight to the webhook (AdmissionReview UPDATE of a fenced ConfigMap, live token, 3 s per row)\n")
+	fmt.Printf("%11s %12s %9s %9s %9s\n", "concurrency", "reviews/s", "p50", "p99", "p99.9")
+	for _, c := range []int{1, 4, 16, 64} {
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: c, ForceAttemptHTTP2: false}}
+		// Warm the connections and the webhook's caches.
+		for range c {
+			post(t, hc, url, body)
+		}
+		var mu sync.Mutex
+		var lat []time.Duration
+		var count atomic.Int64
+		end := time.Now().Add(3 * time.Second)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range c {
+			wg.Go(func() {
+				var mine []time.Duration
+				for time.Now().Before(end) {
+					s := time.Now()
+					post(t, hc, url, body)
+					mine = append(mine, time.Since(s))
+				}
+				count.Add(int64(len(mine)))
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		s := sorted(lat)
+		rate := float64(count.Load()) / elapsed.Seconds()
+		fmt.Printf("%11d %12.0f %9s %9s %9s\n", c, rate, quantile(s, 0.5).Round(time.Microsecond), quantile(s, 0.99).Round(time.Microsecond), quantile(s, 0.999).Round(time.Microsecond))
+		record(t, fmt.Sprintf("AdmissionWebhook/concurrency=%d", c), fmt.Sprintf("%.0f", rate), "reviews/s",
+			quantile(s, 0.5).Microseconds(), "p50-us", quantile(s, 0.99).Microseconds(), "p99-us")
+		hc.CloseIdleConnections()
+	}
+}
+
+func post(t *testing.T, hc *http.Client, url string, body []byte) {
+	resp, err := hc.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out admissionv1.AdmissionReview
+	if err := json.Unmarshal(raw, &out); err != nil || out.Response == nil || !out.Response.Allowed {
+		t.Errorf("the webhook did not allow the live token: %s", raw)
+	}
+}
+
+// TestAdmissionEndToEnd updates a fenced and an unfenced ConfigMap through
+// the apiserver, one write at a time, and compares their latencies: the
+// cost fencing adds to a write, webhook call and live-token read included.
+func TestAdmissionEndToEnd(t *testing.T) {
+	fx.StartController(t, "bench-e2e")
+	ns, token := heldLease(t, "e2e")
+	ctx := context.Background()
+	fenced := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fenced", Namespace: ns,
+		Labels:      map[string]string{"fencer.io/lease": "e2e"},
+		Annotations: map[string]string{"fencer.io/token": strconv.FormatInt(token, 10)}}}
+	plain := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns}}
+	for _, cm := range []*corev1.ConfigMap{fenced, plain} {
+		if err := fx.Client.Create(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 400
+	measure := func(cm *corev1.ConfigMap, i int) time.Duration {
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"data":{"v":"%d"}}`, i))
+		s := time.Now()
+		if err := fx.Client.Patch(ctx, cm, patch); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(s)
+	}
+	var f, p []time.Duration
+	for i := range n { // interleaved, so both see the same machine
+		f = append(f, measure(fenced, i))
+		p = append(p, measure(plain, i))
+	}
+	fs, ps := sorted(f[20:]), sorted(p[20:]) // without the warm-up
+	fmt.Printf("\nEnd to end through the apiserver: %d sequential merge-patches each, interleaved\n", n-20)
+	fmt.Printf("%-10s %9s %9s\n", "ConfigMap", "p50", "p99")
+	fmt.Printf("%-10s %9s %9s\n", "unfenced", quantile(ps, 0.5).Round(time.Microsecond), quantile(ps, 0.99).Round(time.Microsecond))
+	fmt.Printf("%-10s %9s %9s\n", "fenced", quantile(fs, 0.5).Round(time.Microsecond), quantile(fs, 0.99).Round(time.Microsecond))
+	r50 := float64(quantile(fs, 0.5)) / float64(quantile(ps, 0.5))
+	r99 := float64(quantile(fs, 0.99)) / float64(quantile(ps, 0.99))
+	fmt.Printf("fenced/unfenced: median %.2f, p99 %.2f\n", r50, r99)
+	record(t, "AdmissionEndToEnd/unfenced", quantile(ps, 0.5).Microseconds(), "p50-us", quantile(ps, 0.99).Microseconds(), "p99-us")
+	record(t, "AdmissionEndToEnd/fenced", quantile(fs, 0.5).Microseconds(), "p50-us", quantile(fs, 0.99).Microseconds(), "p99-us")
+	record(t, "AdmissionEndToEnd/ratio", fmt.Sprintf("%.3f", r50), "median-ratio", fmt.Sprintf("%.3f", r99), "p99-ratio")
+}

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// trials is how many failovers each system gets at each TTL. They run at
+// once, each on its own lease, so a TTL of 15 s costs one wait, not 30.
+func trials() int {
+	if n, err := strconv.Atoi(os.Getenv("FAILOVER_TRIALS")); err == nil && n > 0 {
+		return n
+	}
+	return 30
+}
+
+// TestFailoverAgainstAnchors measures, for TTLs of 2 s and 15 s, the time
+// from the holder stopping renewal to the next holder having its token or
+// leadership, for fencer (holder pod goes not Ready), client-go's
+// leaderelection on a coordination.k8s.io Lease (the leader stops
+// renewing), and etcd's concurrency.Election (the leader's session stops
+// its keepalives). It reports p50 and p99 of (failover − TTL).
+func TestFailoverAgainstAnchors(t *testing.T) {
+	fx.StartController(t, "bench")
+	n := trials()
+	type row struct {
+		system string
+		ttl    time.Duration
+		d      []time.Duration
+	}
+	var rows []row
+	for _, ttl := range []time.Duration{2 * time.Second, 15 * time.Second} {
+		rows = append(rows,
+			row{"fencer", ttl, fencerFailovers(t, n, ttl)},
+			row{"client-go-leaderelection", ttl, leaderElectionFailovers(t, n, ttl)},
+			row{"etcd-concurrency-election", ttl, etcdElectionFailovers(t, n, ttl)})
+	}
+	fmt.Printf("\nFailover: holder stops renewing -> next holder has its token (%d trials each)\n", n)
+	fmt.Printf("%-27s %5s %14s %14s %12s %12s\n", "system", "TTL", "p50 failover", "p99 failover", "p50 - TTL", "p99 - TTL")
+	for _, r := range rows {
+		s := sorted(r.d)
+		p50, p99 := quantile(s, 0.5), quantile(s, 0.99)
+		fmt.Printf("%-27s %5s %12sms %12sms %10sms %10sms\n", r.system, r.ttl, ms(p50), ms(p99), ms(p50-r.ttl), ms(p99-r.ttl))
+		record(t, fmt.Sprintf("Failover/%s/ttl=%s", r.system, r.ttl), ms(p50-r.ttl), "p50-over-ttl-ms", ms(p99-r.ttl), "p99-over-ttl-ms")
+	}
+}
+
+// fencerFailovers: n Leases of ttl, each with two candidate pods; the
+// holder of each goes not Ready (its readiness probe fails), and the clock
+// stops when the other pod's annotation carries a larger token.
+func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	first := make([]*corev1.Pod, n)
+	for i := range n {
+		app := fmt.Sprintf("f%d", i)
+		first[i] = fx.ReadyPod(t, ns, app+"-a", app, "")
+	}
+	for i := range n {
+		app := fmt.Sprintf("f%d", i)
+		fx.ReadyPod(t, ns, app+"-b", app, "")
+		l := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: ns},
+			Spec: v1.LeaseSpec{TTLSeconds: int32(ttl / time.Second), HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}}
+		if err := fx.Client.Create(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := make([]int64, n)
+	waitAll(t, 60*time.Second, func() (int, error) {
+		var list v1.LeaseList
+		if err := fx.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return 0, err
+		}
+		held := 0
+		for _, l := range list.Items {
+			var i int
+			fmt.Sscanf(l.Name, "f%d", &i)
+			if l.Status.Holder == l.Name+"-a" && l.Status.Token != 0 {
+				old[i] = l.Status.Token
+				held++
+			}
+		}
+		return held, nil
+	}, n)
+	// Let a renewal or two pass, as in steady state.
+	time.Sleep(ttl / 2)
+	stopped := make([]time.Time, n)
+	for i, p := range first {
+		stopped[i] = time.Now()
+		fx.SetReady(t, p, false)
+	}
+	took := make([]time.Duration, n)
+	done := 0
+	deadline := time.Now().Add(ttl + time.Minute)
+	for done < n && time.Now().Before(deadline) {
+		var pods corev1.PodList
+		if err := fx.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		for _, p := range pods.Items {
+			var i int
+			if _, err := fmt.Sscanf(p.Name, "f%d-b", &i); err != nil || took[i] != 0 {
+				continue
+			}
+			tok, _ := strconv.ParseInt(p.Annotations["lease.fencer.io/"+fmt.Sprintf("f%d", i)], 10, 64)
+			if tok > old[i] {
+				took[i] = now.Sub(stopped[i])
+				done++
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if done < n {
+		t.Fatalf("fencer: %d of %d Leases failed over within TTL + 1m", done, n)
+	}
+	return took
+}
+
+// leaderElectionFailovers: client-go leaderelection with LeaseDuration=ttl
+// and its default ratios (15 s / 10 s / 2 s: renew deadline 2/3, retry
+// period 2/15 of the duration). The leader's context is cancelled without
+// releasing the lock, as a process that stops renewing.
+func leaderElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
+	cs, err := kubernetes.NewForConfig(fx.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fx.Namespace(t)
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			name := fmt.Sprintf("le%d", i)
+			elector := func(id string, led chan<- time.Time) (context.CancelFunc, error) {
+				lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Client: cs.CoordinationV1(),
+					LockConfig: resourcelock.ResourceLockConfig{Identity: id}}
+				le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+					Lock: lock, LeaseDuration: ttl, RenewDeadline: ttl * 2 / 3, RetryPeriod: ttl * 2 / 15,
+					Callbacks: leaderelection.LeaderCallbacks{
+						OnStartedLeading: func(context.Context) { led <- time.Now() },
+						OnStoppedLeading: func() {},
+					},
+				})
+				if err != nil {
+					return nil, err
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				go le.Run(ctx)
+				return cancel, nil
+			}
+			aLed, bLed := make(chan time.Time, 1), make(chan time.Time, 1)
+			stopA, err := elector("a", aLed)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			<-aLed
+			stopB, err := elector("b", bLed)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer stopB()
+			time.Sleep(ttl / 2)
+			stopped := time.Now()
+			stopA()
+			select {
+			case at := <-bLed:
+				took[i] = at.Sub(stopped)
+			case <-time.After(ttl + time.Minute):
+				t.Errorf("client-go leaderelection %s: no new leader within TTL + 1m", name)
+			}
+		})
+	}
+	wg.Wait()
+	return took
+}
+
+// etcdElectionFailovers: etcd's concurrency.Election with session TTL =
+// ttl. Each candidate has its own client; closing the leader's client stops
+// its keepalives without revoking the lease, as a process that stops.
+func etcdElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			connect := func() (*clientv3.Client, *concurrency.Election, error) {
+				cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fx.Etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+				if err != nil {
+					return nil, nil, err
+				}
+				s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl/time.Second)))
+				if err != nil {
+					return nil, nil, err
+				}
+				return cli, concurrency.NewElection(s, fmt.Sprintf("/bench/election/%s/%d", ttl, i)), nil
+			}
+			ctx := context.Background()
+			aCli, a, err := connect()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := a.Campaign(ctx, "a"); err != nil {
+				t.Error(err)
+				return
+			}
+			bCli, b, err := connect()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer bCli.Close()
+			won := make(chan time.Time, 1)
+			go func() {
+				if err := b.Campaign(ctx, "b"); err == nil {
+					won <- time.Now()
+				}
+			}()
+			time.Sleep(ttl / 2)
+			stopped := time.Now()
+			aCli.Close()
+			select {
+			case at := <-won:
+				took[i] = at.Sub(stopped)
+			case <-time.After(ttl + time.Minute):
+				t.Errorf("etcd election %d: no new leader within TTL + 1m", i)
+			}
+		})
+	}
+	wg.Wait()
+	return took
+}
+
+// waitAll polls count until it reaches want.
+func waitAll(t *testing.T, timeout time.Duration, count func() (int, error), want int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	got, err := 0, error(nil)
+	for time.Now().Before(deadline) {
+		if got, err = count(); err == nil && got >= want {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%d of %d after %s (%v)", got, want, timeout, err)
+}

@@ -1,0 +1,300 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/framework"
+)
+
+// scaleSizes are the Lease counts; SCALE_LEASES overrides them
+// (comma-separated).
+func scaleSizes() []int {
+	if s := os.Getenv("SCALE_LEASES"); s != "" {
+		var out []int
+		for _, f := range strings.Split(s, ",") {
+			if n, err := strconv.Atoi(f); err == nil && n > 0 {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	return []int{1000, 10000}
+}
+
+// TestScale runs the manager as its own process against a fresh apiserver
+// and etcd per size: n Ready pods and n Leases (ttlSeconds 15, one pod
+// each). It reports the time until all are held, then, in steady state
+// over 30 s, the manager's CPU and RSS and etcd's request rate. With 1,000
+// Leases it also times a Blocks IDRange over the same 1,000 pods.
+func TestScale(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "fencer")
+	if out, err := exec.Command("go", "build", "-C", root, "-o", bin, "./cmd/fencer").CombinedOutput(); err != nil {
+		t.Fatalf("building fencer: %v\n%s", err, out)
+	}
+	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process\n")
+	fmt.Printf("%7s %12s %12s %14s %10s %12s %14s\n", "leases", "create", "all held", "steady CPU", "RSS", "max RSS", "etcd req/s")
+	for _, n := range scaleSizes() {
+		scaleOnce(t, bin, n)
+	}
+}
+
+func scaleOnce(t *testing.T, bin string, n int) {
+	f, err := framework.StartFencer(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	ctx := context.Background()
+	ns := "scale"
+	if err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	parallel(n, 16, func(i int) error {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i), Namespace: ns,
+			Labels: map[string]string{"app": "scale", "lease": fmt.Sprintf("l%d", i)}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+		if err := f.Client.Create(ctx, p); err != nil {
+			return err
+		}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		return f.Client.Status().Update(ctx, p)
+	})
+
+	mgr := startManager(t, f, bin)
+	defer mgr.stop()
+	start := time.Now()
+	parallel(n, 16, func(i int) error {
+		return f.Client.Create(ctx, &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
+			Spec: v1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
+	})
+	created := time.Since(start)
+	waitAll(t, 15*time.Minute, func() (int, error) {
+		var list v1.LeaseList
+		if err := f.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return 0, err
+		}
+		held := 0
+		for _, l := range list.Items {
+			if l.Status.Token != 0 {
+				held++
+			}
+		}
+		return held, nil
+	}, n)
+	allHeld := time.Since(start)
+
+	time.Sleep(10 * time.Second) // past the grant burst
+	cpu0, _ := mgr.cpu()
+	req0, err := etcdRequests(f.Etcd.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const window = 30 * time.Second
+	time.Sleep(window)
+	cpu1, _ := mgr.cpu()
+	req1, err := etcdRequests(f.Etcd.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rss, hwm := mgr.rss()
+	cores := (cpu1 - cpu0).Seconds() / window.Seconds()
+	reqs := (req1 - req0) / window.Seconds()
+	fmt.Printf("%7d %12s %12s %9.3f core %7d MiB %8d MiB %14.0f\n", n, created.Round(time.Millisecond), allHeld.Round(time.Millisecond), cores, rss>>20, hwm>>20, reqs)
+	record(t, fmt.Sprintf("Scale/leases=%d", n), fmt.Sprintf("%.1f", allHeld.Seconds()), "all-held-s",
+		fmt.Sprintf("%.3f", cores), "steady-cores", rss>>20, "rss-MiB", fmt.Sprintf("%.0f", reqs), "etcd-req/s")
+
+	if n == 1000 {
+		idStart := time.Now()
+		if err := f.Client.Create(ctx, &v1.IDRange{ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns},
+			Spec: v1.IDRangeSpec{Mode: v1.ModeBlocks, Min: 0, Max: 1 << 62, BlockSize: ptr.To[int64](1000),
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "scale"}}}}); err != nil {
+			t.Fatal(err)
+		}
+		waitAll(t, 10*time.Minute, func() (int, error) {
+			var pods corev1.PodList
+			if err := f.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+				return 0, err
+			}
+			got := 0
+			for _, p := range pods.Items {
+				if p.Annotations["idrange.fencer.io/ids"] != "" {
+					got++
+				}
+			}
+			return got, nil
+		}, n)
+		took := time.Since(idStart)
+		fmt.Printf("%7s 1,000 IDRange pods (Blocks): all have a block %s after the IDRange was created\n", "", took.Round(time.Millisecond))
+		record(t, "Scale/idrange-pods=1000", fmt.Sprintf("%.1f", took.Seconds()), "all-annotated-s")
+	}
+}
+
+// parallel runs fn(0..n-1) on workers goroutines, stopping the test on error.
+func parallel(n, workers int, fn func(i int) error) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(i); err != nil {
+					once.Do(func() { first = err })
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		panic(first)
+	}
+}
+
+type manager struct {
+	cmd *exec.Cmd
+}
+
+func startManager(t *testing.T, f *framework.Fencer, bin string) *manager {
+	t.Helper()
+	admin, err := f.Env.AddUser(envtest.User{Name: "scale-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := admin.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := l.Addr().String()
+	l.Close()
+	log, err := os.Create(filepath.Join(dir, "manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+kc, "--etcd-endpoints="+f.Etcd.Endpoint, "--leader-elect=false",
+		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address="+probe)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m := &manager{cmd: cmd}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + probe + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return m
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	m.stop()
+	t.Fatalf("manager not ready; log in %s", log.Name())
+	return nil
+}
+
+func (m *manager) stop() {
+	_ = m.cmd.Process.Kill()
+	_ = m.cmd.Wait()
+}
+
+// cpu is the process's user+system CPU time, from /proc/<pid>/stat.
+func (m *manager) cpu() (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+}
+
+// rss returns the resident and peak resident set sizes, in bytes.
+func (m *manager) rss() (rss, hwm int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", m.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = kb << 10
+		case "VmHWM:":
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm
+}
+
+// etcdRequests is etcd's count of gRPC requests: unary calls handled plus
+// stream messages received (keepalives and watch requests).
+func etcdRequests(endpoint string) (float64, error) {
+	resp, err := http.Get(endpoint + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var total float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		unary := strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`)
+		stream := strings.HasPrefix(line, "grpc_server_msg_received_total{") && strings.Contains(line, `grpc_type="bidi_stream"`)
+		if !unary && !stream {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			total += v
+		}
+	}
+	return total, sc.Err()
+}

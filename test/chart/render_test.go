@@ -1,0 +1,142 @@
+package chart
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/strvals"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// render renders the chart with Helm's Go packages (loader, chartutil,
+// engine), as `helm install` does, into objects. args are the variant's
+// helm flags: --set and --api-versions.
+func render(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := renderGo(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func renderGo(args ...string) ([]*unstructured.Unstructured, error) {
+	ch, err := loader.Load(chartDir())
+	if err != nil {
+		return nil, err
+	}
+	vals := map[string]any{}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
+	for i := 0; i+1 < len(args); i += 2 {
+		switch args[i] {
+		case "--set":
+			if err := strvals.ParseInto(args[i+1], vals); err != nil {
+				return nil, fmt.Errorf("--set %s: %w", args[i+1], err)
+			}
+		case "--api-versions":
+			caps.APIVersions = append(caps.APIVersions, args[i+1])
+		default:
+			return nil, fmt.Errorf("renderGo does not know the flag %s", args[i])
+		}
+	}
+	// Validates against values.schema.json, as helm does.
+	top, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "fencer", Namespace: "fencer-system", Revision: 1, IsInstall: true}, caps)
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.Render(ch, top)
+	if err != nil {
+		return nil, err
+	}
+	// helm template's order: by file name within the chart.
+	var objs []*unstructured.Unstructured
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue // NOTES.txt and helpers
+		}
+		for _, doc := range strings.Split(files[name], "\n---") {
+			m := map[string]any{}
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				return nil, fmt.Errorf("%s: %w\n%s", name, err, doc)
+			}
+			if len(m) > 0 {
+				objs = append(objs, &unstructured.Unstructured{Object: m})
+			}
+		}
+	}
+	return objs, nil
+}
+
+// helmTemplate returns the objects the helm binary renders for args.
+func helmTemplate(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out := tool(t, "helm", append([]string{"template", "fencer", chartDir(), "--namespace", "fencer-system"}, args...)...)
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(out, "\n---") {
+		m := map[string]any{}
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			t.Fatalf("rendered YAML: %v\n%s", err, doc)
+		}
+		if len(m) > 0 {
+			objs = append(objs, &unstructured.Unstructured{Object: m})
+		}
+	}
+	return objs
+}
+
+// TestGoRenderingMatchesHelm: the Go rendering the unit tests assert on is
+// what the helm binary renders for users, object for object, in every
+// variant.
+func TestGoRenderingMatchesHelm(t *testing.T) {
+	key := func(o *unstructured.Unstructured) string {
+		return o.GetKind() + "/" + o.GetNamespace() + "/" + o.GetName()
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			byKey := map[string]*unstructured.Unstructured{}
+			for _, o := range render(t, v.args...) {
+				byKey[key(o)] = o
+			}
+			bin := helmTemplate(t, v.args...)
+			if len(bin) != len(byKey) {
+				t.Fatalf("helm renders %d objects, the Go packages %d", len(bin), len(byKey))
+			}
+			for _, o := range bin {
+				g, ok := byKey[key(o)]
+				if !ok {
+					t.Fatalf("helm renders %s; the Go packages do not", key(o))
+				}
+				gy, _ := yaml.Marshal(g.Object)
+				hy, _ := yaml.Marshal(o.Object)
+				if string(gy) != string(hy) {
+					t.Fatalf("%s differs:\nhelm:\n%s\nGo:\n%s", key(o), hy, gy)
+				}
+			}
+		})
+	}
+}
+
+// TestSchemaRefusesBadValues: the strict values.schema.json refuses typos
+// and wrong types through Helm's own validation, with a message naming the
+// value.
+func TestSchemaRefusesBadValues(t *testing.T) {
+	for _, c := range []struct{ set, want string }{
+		{"replicaCount=0", "replicaCount"},
+		{"replicas=2", "replicas"},
+		{"webhook.failurePolicy=Sometimes", "failurePolicy"},
+		{"webhook.timeoutSeconds=60", "timeoutSeconds"},
+	} {
+		_, err := renderGo("--set", c.set)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--set %s: got %v, want a schema error naming %s", c.set, err, c.want)
+		}
+	}
+}
