@@ -56,9 +56,9 @@ func docCommands(t *testing.T) []string {
 func TestInstallDocCommands(t *testing.T) {
 	elsewhere := map[string]string{
 		"make image": "make test-image (runs `make image`)",
-		"make image IMAGE=registry.example/fencer:0.1.0":                 "make test-image (the IMAGE variable only sets the tag)",
+		"make image IMAGE=registry.example/fencer:0.1.0":                "make test-image (the IMAGE variable only sets the tag)",
 		"crane push bin/fencer-image.tar registry.example/fencer:0.1.0": "make test-image (TestCranePushAsDocumented, against a loopback registry)",
-		"helm test fencer -n fencer-system":                              "make test-dev-smoke (runs the hook's commands against a running fencer)",
+		"helm test fencer -n fencer-system":                             "make test-dev-smoke (runs the hook's commands against a running fencer)",
 	}
 	installed := false
 	for _, c := range docCommands(t) {
