@@ -334,29 +334,29 @@ func TestValuesAreStrict(t *testing.T) {
 // with a changed value, uninstall keeping the CRDs and the Leases.
 func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx := context.Background()
-	tool(t, "helm", "install", "fencer", chartDir(), "--namespace", "fencer-install", "--create-namespace")
+	tool(t, "helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--create-namespace")
 	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/leases.fencer.io", "crd/idranges.fencer.io")
 	tool(t, "kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing")
 	tool(t, "kubectl", "get", "clusterrole", "fencer-manager")
 	tool(t, "kubectl", "get", "clusterrolebinding", "fencer-manager")
 
 	lease := &v1.Lease{}
-	lease.Name, lease.Namespace = "kept", "fencer-install"
+	lease.Name, lease.Namespace = "kept", "fencer-system"
 	lease.Spec.HolderSelector.MatchLabels = map[string]string{"app": "x"}
 	if err := cl.Create(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
 
-	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-install", "--set", "replicaCount=3")
+	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
-	if err := cl.Get(ctx, client.ObjectKey{Namespace: "fencer-install", Name: "fencer"}, &dep); err != nil {
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "fencer-system", Name: "fencer"}, &dep); err != nil {
 		t.Fatal(err)
 	}
 	if *dep.Spec.Replicas != 3 {
 		t.Fatalf("replicas after upgrade: %d", *dep.Spec.Replicas)
 	}
 
-	tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-install")
+	tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
 	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io")
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), &v1.Lease{}); err != nil {
 		t.Fatalf("the Lease did not survive uninstall: %v", err)

@@ -2,10 +2,14 @@ package chart
 
 import (
 	"bufio"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // docCommands returns the commands in docs/install.md's ```sh blocks, with
@@ -60,38 +64,102 @@ func TestInstallDocCommands(t *testing.T) {
 		"crane push bin/fencer-image.tar registry.example/fencer:0.1.0": "make test-image (TestCranePushAsDocumented, against a loopback registry)",
 		"helm test fencer -n fencer-system":                             "make test-dev-smoke (runs the hook's commands against a running fencer)",
 	}
-	installed := false
+	// The Helm installs and the kustomize install are alternatives: each
+	// starts from a cluster without the previous one, and `helm upgrade`
+	// upgrades the page's first (default) Helm install.
+	installed, firstInstall := false, ""
+	uninstall := func() {
+		if installed {
+			tool(t, "helm", "uninstall", "fencer", "-n", "fencer-system", "--wait")
+			installed = false
+		}
+	}
+	run := func(c string) {
+		t.Logf("running: %s", c)
+		args := strings.Fields(strings.ReplaceAll(c, "'", ""))
+		tool(t, args[0], args[1:]...)
+	}
 	for _, c := range docCommands(t) {
 		if where, ok := elsewhere[c]; ok {
 			t.Logf("%s: exercised by %s", c, where)
 			continue
 		}
-		args := strings.Fields(strings.ReplaceAll(c, "'", ""))
 		switch {
 		case strings.HasPrefix(c, "helm install "):
-			if installed {
-				tool(t, "helm", "uninstall", "fencer", "-n", "fencer-system", "--wait")
+			uninstall()
+			if firstInstall == "" {
+				firstInstall = c
 			}
 			if strings.Contains(c, "certManager.enabled=true") {
-				// cert-manager's APIs are not served by this apiserver: render and
-				// check the release as helm would, without creating it.
-				args = append(args, "--dry-run=client")
-				installed = false
-			} else {
+				installCertManagerCRDs(t)
+			}
+			run(c)
+			installed = true
+		case c == "kubectl apply -k config/default":
+			uninstall()
+			run(c)
+			removeKustomizeInstall(t)
+		case strings.HasPrefix(c, "helm upgrade "):
+			if !installed {
+				run(firstInstall)
 				installed = true
 			}
+			run(c)
 		case strings.HasPrefix(c, "helm uninstall "):
+			run(c)
 			installed = false
-		case strings.HasPrefix(c, "helm upgrade "), strings.HasPrefix(c, "kubectl apply -k "):
 		default:
 			t.Fatalf("docs/install.md has a command no test runs: %q", c)
 		}
-		t.Logf("running: %s", c)
-		tool(t, args[0], args[1:]...)
 	}
 	// What the page promises after the last command, uninstall.
 	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io")
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {
 		t.Fatal("the webhook configuration survived `helm uninstall`")
 	}
+}
+
+// certManagerVersion is the cert-manager whose CRDs the cert-manager
+// variant is installed against.
+const certManagerVersion = "v1.19.2"
+
+// installCertManagerCRDs applies cert-manager's own Issuer and Certificate
+// CRDs, from its Go module, so the cert-manager variant installs for real.
+// No cert-manager controller runs: the objects are created, not acted on.
+func installCertManagerCRDs(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/cert-manager/cert-manager@"+certManagerVersion).Output()
+	if err != nil {
+		t.Fatalf("downloading cert-manager %s for its CRDs: %v", certManagerVersion, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		t.Fatalf("go mod download: %v %s", err, out)
+	}
+	crds := filepath.Join(mod.Dir, "deploy", "crds")
+	tool(t, "kubectl", "apply", "-f", filepath.Join(crds, "cert-manager.io_issuers.yaml"), "-f", filepath.Join(crds, "cert-manager.io_certificates.yaml"))
+	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io")
+}
+
+// removeKustomizeInstall deletes what `kubectl apply -k config/default`
+// created, except the namespace (envtest runs no namespace controller, so a
+// deleted namespace would never finish terminating) and the CRDs (kept, as
+// Helm keeps them; the next install adopts them).
+func removeKustomizeInstall(t *testing.T) {
+	t.Helper()
+	var keep []string
+	for _, doc := range strings.Split(tool(t, "kubectl", "kustomize", "config/default"), "\n---") {
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta.Kind != "" && meta.Kind != "Namespace" && meta.Kind != "CustomResourceDefinition" {
+			keep = append(keep, doc)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "kustomize-objects.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(keep, "\n---\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tool(t, "kubectl", "delete", "-f", path, "--wait=true")
 }
