@@ -248,7 +248,7 @@ func TestDevCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("the chart's helm test hook passes against fencer, and fails without its webhook", func(t *testing.T) {
+	t.Run("the chart's helm test hook passes against fencer and fails without its webhook", func(t *testing.T) {
 		runHelmTestHook(t, bin, root, filepath.Join(state, "kubeconfig"), kubectl)
 	})
 
