@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -47,6 +48,10 @@ type LeaseReconciler struct {
 	Renewer  *renew.Renewer
 	Recorder events.EventRecorder
 	Clock    clock.Clock
+	// Workers is how many Leases are reconciled at once (0 means 1). The
+	// workqueue never hands one Lease to two workers; shared state below is
+	// under mu, and the store and renewer are safe for concurrent use.
+	Workers int
 
 	// wake carries Leases to reconcile from outside the informers: etcd
 	// watch events, lost keepalives and a new election term.
@@ -463,6 +468,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
 		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		Named("lease").
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Complete(r)
 }
 

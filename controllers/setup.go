@@ -23,6 +23,8 @@ type Options struct {
 	ElectionTTL time.Duration
 	// RequestTimeout bounds each etcd request; zero means the store's default.
 	RequestTimeout time.Duration
+	// LeaseWorkers is how many Leases are reconciled at once; 0 means 1.
+	LeaseWorkers int
 	// Clock is the reconcilers' clock; nil means the real one.
 	Clock clock.Clock
 }
@@ -40,6 +42,7 @@ func Setup(mgr ctrl.Manager, o Options) (*etcdstore.Store, error) {
 	store := etcdstore.NewStore(o.Etcd, o.Prefix, elector, metrics.ObserveEtcd)
 	store.Timeout = o.RequestTimeout
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
+	leases.Workers = o.LeaseWorkers
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the Lease controller: %w", err)
 	}

@@ -57,6 +57,9 @@ type options struct {
 	webhookNamespace    string
 	webhookSecret       string
 	webhookService      string
+	kubeAPIQPS          float64
+	kubeAPIBurst        int
+	leaseWorkers        int
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -104,6 +107,9 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.webhookNamespace, "webhook-namespace", podNamespace(), "Namespace of the webhook Service and certificate Secret; defaults to the pod's namespace.")
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "fencer-webhook-cert", "Secret holding the webhook's CA and serving certificate, with --webhook-cert-rotation.")
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). Each grant costs about four writes (finalizer, pod annotation, status, Event), so this bounds how fast many Leases are granted at once.")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
+	fs.IntVar(&o.leaseWorkers, "lease-workers", 4, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
 	o.zap.BindFlags(fs)
@@ -131,6 +137,12 @@ func (o *options) validate() error {
 	}
 	if o.certRotation && o.webhookNamespace == "" {
 		return errors.New("--webhook-cert-rotation needs --webhook-namespace (not running in a pod, so it cannot be guessed)")
+	}
+	if o.kubeAPIQPS <= 0 || o.kubeAPIBurst <= 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.kubeAPIQPS, o.kubeAPIBurst)
+	}
+	if o.leaseWorkers < 1 {
+		return fmt.Errorf("--lease-workers must be at least 1, got %d", o.leaseWorkers)
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
@@ -173,6 +185,7 @@ func run(ctx context.Context, o *options) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
@@ -219,6 +232,7 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 		Identity:       fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
 		ElectionTTL:    o.electionTTL,
 		RequestTimeout: o.etcd.RequestTimeout,
+		LeaseWorkers:   o.leaseWorkers,
 	})
 	if err != nil {
 		return err

@@ -15,12 +15,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+
 	"github.com/fencer-io/fencer/test/framework"
 )
 
 var fx *framework.Fencer
 
 func TestMain(m *testing.M) {
+	// client-go's leaderelection logs every step through klog.
+	klog.SetLogger(logr.Discard())
 	var err error
 	if fx, err = framework.StartFencer(true); err != nil {
 		fmt.Fprintln(os.Stderr, err)
