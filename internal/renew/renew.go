@@ -105,6 +105,13 @@ func (r *Renewer) LastRenew(key string) (time.Time, bool) {
 	return e.lastRenew, true
 }
 
+// Len is how many leases are being renewed.
+func (r *Renewer) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.entries)
+}
+
 // Renewing reports whether lease id is being renewed for key.
 func (r *Renewer) Renewing(key string, id clientv3.LeaseID) bool {
 	r.mu.Lock()
