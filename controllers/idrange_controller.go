@@ -387,7 +387,7 @@ func (r *IDRangeReconciler) enqueueAll(ctx context.Context) {
 
 func (r *IDRangeReconciler) rangesForPod(ctx context.Context, obj client.Object) []reconcile.Request {
 	var list v1.IDRangeList
-	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request

@@ -468,6 +468,9 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.R
 // SetupWithManager registers the controller and the runnables that feed it:
 // the etcd watch of lease keys, and a resync whenever the etcd term changes.
 func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := addLeaseIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	if err := mgr.Add(leaderRunnable(r.watchEtcd)); err != nil {
 		return err
 	}
@@ -496,7 +499,7 @@ func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 
 func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
 	var leases v1.LeaseList
-	if err := r.List(ctx, &leases); err != nil {
+	if err := r.List(ctx, &leases, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing Leases for a resync")
 		return
 	}
@@ -507,16 +510,36 @@ func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
 
 // leasesForPod maps a pod to the Leases that select it or that it holds.
 func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) []reconcile.Request {
-	var leases v1.LeaseList
-	if err := r.List(ctx, &leases, client.InNamespace(obj.GetNamespace())); err != nil {
-		return nil
+	// Candidates from the indexes: Leases whose matchLabels share a label
+	// with the pod, Leases with only matchExpressions, and the Lease the pod
+	// holds (it must hear that its holder changed). Then the full selector.
+	keys := []string{indexAnyLabel}
+	for k, v := range obj.GetLabels() {
+		keys = append(keys, k+"="+v)
 	}
+	seen := map[client.ObjectKey]bool{}
 	var reqs []reconcile.Request
-	for _, l := range leases.Items {
-		sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
-		if l.Status.Holder == obj.GetName() || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
+	consider := func(index, value string) {
+		var leases v1.LeaseList
+		if err := r.List(ctx, &leases, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index: value}, client.UnsafeDisableDeepCopy); err != nil {
+			return
 		}
+		for i := range leases.Items {
+			l := &leases.Items[i]
+			key := client.ObjectKeyFromObject(l)
+			if seen[key] {
+				continue
+			}
+			sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
+			if index == indexHolder || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
+				seen[key] = true
+				reqs = append(reqs, reconcile.Request{NamespacedName: key})
+			}
+		}
+	}
+	consider(indexHolder, obj.GetName())
+	for _, k := range keys {
+		consider(indexSelectorLabel, k)
 	}
 	return reqs
 }
