@@ -310,16 +310,15 @@ func setRangeCondition(rng *v1.IDRange, typ string, status metav1.ConditionStatu
 }
 
 func (r *IDRangeReconciler) pods(ctx context.Context, rng *v1.IDRange) ([]corev1.Pod, error) {
-	sel, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector)
-	if err != nil {
+	if _, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector); err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.podSelector: %w", err))
 	}
-	var list corev1.PodList
-	if err := r.List(ctx, &list, client.InNamespace(rng.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	pods, err := podsMatching(ctx, r.Client, rng.Namespace, &rng.Spec.PodSelector)
+	if err != nil {
 		return nil, err
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
-	return list.Items, nil
+	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+	return pods, nil
 }
 
 // finalize releases the range's slots (their generators are fenced off at

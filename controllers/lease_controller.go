@@ -8,17 +8,20 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -412,15 +415,10 @@ func (r *LeaseReconciler) etcdUnavailable(lease *v1.Lease, out *outcome, err err
 
 // candidates lists the pods the Lease's selector matches.
 func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]corev1.Pod, error) {
-	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
-	if err != nil {
+	if _, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector); err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.holderSelector: %w", err))
 	}
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(lease.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return nil, err
-	}
-	return pods.Items, nil
+	return podsMatching(ctx, r.Client, lease.Namespace, &lease.Spec.HolderSelector)
 }
 
 func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {
@@ -467,6 +465,19 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.R
 
 // SetupWithManager registers the controller and the runnables that feed it:
 // the etcd watch of lease keys, and a resync whenever the etcd term changes.
+// notStatusOnly drops Lease updates that changed nothing but the status.
+// Only the controller writes Lease status (the webhook refuses anyone
+// else), so such an update is its own write coming back: reconciling it
+// again costs a read of etcd and the pods, per Lease, per status write.
+var notStatusOnly = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	o, n := e.ObjectOld, e.ObjectNew
+	return o.GetGeneration() != n.GetGeneration() ||
+		!equality.Semantic.DeepEqual(o.GetLabels(), n.GetLabels()) ||
+		!equality.Semantic.DeepEqual(o.GetAnnotations(), n.GetAnnotations()) ||
+		!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers()) ||
+		!o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp())
+}}
+
 func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := addLeaseIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
@@ -478,7 +489,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1.Lease{}).
+		For(&v1.Lease{}, builder.WithPredicates(notStatusOnly)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
 		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		Named("lease").

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -34,6 +35,9 @@ type Options struct {
 func Setup(mgr ctrl.Manager, o Options) (*etcdstore.Store, error) {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
+	}
+	if err := addPodIndex(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
 	}
 	elector := etcdstore.NewElector(o.Etcd, o.Prefix, o.Identity, o.ElectionTTL)
 	if err := mgr.Add(elector); err != nil {

@@ -60,6 +60,7 @@ type options struct {
 	kubeAPIQPS          float64
 	kubeAPIBurst        int
 	leaseWorkers        int
+	pprofAddr           string
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -109,6 +110,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). Each grant costs about four writes (finalizer, pod annotation, status, Event), so this bounds how fast many Leases are granted at once.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
 	fs.IntVar(&o.leaseWorkers, "lease-workers", 4, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
@@ -190,6 +192,7 @@ func run(ctx context.Context, o *options) error {
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              o.leaderElectionIDStr,
 		LeaderElectionNamespace:       o.leaderElectionNS,

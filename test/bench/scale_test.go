@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -141,7 +142,17 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		t.Fatal(err)
 	}
 	const window = 30 * time.Second
-	time.Sleep(window)
+	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
+		// The steady window doubles as a CPU profile of the manager.
+		if err := fetch(mgr.pprof+"/debug/pprof/profile?seconds=30", filepath.Join(dir, fmt.Sprintf("scale-%d-cpu.pprof", n))); err != nil {
+			t.Fatal(err)
+		}
+		if err := fetch(mgr.pprof+"/debug/pprof/heap", filepath.Join(dir, fmt.Sprintf("scale-%d-heap.pprof", n))); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		time.Sleep(window)
+	}
 	cpu1, _ := mgr.cpu()
 	req1, err := etcdRequests(f.Etcd.Endpoint)
 	if err != nil {
@@ -210,8 +221,25 @@ func parallel(n, workers int, fn func(i int) error) {
 }
 
 type manager struct {
-	cmd *exec.Cmd
-	log string
+	cmd   *exec.Cmd
+	log   string
+	pprof string // base URL of its pprof endpoints
+}
+
+// fetch saves url's body to path.
+func fetch(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }
 
 func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string) *manager {
@@ -235,17 +263,23 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 	}
 	probe := l.Addr().String()
 	l.Close()
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pprof := l.Addr().String()
+	l.Close()
 	log, err := os.Create(filepath.Join(dir, "manager.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kc, "--etcd-endpoints=" + f.Etcd.Endpoint, "--leader-elect=false",
-		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address=" + probe}, flags...)...)
+		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address=" + probe, "--pprof-bind-address=" + pprof}, flags...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	m := &manager{cmd: cmd, log: log.Name()}
+	m := &manager{cmd: cmd, log: log.Name(), pprof: "http://" + pprof}
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get("http://" + probe + "/readyz"); err == nil {
