@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -193,6 +194,9 @@ func run(ctx context.Context, o *options) error {
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
+		// managedFields are a large part of every cached pod and Lease, and
+		// the controllers never read them.
+		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              o.leaderElectionIDStr,
 		LeaderElectionNamespace:       o.leaderElectionNS,
