@@ -80,7 +80,10 @@ func main() {
 	}{}
 	add := func(file, title, unit string, log bool, b bar) {
 		c := charts[file]
-		c.title, c.unit, c.log = title, unit, log
+		if title != "" {
+			c.title = title
+		}
+		c.unit, c.log = unit, log
 		c.bars = append(c.bars, b)
 		charts[file] = c
 	}
@@ -171,8 +174,10 @@ func format(v float64) string {
 		return fmt.Sprintf("%.1fM", v/1e6)
 	case a >= 1e4:
 		return fmt.Sprintf("%.0fk", v/1e3)
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
 	default:
-		return strconv.FormatFloat(v, 'f', -1, 64)
+		return strconv.FormatFloat(v, 'g', 3, 64)
 	}
 }
 
