@@ -415,6 +415,9 @@ func (h *Harness) Heal(ctx context.Context) error {
 	for _, p := range append(append([]*process{}, h.managers...), h.workers...) {
 		p.resume()
 		p.partition(faultproxy.Pass)
+		for _, px := range p.proxies {
+			px.SetDelay(0)
+		}
 		if !p.running() {
 			if err := p.start(); err != nil {
 				return err

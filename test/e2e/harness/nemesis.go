@@ -66,6 +66,20 @@ func (h *Harness) faultKinds() []fault {
 			w.partition(faultproxy.Blackhole)
 			return w.name, func(context.Context) error { w.partition(faultproxy.Pass); return nil }
 		}},
+		{"slow-etcd-link", 3 * time.Second, 8 * time.Second, func(_ context.Context, rng *rand.Rand) (string, func(context.Context) error) {
+			// 50–400 ms each way on every etcd link of one process: slow, not down.
+			p := pick(rng, append(append([]*process{}, h.managers...), h.workers...))
+			d := time.Duration(50+rng.IntN(351)) * time.Millisecond
+			for _, px := range p.proxies {
+				px.SetDelay(d)
+			}
+			return fmt.Sprintf("%s (+%s)", p.name, d), func(context.Context) error {
+				for _, px := range p.proxies {
+					px.SetDelay(0)
+				}
+				return nil
+			}
+		}},
 		{"webhook-down", 2 * time.Second, 5 * time.Second, func(context.Context, *rand.Rand) (string, func(context.Context) error) {
 			h.webhook.Set(faultproxy.Reset)
 			return "webhook", func(context.Context) error { h.webhook.Set(faultproxy.Pass); return nil }
