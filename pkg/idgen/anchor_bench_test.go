@@ -102,31 +102,7 @@ func BenchmarkBlocksBoundaryLatencySizes(b *testing.B) {
 		{"fixed=100000", BlockOptions{BlockSize: 100_000}},
 		{"adaptive=1000-1000000", BlockOptions{BlockSize: 1_000, Adaptive: true, MaxBlockSize: 1_000_000, TargetDuration: 100 * time.Millisecond}},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			cli := startEtcd(b)
-			o := c.opts
-			o.Namespace, o.Name, o.Min, o.Max = "ns", "bench", 0, 1<<62
-			a, err := NewBlocks(cli, o)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(a.Close)
-			ctx := context.Background()
-			if _, err := a.Next(ctx); err != nil {
-				b.Fatal(err)
-			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for b.Loop() {
-				start := time.Now()
-				if _, err := a.Next(ctx); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(start))
-			}
-			b.StopTimer()
-			reportTail(b, lat)
-		})
+		b.Run(c.name, func(b *testing.B) { benchNextTail(b, benchBlocksWith(b, c.opts)) })
 	}
 }
 
