@@ -199,10 +199,19 @@ func TestDefaultRendering(t *testing.T) {
 		t.Errorf("container securityContext %+v", c.SecurityContext)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--etcd-endpoints=http://fencer-etcd-0.fencer-etcd.fencer-system.svc:2379,http://fencer-etcd-1."} {
+	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--kube-api-qps=50", "--kube-api-burst=100", "--lease-workers=4", "--etcd-endpoints=http://fencer-etcd-0.fencer-etcd.fencer-system.svc:2379,http://fencer-etcd-1."} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
+	}
+	var memLimit bool
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" {
+			memLimit = true
+		}
+	}
+	if !memLimit {
+		t.Errorf("GOMEMLIMIT does not follow the container's memory limit: env %+v", c.Env)
 	}
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("readiness probe %+v", c.ReadinessProbe)

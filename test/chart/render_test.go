@@ -133,6 +133,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"replicas=2", "replicas"},
 		{"webhook.failurePolicy=Sometimes", "failurePolicy"},
 		{"webhook.timeoutSeconds=60", "timeoutSeconds"},
+		{"kubeAPI.qps=0", "qps"},
+		{"leaseWorkers=0", "leaseWorkers"},
 	} {
 		_, err := renderGo("--set", c.set)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
