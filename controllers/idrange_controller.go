@@ -310,10 +310,11 @@ func setRangeCondition(rng *v1.IDRange, typ string, status metav1.ConditionStatu
 }
 
 func (r *IDRangeReconciler) pods(ctx context.Context, rng *v1.IDRange) ([]corev1.Pod, error) {
-	if _, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector); err != nil {
+	sel, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector)
+	if err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.podSelector: %w", err))
 	}
-	pods, err := podsMatching(ctx, r.Client, rng.Namespace, &rng.Spec.PodSelector)
+	pods, err := podsMatching(ctx, r.Client, rng.Namespace, &rng.Spec.PodSelector, sel)
 	if err != nil {
 		return nil, err
 	}

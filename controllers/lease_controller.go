@@ -146,7 +146,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 	}
 	// Read first: reads need no leadership, and a failed read is how an
 	// etcd outage shows, even after it has also cost us the election.
-	grant, err := r.Store.GetGrant(ctx, lease.Namespace, lease.Name)
+	grant, rev, err := r.Store.GetGrantAt(ctx, lease.Namespace, lease.Name)
 	if err != nil {
 		r.etcdUnavailable(lease, &out, err)
 		return out, nil
@@ -194,7 +194,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		setHeld(lease, metav1.ConditionFalse, v1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
 		return out, r.publish(ctx, lease, pods, nil)
 	}
-	if regressed, err := r.revisionRegressed(ctx, lease, &out); err != nil || regressed {
+	if r.revisionRegressed(lease, rev, &out) {
 		return out, nil
 	}
 	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
@@ -374,19 +374,12 @@ func (r *LeaseReconciler) markDeleted(key string, at time.Time) {
 // --bump-revision) or replaced by an empty cluster would hand out again
 // tokens this Lease already gave to earlier holders, and their stale writes
 // would pass. The Lease's status, kept by the apiserver, remembers the highest
-// token issued; while etcd's revision is below it, nothing is granted.
-func (r *LeaseReconciler) revisionRegressed(ctx context.Context, lease *v1.Lease, out *outcome) (bool, error) {
+// token issued; while etcd's revision (at the read that found no grant) is
+// below it, nothing is granted.
+func (r *LeaseReconciler) revisionRegressed(lease *v1.Lease, rev int64, out *outcome) bool {
 	floor := highestToken(lease)
-	if floor == 0 {
-		return false, nil
-	}
-	rev, err := r.Store.Revision(ctx)
-	if err != nil {
-		r.etcdUnavailable(lease, out, err)
-		return false, err
-	}
 	if rev >= floor {
-		return false, nil
+		return false
 	}
 	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
 		"no grant until its revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", rev, floor, floor)
@@ -394,7 +387,7 @@ func (r *LeaseReconciler) revisionRegressed(ctx context.Context, lease *v1.Lease
 	out.event(corev1.EventTypeWarning, v1.ReasonEtcdRevisionRegressed, "%s", msg)
 	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
-	return true, nil
+	return true
 }
 
 // highestToken is the largest token the Lease's status records.
@@ -415,10 +408,11 @@ func (r *LeaseReconciler) etcdUnavailable(lease *v1.Lease, out *outcome, err err
 
 // candidates lists the pods the Lease's selector matches.
 func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]corev1.Pod, error) {
-	if _, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector); err != nil {
+	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
+	if err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.holderSelector: %w", err))
 	}
-	return podsMatching(ctx, r.Client, lease.Namespace, &lease.Spec.HolderSelector)
+	return podsMatching(ctx, r.Client, lease.Namespace, &lease.Spec.HolderSelector, sel)
 }
 
 func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {

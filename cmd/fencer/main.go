@@ -189,14 +189,15 @@ func run(ctx context.Context, o *options) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
+	// managedFields are a large part of every cached pod and Lease, and the
+	// controllers never read them.
+	stripManagedFields := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
-		// managedFields are a large part of every cached pod and Lease, and
-		// the controllers never read them.
-		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Cache:                         stripManagedFields,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              o.leaderElectionIDStr,
 		LeaderElectionNamespace:       o.leaderElectionNS,

@@ -148,22 +148,30 @@ func (c *Cluster) makePKI() (*pki, error) {
 
 // freePort asks the kernel for an unused loopback port.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := FreePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
 }
 
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, n)
-	for i := range ports {
-		p, err := freePort()
+// FreePorts returns n distinct free ports on 127.0.0.1. Every listener is
+// held until all n are chosen, so the ports differ from one another.
+func FreePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		ports[i] = p
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
 }
@@ -259,7 +267,7 @@ func (c *Cluster) writeKubeconfig(server string) error {
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
-	ports, err := freePorts(3)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return err
 	}

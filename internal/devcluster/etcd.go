@@ -27,7 +27,7 @@ type Etcd struct {
 // NewEtcd prepares an etcd named name whose data and log live below dir.
 // binDir holds the etcd binary.
 func NewEtcd(binDir, dir, name string) (*Etcd, error) {
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return nil, err
 	}

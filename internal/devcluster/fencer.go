@@ -53,7 +53,7 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	if _, err := c.Kubectl(ctx, "create", "namespace", ManagerNamespace); err != nil {
 		return err
 	}
-	ports, err := freePorts(3)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return err
 	}

@@ -82,33 +82,28 @@ func (s *Store) timed(op string) func(*error) {
 	}
 }
 
-// Revision returns etcd's current revision, from a linearizable read.
-func (s *Store) Revision(ctx context.Context) (rev int64, err error) {
-	defer s.timed("get")(&err)
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	// Any key will do: the header carries the store's revision.
-	resp, err := s.cli.Get(ctx, s.prefix+"/", clientv3.WithCountOnly(), clientv3.WithLimit(1))
-	if err != nil {
-		return 0, err
-	}
-	return resp.Header.Revision, nil
-}
-
 // GetGrant returns the live grant of namespace/name, or nil if there is none.
 // The read is linearizable.
-func (s *Store) GetGrant(ctx context.Context, namespace, name string) (g *Grant, err error) {
+func (s *Store) GetGrant(ctx context.Context, namespace, name string) (*Grant, error) {
+	g, _, err := s.GetGrantAt(ctx, namespace, name)
+	return g, err
+}
+
+// GetGrantAt is GetGrant that also returns etcd's revision at the read,
+// which the controller compares with the tokens it already issued.
+func (s *Store) GetGrantAt(ctx context.Context, namespace, name string) (g *Grant, rev int64, err error) {
 	defer s.timed("get")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(resp.Kvs) == 0 {
-		return nil, nil
+		return nil, resp.Header.Revision, nil
 	}
-	return decodeGrant(resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].Lease)
+	g, err = decodeGrant(resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].Lease)
+	return g, resp.Header.Revision, err
 }
 
 func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {

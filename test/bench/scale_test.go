@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -257,18 +257,11 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 	if err := os.WriteFile(kc, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := devcluster.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe := l.Addr().String()
-	l.Close()
-	l, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pprof := l.Addr().String()
-	l.Close()
+	probe, pprof := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
 	log, err := os.Create(filepath.Join(dir, "manager.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -280,19 +273,11 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 		t.Fatal(err)
 	}
 	m := &manager{cmd: cmd, log: log.Name(), pprof: "http://" + pprof}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + probe + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return m
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := framework.WaitHTTP(context.Background(), "http://"+probe+"/readyz", http.StatusOK, 60*time.Second); err != nil {
+		m.stop()
+		t.Fatalf("manager not ready (%v); log in %s", err, log.Name())
 	}
-	m.stop()
-	t.Fatalf("manager not ready; log in %s", log.Name())
-	return nil
+	return m
 }
 
 func (m *manager) stop() {

@@ -6,6 +6,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -233,4 +234,27 @@ func Eventually(t *testing.T, timeout time.Duration, what string, check func() e
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("%s: still not true after %s: %v", what, timeout, err)
+}
+
+// WaitHTTP polls url until it answers with status want, or returns an error
+// naming the last answer once timeout has passed or ctx is done.
+func WaitHTTP(ctx context.Context, url string, want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last := "no answer"
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return nil
+			}
+			last = resp.Status
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s: want HTTP %d after %s, last got %s", url, want, timeout, last)
 }

@@ -130,28 +130,9 @@ func Start(ctx context.Context, o Options) (h *Harness, err error) {
 	return h, nil
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 func (h *Harness) startAPIServer(context.Context) error {
 	var err error
-	if h.webhookPorts, err = freePorts(2); err != nil {
+	if h.webhookPorts, err = devcluster.FreePorts(2); err != nil {
 		return err
 	}
 	// The apiserver calls the webhook through one proxy, as through a
@@ -228,7 +209,7 @@ func (h *Harness) startManagers(ctx context.Context) error {
 	if err := framework.ServiceAccountKubeconfig(ctx, h.cfg, systemNamespace, "fencer", nil, kubeconfig); err != nil {
 		return err
 	}
-	probes, err := freePorts(2)
+	probes, err := devcluster.FreePorts(2)
 	if err != nil {
 		return err
 	}
@@ -257,32 +238,11 @@ func (h *Harness) startManagers(ctx context.Context) error {
 		h.managers = append(h.managers, m)
 	}
 	for _, port := range probes {
-		if err := waitOK(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", port), 90*time.Second); err != nil {
+		if err := framework.WaitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", port), http.StatusOK, 90*time.Second); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func waitOK(ctx context.Context, url string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	last := "no answer"
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = resp.Status
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s not OK after %s: %s", url, timeout, last)
 }
 
 // superviseManagers restarts a manager that exited on its own, as its
@@ -315,7 +275,7 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 		return err
 	}
 	h.kubelet = newKubelet(h.cl, h.opts.Logf)
-	ports, err := freePorts(h.opts.Workers)
+	ports, err := devcluster.FreePorts(h.opts.Workers)
 	if err != nil {
 		return err
 	}

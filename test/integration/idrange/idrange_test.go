@@ -128,6 +128,17 @@ func etcdNext(t *testing.T, ns, name string) int64 {
 	return n
 }
 
+// waitBlocks waits until want pods carry a block of IDRange ns/ids.
+func waitBlocks(t *testing.T, ns string, want int, timeout time.Duration) {
+	t.Helper()
+	framework.Eventually(t, timeout, fmt.Sprintf("%d blocks", want), func() error {
+		if n := len(annotations(t, ns, "ids")); n != want {
+			return fmt.Errorf("%d of %d pods annotated", n, want)
+		}
+		return nil
+	})
+}
+
 func getRange(t *testing.T, ns, name string) *v1.IDRange {
 	t.Helper()
 	r := &v1.IDRange{}
@@ -144,12 +155,7 @@ func TestFiftyPodsGetDisjointBlocks(t *testing.T) {
 	if err := fx.Client.Create(context.Background(), blocksRange(ns, 1000, 1_000_000, 100)); err != nil {
 		t.Fatal(err)
 	}
-	framework.Eventually(t, 120*time.Second, "50 blocks", func() error {
-		if n := len(annotations(t, ns, "ids")); n != 50 {
-			return fmt.Errorf("%d of 50 pods annotated", n)
-		}
-		return nil
-	})
+	waitBlocks(t, ns, 50, 120*time.Second)
 	bs := parseBlocks(t, annotations(t, ns, "ids"))
 	total := checkDisjoint(t, bs, 1000, 1_000_000)
 	if next := etcdNext(t, ns, "ids"); next != 1000+total {
@@ -214,12 +220,7 @@ func TestRestartMidAllocation(t *testing.T) {
 	pods(t, ns, 10, 20)
 	fx.StartController(t, "c2")
 	pods(t, ns, 20, 30)
-	framework.Eventually(t, 120*time.Second, "30 blocks", func() error {
-		if n := len(annotations(t, ns, "ids")); n != 30 {
-			return fmt.Errorf("%d of 30 pods annotated", n)
-		}
-		return nil
-	})
+	waitBlocks(t, ns, 30, 120*time.Second)
 	bs := parseBlocks(t, annotations(t, ns, "ids"))
 	total := checkDisjoint(t, bs, 0, 1_000_000)
 	if next := etcdNext(t, ns, "ids"); next < total {
@@ -294,12 +295,7 @@ func TestEtcdRestartMidAllocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	pods(t, ns, 0, 5)
-	framework.Eventually(t, 60*time.Second, "5 blocks", func() error {
-		if n := len(annotations(t, ns, "ids")); n != 5 {
-			return fmt.Errorf("%d annotated", n)
-		}
-		return nil
-	})
+	waitBlocks(t, ns, 5, 60*time.Second)
 	if err := fx.Etcd.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -308,12 +304,7 @@ func TestEtcdRestartMidAllocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	pods(t, ns, 10, 15)
-	framework.Eventually(t, 120*time.Second, "15 blocks", func() error {
-		if n := len(annotations(t, ns, "ids")); n != 15 {
-			return fmt.Errorf("%d annotated", n)
-		}
-		return nil
-	})
+	waitBlocks(t, ns, 15, 120*time.Second)
 	checkDisjoint(t, parseBlocks(t, annotations(t, ns, "ids")), 0, 1_000_000)
 }
 
@@ -450,11 +441,6 @@ func TestNextRegressionRefusesClaims(t *testing.T) {
 	if _, err := fx.EtcdCli.Put(context.Background(), etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, ns, "ids"), "30"); err != nil {
 		t.Fatal(err)
 	}
-	framework.Eventually(t, 60*time.Second, "4 blocks", func() error {
-		if n := len(annotations(t, ns, "ids")); n != 4 {
-			return fmt.Errorf("%d annotated", n)
-		}
-		return nil
-	})
+	waitBlocks(t, ns, 4, 60*time.Second)
 	checkDisjoint(t, parseBlocks(t, annotations(t, ns, "ids")), 0, 1_000_000)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/framework"
 )
 
 var (
@@ -140,20 +141,9 @@ func startFencer(t *testing.T, name string, args ...string) *replica {
 // waitStatus polls url until it answers want, or fails after 60s.
 func waitStatus(t *testing.T, url string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	got := "no answer"
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return
-			}
-			got = resp.Status
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := framework.WaitHTTP(context.Background(), url, want, 60*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s: want HTTP %d, last got %s", url, want, got)
 }
 
 // TestReadinessFollowsEtcd: /readyz fails while etcd is down and passes again
