@@ -10,7 +10,7 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
-// Pod annotations fencer writes (DESIGN.md §4).
+// Pod annotations fencer writes.
 const (
 	// TokenAnnotationPrefix + <lease-name> carries the holder's fencing token.
 	TokenAnnotationPrefix = "lease.fencer.io/"

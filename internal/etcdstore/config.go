@@ -1,5 +1,5 @@
 // Package etcdstore is everything in fencer that speaks etcd: connection
-// settings, the key layout of DESIGN.md §3, and (later) the grant, renew,
+// settings, the key layout of docs/concepts.md, and (later) the grant, renew,
 // release and allocate transactions.
 package etcdstore
 

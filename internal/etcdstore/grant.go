@@ -27,7 +27,7 @@ type Grant struct {
 	GrantValue
 }
 
-// GrantValue is the JSON stored at a lease key (DESIGN.md §3).
+// GrantValue is the JSON stored at a lease key (docs/concepts.md).
 type GrantValue struct {
 	Holder    string    `json:"holder"`
 	HolderUID string    `json:"holderUID"`

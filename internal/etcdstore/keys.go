@@ -2,7 +2,7 @@ package etcdstore
 
 import "strings"
 
-// The key layout of DESIGN.md §3. Every key lives below the configured prefix.
+// The key layout of docs/concepts.md. Every key lives below the configured prefix.
 
 // LeaseKey is the key of a Lease's grant; its CreateRevision is the token.
 func LeaseKey(prefix, namespace, name string) string {

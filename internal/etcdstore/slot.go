@@ -21,7 +21,7 @@ type Slot struct {
 	SlotValue
 }
 
-// SlotValue is the JSON stored at a slot key (DESIGN.md §3).
+// SlotValue is the JSON stored at a slot key (docs/concepts.md).
 type SlotValue struct {
 	Pod    string `json:"pod"`
 	PodUID string `json:"podUID"`

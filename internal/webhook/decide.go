@@ -1,6 +1,6 @@
 // Package webhook is fencer's validating admission webhook: it refuses writes
 // to fenced Kubernetes objects whose fencing token is stale, forged or
-// missing (DESIGN.md §6.1).
+// missing (docs/webhook.md).
 package webhook
 
 import (
@@ -76,7 +76,7 @@ type write struct {
 	user     authenticationv1.UserInfo
 }
 
-// decide applies the rules of DESIGN.md §6.1 to one write, given the Lease
+// decide applies the rules of docs/webhook.md to one write, given the Lease
 // and the live state of its etcd key. nil means allowed.
 func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
 	offered, err := token.Parse(w.offered)

@@ -36,7 +36,7 @@ func podUser(name, uid string) authenticationv1.UserInfo {
 	}
 }
 
-// TestDecide covers every branch of the rules of DESIGN.md §6.1.
+// TestDecide covers every branch of the rules of docs/webhook.md.
 func TestDecide(t *testing.T) {
 	cases := []struct {
 		name   string

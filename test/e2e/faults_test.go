@@ -1,4 +1,4 @@
-// Package e2e proves fencer's guarantees (DESIGN.md §9) under faults: a
+// Package e2e proves fencer's guarantees (docs/guarantees.md) under faults: a
 // seeded nemesis pauses, kills, restarts and partitions the managers, the
 // workers and etcd while workers write fenced objects and keys and issue
 // IDs; then the checker replays every history. `make test-faults` runs it.

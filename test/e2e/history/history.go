@@ -2,7 +2,7 @@
 // append what they attempted (writes and the IDs they issued); the harness
 // appends what actually happened (the apiserver's watch of fenced objects,
 // the Lease statuses it saw, and etcd's full history). Check replays it all
-// against the guarantees of DESIGN.md §9.
+// against the guarantees of docs/guarantees.md.
 //
 // A run's files live in one directory:
 //
