@@ -62,6 +62,8 @@ type options struct {
 	kubeAPIBurst        int
 	leaseWorkers        int
 	pprofAddr           string
+	exemptUsers         string
+	exemptGroups        string
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -105,10 +107,12 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook serves HTTPS on; 0 disables the webhook server.")
 	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on; empty means all interfaces.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook's serving certificate, tls.crt and tls.key. The server reloads them when they change; /readyz fails until they are served.")
-	fs.BoolVar(&o.certRotation, "webhook-cert-rotation", false, "Manage the webhook's certificate: create a CA and serving certificate in --webhook-secret, rotate them, write them to --webhook-cert-dir and inject the CA into the fencer-fencing ValidatingWebhookConfiguration. Leave off when cert-manager or another tool provides the certificate.")
+	fs.BoolVar(&o.certRotation, "webhook-cert-rotation", false, "Manage the webhook's certificate: create a CA and serving certificate in --webhook-secret, rotate them, write them to --webhook-cert-dir and inject the CA into the fencer-fencing Mutating- and ValidatingWebhookConfigurations. Leave off when cert-manager or another tool provides the certificate.")
 	fs.StringVar(&o.webhookNamespace, "webhook-namespace", podNamespace(), "Namespace of the webhook Service and certificate Secret; defaults to the pod's namespace.")
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "fencer-webhook-cert", "Secret holding the webhook's CA and serving certificate, with --webhook-cert-rotation.")
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
+	fs.StringVar(&o.exemptUsers, "exempt-users", strings.Join(webhook.DefaultExemptUsers, ","), "Comma-separated usernames whose writes to fenced objects pass without a token: the lifecycle controllers (namespace deletion, garbage collection). Every other write that cannot carry a token (DELETE, /status, /scale) is refused unless it comes from a bindIdentity Lease's holder pod.")
+	fs.StringVar(&o.exemptGroups, "exempt-groups", "", "Comma-separated groups whose members are exempt like --exempt-users.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). Each grant costs about four writes (finalizer, pod annotation, status, Event), so this bounds how fast many Leases are granted at once.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
@@ -258,7 +262,8 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 			return err
 		}
 	}
-	return webhook.Register(context.Background(), mgr, store)
+	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
+	return webhook.Register(context.Background(), mgr, store, exempt)
 }
 
 // podNamespace is the namespace of the pod fencer runs in, or "".

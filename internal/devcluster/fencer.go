@@ -103,34 +103,25 @@ func (c *Cluster) webhookCerts() (string, error) {
 	return dir, nil
 }
 
-// InstallWebhook applies the ValidatingWebhookConfiguration in manifest with
+// InstallWebhook applies the webhook configurations in manifest (a
+// MutatingWebhookConfiguration and a ValidatingWebhookConfiguration) with
 // kubectl, pointed at the manager started by StartManager on loopback.
 func (c *Cluster) InstallWebhook(ctx context.Context, manifest string) error {
 	raw, err := os.ReadFile(manifest)
 	if err != nil {
 		return err
 	}
-	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return fmt.Errorf("%s: %w", manifest, err)
-	}
 	ca, err := os.ReadFile(c.pki.path("ca.crt"))
 	if err != nil {
 		return err
 	}
-	for i := range cfg.Webhooks {
-		wh := &cfg.Webhooks[i]
-		path := "/"
-		if wh.ClientConfig.Service != nil && wh.ClientConfig.Service.Path != nil {
-			path = *wh.ClientConfig.Service.Path
+	var out []byte
+	for _, doc := range bytes.Split(raw, []byte("\n---\n")) {
+		b, err := c.pointAtManager(doc, ca)
+		if err != nil {
+			return fmt.Errorf("%s: %w", manifest, err)
 		}
-		url := c.WebhookURL + path
-		wh.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
-	}
-	cfg.APIVersion, cfg.Kind = "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"
-	out, err := yaml.Marshal(&cfg)
-	if err != nil {
-		return err
+		out = append(append(out, b...), "---\n"...)
 	}
 	path := c.Path("webhook.yaml")
 	if err := os.WriteFile(path, out, 0o644); err != nil {
@@ -138,6 +129,46 @@ func (c *Cluster) InstallWebhook(ctx context.Context, manifest string) error {
 	}
 	_, err = c.Kubectl(ctx, "apply", "-f", path)
 	return err
+}
+
+// pointAtManager rewrites one webhook configuration's clients to the
+// manager's URL, keeping each webhook's path.
+func (c *Cluster) pointAtManager(doc, ca []byte) ([]byte, error) {
+	var kind struct{ Kind string }
+	if err := yaml.Unmarshal(doc, &kind); err != nil {
+		return nil, err
+	}
+	point := func(cc *admissionregistrationv1.WebhookClientConfig) {
+		path := "/"
+		if cc.Service != nil && cc.Service.Path != nil {
+			path = *cc.Service.Path
+		}
+		url := c.WebhookURL + path
+		*cc = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
+	}
+	switch kind.Kind {
+	case "MutatingWebhookConfiguration":
+		var cfg admissionregistrationv1.MutatingWebhookConfiguration
+		if err := yaml.Unmarshal(doc, &cfg); err != nil {
+			return nil, err
+		}
+		for i := range cfg.Webhooks {
+			point(&cfg.Webhooks[i].ClientConfig)
+		}
+		cfg.APIVersion = "admissionregistration.k8s.io/v1"
+		return yaml.Marshal(&cfg)
+	case "ValidatingWebhookConfiguration":
+		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := yaml.Unmarshal(doc, &cfg); err != nil {
+			return nil, err
+		}
+		for i := range cfg.Webhooks {
+			point(&cfg.Webhooks[i].ClientConfig)
+		}
+		cfg.APIVersion = "admissionregistration.k8s.io/v1"
+		return yaml.Marshal(&cfg)
+	}
+	return nil, fmt.Errorf("unexpected kind %q in a webhook manifest", kind.Kind)
 }
 
 // WriteEndpoints records the etcd endpoint in <dir>/etcd-endpoints for

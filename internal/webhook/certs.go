@@ -17,8 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ConfigName is the ValidatingWebhookConfiguration fencer serves
-// (config/webhook/manifests.yaml).
+// ConfigName names both the Mutating- and the ValidatingWebhookConfiguration
+// fencer serves (config/webhook/manifests.yaml).
 const ConfigName = "fencer-fencing"
 
 // RotationOptions configure self-managed webhook certificates.
@@ -33,12 +33,12 @@ type RotationOptions struct {
 }
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch,namespace=fencer-system
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
 
 // AddCertRotation has every replica keep the webhook's certificate valid
 // with open-policy-agent/cert-controller: it creates a CA and serving
 // certificate in the Secret, rotates them before they expire, writes them to
-// CertDir (certSync), and injects the CA into the ValidatingWebhookConfiguration. The
+// CertDir (certSync), and injects the CA into both webhook configurations. The
 // webhook server (a CertGatedServer) starts once the files exist.
 func AddCertRotation(ctx context.Context, mgr ctrl.Manager, o RotationOptions) error {
 	if o.Secret.Namespace == "" || o.Secret.Name == "" || o.Service == "" {
@@ -62,7 +62,7 @@ func AddCertRotation(ctx context.Context, mgr ctrl.Manager, o RotationOptions) e
 		DNSName:        fmt.Sprintf("%s.%s.svc", o.Service, o.Secret.Namespace),
 		ExtraDNSNames:  []string{fmt.Sprintf("%s.%s.svc.cluster.local", o.Service, o.Secret.Namespace)},
 		IsReady:        make(chan struct{}),
-		Webhooks:       []rotator.WebhookInfo{{Name: ConfigName, Type: rotator.Validating}},
+		Webhooks:       []rotator.WebhookInfo{{Name: ConfigName, Type: rotator.Mutating}, {Name: ConfigName, Type: rotator.Validating}},
 		// Every replica serves the webhook, so every replica keeps its files
 		// current, not only the leader.
 		RequireLeaderElection: false,

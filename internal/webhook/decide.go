@@ -1,24 +1,19 @@
-// Package webhook is fencer's validating admission webhook: it refuses writes
-// to fenced Kubernetes objects whose fencing token is stale, forged or
-// missing (docs/webhook.md).
+// Package webhook is fencer's admission webhook: a mutating half that turns
+// each write's token offer into a record, and a validating half that refuses
+// writes to fenced Kubernetes objects whose token is stale, forged or missing
+// (docs/webhook.md).
 package webhook
 
 import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
-	"github.com/fencer-io/fencer/internal/token"
-)
-
-// The label that fences an object, and the annotation each write carries.
-const (
-	LeaseLabel      = "fencer.io/lease"
-	TokenAnnotation = "fencer.io/token"
 )
 
 // The pod-name and pod-uid claims of a bound service-account token, as the
@@ -28,108 +23,174 @@ const (
 	podUIDExtra  = "authentication.kubernetes.io/pod-uid"
 )
 
-// Reason labels a decision, in metrics and in Denial.
-type Reason string
+// Reason labels a decision, in metrics and in a Denial's causes.
+type Reason = v1.DenialReason
 
-// Reasons for refusing, and for allowing, a write.
+// Reasons for allowing a write, and for refusing one that the API package
+// does not name because it is not about the token.
 const (
 	ReasonAllowed      Reason = "Allowed"
-	ReasonMissingToken Reason = "MissingToken"
-	ReasonMalformed    Reason = "MalformedToken"
-	ReasonForged       Reason = "ForgedToken"
-	ReasonBelowObject  Reason = "BelowObjectToken"
-	ReasonNotCurrent   Reason = "NotCurrentToken"
-	ReasonBelowLive    Reason = "BelowLiveToken"
-	ReasonNoHolder     Reason = "NoHolder"
-	ReasonIdentity     Reason = "NotHolderIdentity"
-	ReasonUnknownLease Reason = "UnknownLease"
-	ReasonLabelChange  Reason = "LeaseLabelChanged"
+	ReasonNotFenced    Reason = "NotFenced"
+	ReasonExempt       Reason = "ExemptIdentity"
 	ReasonLookupFailed Reason = "LookupFailed"
 	ReasonBadRequest   Reason = "BadRequest"
-	ReasonNotFenced    Reason = "NotFenced"
-	ReasonUnchecked    Reason = "UncheckedOperation"
 )
 
-// Denial is a refused write: an HTTP code and a message a person can act on.
+// Denial is a refused write: an HTTP code, a message a person can act on,
+// and the facts behind it, which also travel as structured causes.
 type Denial struct {
 	Code    int32
 	Reason  Reason
 	Message string
+	// Lease is namespace/name; the rest is "" or 0 where unknown.
+	Lease    string
+	Offered  string
+	Recorded string
+	Current  int64
+	Holder   string
 }
 
 func (d *Denial) Error() string { return d.Message }
-
-func deny(reason Reason, format string, args ...any) *Denial {
-	return &Denial{Code: http.StatusConflict, Reason: reason, Message: "fencer: " + fmt.Sprintf(format, args...)}
-}
 
 // write is what the decision needs to know about one admission request.
 type write struct {
 	// leaseRef is namespace/name of the fencing Lease, for messages.
 	leaseRef string
-	// offered is the token the write carries (the new object's annotation;
-	// for DELETE, the token recorded on the object being deleted).
+	// tokenless names a write that cannot carry a token ("a DELETE", "a
+	// write to /status"); "" for a CREATE or UPDATE of the object itself.
+	tokenless string
+	// offered is the token this write itself sent, "" if it sent none.
 	offered string
-	// recorded is the token on the object being replaced, "" if none or if
-	// it was fenced by another lease.
+	// recorded is the token of the object's last accepted write under this
+	// lease, "" if none.
 	recorded string
 	user     authenticationv1.UserInfo
+}
+
+// facts fills a Denial with what the decision knew.
+type facts struct {
+	w    write
+	live etcdstore.Live
+}
+
+func (f facts) deny(reason Reason, format string, args ...any) *Denial {
+	d := &Denial{Code: http.StatusConflict, Reason: reason, Lease: f.w.leaseRef, Offered: f.w.offered, Recorded: f.w.recorded}
+	if g := f.live.Grant; g != nil {
+		d.Current, d.Holder = g.Token, g.Holder
+	}
+	d.Message = "fencer: " + fmt.Sprintf(format, args...) + d.summary()
+	return d
+}
+
+// summary repeats every fact in the message, so a person reading only the
+// kubectl output sees what the causes carry.
+func (d *Denial) summary() string {
+	holder := d.Holder
+	if holder == "" {
+		holder = "none"
+	}
+	return fmt.Sprintf(" [lease %s; offered token %s; recorded token %s; current token %d; holder %s]",
+		d.Lease, orNone(d.Offered), orNone(d.Recorded), d.Current, holder)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return strconv.Quote(s)
 }
 
 // decide applies the rules of docs/webhook.md to one write, given the Lease
 // and the live state of its etcd key. nil means allowed.
 func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
-	offered, err := token.Parse(w.offered)
-	if errors.Is(err, token.ErrMissing) {
-		return deny(ReasonMissingToken, "missing fencing token for lease %s: set the annotation %s to the holder's token%s", w.leaseRef, TokenAnnotation, liveSuffix(live))
+	f := facts{w: w, live: live}
+	if w.tokenless != "" {
+		return decideTokenless(f, lease)
+	}
+	offered, err := v1.ParseToken(w.offered)
+	if errors.Is(err, v1.ErrMissingToken) {
+		return f.deny(v1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
+			w.leaseRef, v1.TokenAnnotation)
 	}
 	if err != nil {
-		return deny(ReasonMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's lease.fencer.io/%s annotation", err, w.leaseRef, TokenAnnotation, lease.Name)
+		return f.deny(v1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
+			err, w.leaseRef, v1.TokenAnnotation, v1.HolderTokenAnnotationPrefix, lease.Name)
 	}
-	if offered > live.Revision {
-		return deny(ReasonForged, "forged token %d for lease %s: no token above %d has been issued", offered, w.leaseRef, live.Revision)
+	if issued := lastIssued(lease, live); offered > issued {
+		return f.deny(v1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
-	if recorded, err := token.Parse(w.recorded); err == nil && offered < recorded {
-		return deny(ReasonBelowObject, "stale token %d for lease %s: the object already carries token %d, written by a newer holder", offered, w.leaseRef, recorded)
+	if recorded, err := v1.ParseToken(w.recorded); err == nil && offered < recorded {
+		return f.deny(v1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
 	}
-	if d := checkPolicy(w, lease, live, offered); d != nil {
+	if d := checkPolicy(f, lease, offered); d != nil {
 		return d
 	}
 	if lease.Spec.BindIdentity {
-		return checkIdentity(w, live)
+		return checkIdentity(f)
 	}
 	return nil
 }
 
-func checkPolicy(w write, lease *v1.Lease, live etcdstore.Live, offered int64) *Denial {
-	g := live.Grant
+// lastIssued is the highest token ever issued for lease: the live grant's,
+// or, when nobody holds it, the newest the controller recorded. Anything
+// above it was never issued, so it is forged, under every policy.
+func lastIssued(lease *v1.Lease, live etcdstore.Live) int64 {
+	if live.Grant != nil {
+		return live.Grant.Token
+	}
+	issued := lease.Status.Token
+	for _, t := range lease.Status.History {
+		issued = max(issued, t.Token)
+	}
+	return issued
+}
+
+func checkPolicy(f facts, lease *v1.Lease, offered int64) *Denial {
+	g := f.live.Grant
 	switch {
 	case g == nil && lease.Spec.Policy == v1.PolicyMonotonic:
 		return nil // nothing newer exists to be protected from; the object check above still applies
 	case g == nil:
-		return deny(ReasonNoHolder, "lease %s has no holder, so no token is current; token %d is refused until the lease is granted again", w.leaseRef, offered)
+		return f.deny(v1.DenialNoHolder, "lease %s has no holder, so no token is current; token %d is refused until the lease is granted again", f.w.leaseRef, offered)
 	case offered < g.Token:
-		return deny(ReasonBelowLive, "stale token %d for lease %s: current token is %d (holder %s)", offered, w.leaseRef, g.Token, g.Holder)
-	case offered > g.Token && lease.Spec.Policy != v1.PolicyMonotonic:
-		return deny(ReasonNotCurrent, "token %d is not the current token of lease %s: current token is %d (holder %s)", offered, w.leaseRef, g.Token, g.Holder)
+		return f.deny(v1.DenialBelowLive, "stale token %d for lease %s: current token is %d (holder %s)", offered, f.w.leaseRef, g.Token, g.Holder)
 	}
 	return nil
 }
 
+// decideTokenless is the one rule for writes that cannot carry a token:
+// under bindIdentity the holder pod's own identity may make them; nobody
+// else may (exempt lifecycle identities never get here).
+func decideTokenless(f facts, lease *v1.Lease) *Denial {
+	if lease.Spec.BindIdentity && checkIdentity(f) == nil {
+		return nil
+	}
+	return f.deny(v1.DenialTokenless, "%s cannot carry a fencing token, so it is refused on an object fenced by lease %s: first unfence the object with a write that sends the live token in %s and removes the label %s, then repeat this request%s",
+		f.w.tokenless, f.w.leaseRef, v1.TokenAnnotation, v1.LeaseLabel, bindHint(lease))
+}
+
+func bindHint(lease *v1.Lease) string {
+	if lease.Spec.BindIdentity {
+		return ", or send it from the holder pod's own service-account token"
+	}
+	return ""
+}
+
 // checkIdentity, for bindIdentity Leases, requires the request to come from
 // the holder pod's own bound service-account token.
-func checkIdentity(w write, live etcdstore.Live) *Denial {
-	if live.Grant == nil {
-		return deny(ReasonNoHolder, "lease %s binds writes to its holder pod's identity, and it has no holder", w.leaseRef)
+func checkIdentity(f facts) *Denial {
+	g := f.live.Grant
+	if g == nil {
+		return f.deny(v1.DenialNoHolder, "lease %s binds writes to its holder pod's identity, and it has no holder", f.w.leaseRef)
 	}
-	pod := first(w.user.Extra[podNameExtra])
-	uid := first(w.user.Extra[podUIDExtra])
-	if pod != live.Grant.Holder || (uid != "" && uid != live.Grant.HolderUID) {
-		from := w.user.Username
+	pod := first(f.w.user.Extra[podNameExtra])
+	uid := first(f.w.user.Extra[podUIDExtra])
+	if pod != g.Holder || (uid != "" && uid != g.HolderUID) {
+		from := f.w.user.Username
 		if pod != "" {
 			from += " (pod " + pod + ")"
 		}
-		return deny(ReasonIdentity, "lease %s binds writes to its holder pod %s (bindIdentity); this request comes from %s", w.leaseRef, live.Grant.Holder, from)
+		return f.deny(v1.DenialIdentity, "lease %s binds writes to its holder pod %s (bindIdentity); this request comes from %s", f.w.leaseRef, g.Holder, from)
 	}
 	return nil
 }
@@ -139,11 +200,4 @@ func first(v authenticationv1.ExtraValue) string {
 		return ""
 	}
 	return v[0]
-}
-
-func liveSuffix(live etcdstore.Live) string {
-	if live.Grant == nil {
-		return " (the lease has no holder now)"
-	}
-	return fmt.Sprintf(" (current token is %d, holder %s)", live.Grant.Token, live.Grant.Holder)
 }

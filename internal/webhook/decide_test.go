@@ -26,6 +26,18 @@ func held(tok, rev int64) etcdstore.Live {
 
 var unheld = etcdstore.Live{Revision: 100}
 
+// leaseIssued is a Lease whose status records token as its last grant.
+func leaseIssued(policy v1.FencingPolicy, token int64) *v1.Lease {
+	l := testLease(policy, false)
+	l.Status.History = []v1.Tenure{{Token: token}}
+	return l
+}
+
+func bound(l *v1.Lease) *v1.Lease {
+	l.Spec.BindIdentity = true
+	return l
+}
+
 func podUser(name, uid string) authenticationv1.UserInfo {
 	return authenticationv1.UserInfo{
 		Username: "system:serviceaccount:default:reporter",
@@ -47,35 +59,42 @@ func TestDecide(t *testing.T) {
 		msg    string
 	}{
 		{"live token passes", write{offered: "42"}, testLease(v1.PolicyCurrent, false), held(42, 50), "", ""},
-		{"missing token", write{}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonMissingToken,
-			"fencer: missing fencing token for lease default/report: set the annotation fencer.io/token to the holder's token (current token is 42, holder reporter-b)"},
-		{"missing token, no holder", write{}, testLease(v1.PolicyCurrent, false), unheld, ReasonMissingToken, "(the lease has no holder now)"},
-		{"malformed token", write{offered: "4 2"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonMalformed,
+		{"missing token", write{}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMissingToken,
+			"fencer: this write sends no fencing token for lease default/report: every write to a fenced object must set the annotation fencer.io/token to the holder's token itself"},
+		{"missing token names the facts", write{recorded: "42"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMissingToken,
+			`[lease default/report; offered token none; recorded token "42"; current token 42; holder reporter-b]`},
+		{"missing token, no holder", write{}, testLease(v1.PolicyCurrent, false), unheld, v1.DenialMissingToken, "current token 0; holder none]"},
+		{"malformed token", write{offered: "4 2"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed,
 			`fencer: malformed fencing token "4 2": character ' ' at offset 1; only decimal digits are allowed for lease default/report`},
-		{"negative token", write{offered: "-42"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonMalformed, "only decimal digits"},
-		{"overflowing token", write{offered: "99999999999999999999"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonMalformed, "does not fit a 64-bit integer"},
-		{"forged future token", write{offered: "51"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonForged,
-			"fencer: forged token 51 for lease default/report: no token above 50 has been issued"},
-		{"forged even under Monotonic", write{offered: "51"}, testLease(v1.PolicyMonotonic, false), held(42, 50), ReasonForged, "forged token 51"},
-		{"stale token under Current", write{offered: "41"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonBelowLive,
+		{"negative token", write{offered: "-42"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed, "only decimal digits"},
+		{"overflowing token", write{offered: "99999999999999999999"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed, "does not fit a 64-bit integer"},
+		{"forged future token", write{offered: "43"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialForged,
+			"fencer: forged token 43 for lease default/report: no token above 42 has been issued for it"},
+		{"forged even under Monotonic", write{offered: "45"}, testLease(v1.PolicyMonotonic, false), held(42, 50), v1.DenialForged, "forged token 45"},
+		{"forged under Monotonic with no holder", write{offered: "45"}, leaseIssued(v1.PolicyMonotonic, 42), unheld, v1.DenialForged, "no token above 42 has been issued"},
+		{"forged under Monotonic, never granted", write{offered: "1"}, testLease(v1.PolicyMonotonic, false), unheld, v1.DenialForged, "no token above 0 has been issued"},
+		{"last issued token under Monotonic with no holder", write{offered: "42"}, leaseIssued(v1.PolicyMonotonic, 42), unheld, "", ""},
+		{"stale token under Current", write{offered: "41"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialBelowLive,
 			"fencer: stale token 41 for lease default/report: current token is 42 (holder reporter-b)"},
-		{"stale token under Monotonic", write{offered: "41"}, testLease(v1.PolicyMonotonic, false), held(42, 50), ReasonBelowLive, "stale token 41"},
-		{"newer token not current under Current", write{offered: "45"}, testLease(v1.PolicyCurrent, false), held(42, 50), ReasonNotCurrent,
-			"fencer: token 45 is not the current token of lease default/report: current token is 42 (holder reporter-b)"},
-		{"newer token passes under Monotonic", write{offered: "45"}, testLease(v1.PolicyMonotonic, false), held(42, 50), "", ""},
-		{"below the object's token", write{offered: "42", recorded: "43"}, testLease(v1.PolicyMonotonic, false), held(42, 50), ReasonBelowObject,
-			"fencer: stale token 42 for lease default/report: the object already carries token 43, written by a newer holder"},
+		{"stale token under Monotonic", write{offered: "41"}, testLease(v1.PolicyMonotonic, false), held(42, 50), v1.DenialBelowLive, "stale token 41"},
+		{"below the object's token", write{offered: "40", recorded: "41"}, leaseIssued(v1.PolicyMonotonic, 42), unheld, v1.DenialBelowObject,
+			"fencer: stale token 40 for lease default/report: the object was last written under token 41, by a newer holder"},
 		{"equal to the object's token", write{offered: "42", recorded: "42"}, testLease(v1.PolicyCurrent, false), held(42, 50), "", ""},
 		{"object token malformed is ignored", write{offered: "42", recorded: "junk"}, testLease(v1.PolicyCurrent, false), held(42, 50), "", ""},
-		{"no holder under Current", write{offered: "42"}, testLease(v1.PolicyCurrent, false), unheld, ReasonNoHolder,
+		{"no holder under Current", write{offered: "42"}, leaseIssued(v1.PolicyCurrent, 42), unheld, v1.DenialNoHolder,
 			"fencer: lease default/report has no holder, so no token is current; token 42 is refused until the lease is granted again"},
-		{"no holder under Monotonic", write{offered: "42"}, testLease(v1.PolicyMonotonic, false), unheld, "", ""},
 		{"bindIdentity: the holder pod", write{offered: "42", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, true), held(42, 50), "", ""},
-		{"bindIdentity: another pod", write{offered: "42", user: podUser("reporter-a", "uid-a")}, testLease(v1.PolicyCurrent, true), held(42, 50), ReasonIdentity,
+		{"bindIdentity: another pod", write{offered: "42", user: podUser("reporter-a", "uid-a")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity,
 			"fencer: lease default/report binds writes to its holder pod reporter-b (bindIdentity); this request comes from system:serviceaccount:default:reporter (pod reporter-a)"},
-		{"bindIdentity: a recreated pod of the same name", write{offered: "42", user: podUser("reporter-b", "uid-old")}, testLease(v1.PolicyCurrent, true), held(42, 50), ReasonIdentity, "binds writes to its holder pod"},
-		{"bindIdentity: no pod claim", write{offered: "42", user: authenticationv1.UserInfo{Username: "alice"}}, testLease(v1.PolicyCurrent, true), held(42, 50), ReasonIdentity, "this request comes from alice"},
-		{"bindIdentity: no holder", write{offered: "42", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyMonotonic, true), unheld, ReasonNoHolder, "has no holder"},
+		{"bindIdentity: a recreated pod of the same name", write{offered: "42", user: podUser("reporter-b", "uid-old")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "binds writes to its holder pod"},
+		{"bindIdentity: no pod claim", write{offered: "42", user: authenticationv1.UserInfo{Username: "alice"}}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "this request comes from alice"},
+		{"bindIdentity: no holder", write{offered: "42", user: podUser("reporter-b", "uid-b")}, bound(leaseIssued(v1.PolicyMonotonic, 42)), unheld, v1.DenialNoHolder, "has no holder"},
+		{"tokenless write refused", write{tokenless: "a DELETE"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless,
+			"fencer: a DELETE cannot carry a fencing token, so it is refused on an object fenced by lease default/report: first unfence the object with a write that sends the live token in fencer.io/token and removes the label fencer.io/lease, then repeat this request ["},
+		{"tokenless write with the live token's holder name but no bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless, "cannot carry"},
+		{"tokenless write from the holder under bindIdentity", write{tokenless: "a UPDATE of the status subresource", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, true), held(42, 50), "", ""},
+		{"tokenless write from another pod under bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-a", "uid-a")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialTokenless,
+			"or send it from the holder pod's own service-account token"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,38 +21,88 @@ import (
 	"github.com/fencer-io/fencer/internal/metrics"
 )
 
-// Path is where the manager serves the fencing webhook.
-const Path = "/validate-fenced"
+// Paths where the manager serves the fencing webhooks.
+const (
+	// RecordPath is the mutating webhook that judges every CREATE and UPDATE
+	// of a fenced object by the token the write itself sends, and moves that
+	// offer into the record of the object's last accepted write.
+	RecordPath = "/mutate-fenced"
+	// Path validates the writes that cannot carry a token: DELETE and
+	// subresource writes of labeled objects.
+	Path = "/validate-fenced"
+	// ParentPath validates subresource writes whose object carries no labels
+	// (/scale, pods/eviction): the parent object says whether it is fenced.
+	ParentPath = "/validate-fenced-parent"
+)
 
 // LiveLookup returns the live state of a Lease's etcd key, authoritatively.
 type LiveLookup interface {
 	Lookup(ctx context.Context, namespace, name string) (etcdstore.Live, error)
 }
 
-// Fence is the admission handler for fenced objects.
+// Fence is the validating admission handler for fenced objects.
 type Fence struct {
 	// Leases reads Lease objects (the manager's cache).
 	Leases client.Reader
 	// APIReader double-checks a Lease the cache has not seen yet.
 	APIReader client.Reader
 	Live      LiveLookup
+	// Exempt identities pass every write: the lifecycle controllers.
+	Exempt Exempt
 }
-
-var _ admission.Handler = &Fence{}
 
 // objectMeta is all the webhook reads of any object.
 type objectMeta struct {
 	Metadata metav1.ObjectMeta `json:"metadata"`
 }
 
-// Handle decides one AdmissionReview.
-func (f *Fence) Handle(ctx context.Context, req admission.Request) admission.Response {
+// Record is the mutating webhook (RecordPath): it judges a CREATE or UPDATE
+// of a fenced object and records the token it sent.
+func (f *Fence) Record(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
+	reason, resp := f.record(ctx, req)
+	observe(req, reason, resp, start)
+	return resp
+}
+
+// Validate is the validating webhook (Path): it judges the writes that
+// cannot carry a token. CREATEs and UPDATEs of the object itself were judged
+// by Record; the configuration's matchConditions do not send them here.
+func (f *Fence) Validate(ctx context.Context, req admission.Request) admission.Response {
+	start := time.Now()
+	w, leaseName, d := parseTokenless(req)
+	reason, resp := f.judge(ctx, req, w, leaseName, d)
+	observe(req, reason, resp, start)
+	return resp
+}
+
+// record judges a CREATE or UPDATE and, when it passes, patches the object:
+// the offer fencer.io/token is removed and becomes the record
+// fencer.io/written-token. Since the stored object never keeps an offer, a
+// later write that sends none has none. The apiserver runs mutating
+// admission inside its optimistic-concurrency loop, against the exact object
+// being replaced, so the per-object check and the write are one step.
+func (f *Fence) record(ctx context.Context, req admission.Request) (Reason, admission.Response) {
+	if req.SubResource != "" || (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) {
+		return ReasonNotFenced, admission.Allowed("not a write of the object itself")
+	}
+	w, leaseName, obj, old, d := parseWrite(req)
+	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) {
+		// A lifecycle write (a finalizer or ownerReference removed) sends
+		// no token and must not erase the record either.
+		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, recordOf(old, leaseName))...)
+	}
+	reason, resp := f.judge(ctx, req, w, leaseName, d)
+	if resp.Allowed && leaseName != "" {
+		resp = admission.Patched("", recordPatch(obj, w.offered)...)
+	}
+	return reason, resp
+}
+
+func observe(req admission.Request, reason Reason, resp admission.Response, start time.Time) {
 	op := string(req.Operation)
-	reason, resp := f.handle(ctx, req)
 	metrics.AdmissionDecisions.WithLabelValues(op, resultOf(resp), string(reason)).Inc()
 	metrics.AdmissionSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	return resp
 }
 
 func resultOf(resp admission.Response) string {
@@ -60,23 +112,28 @@ func resultOf(resp admission.Response) string {
 	return "refused"
 }
 
-func (f *Fence) handle(ctx context.Context, req admission.Request) (Reason, admission.Response) {
-	w, leaseName, d := parse(req)
+// judge decides a parsed write: exempt identities first (they may delete
+// objects whose Lease is already gone), then the Lease and its live token.
+func (f *Fence) judge(ctx context.Context, req admission.Request, w write, leaseName string, d *Denial) (Reason, admission.Response) {
 	if d != nil {
 		return d.Reason, denied(d)
 	}
 	if leaseName == "" {
 		return ReasonNotFenced, admission.Allowed("not fenced")
 	}
-	log := ctrl.LoggerFrom(ctx).WithValues("lease", w.leaseRef, "operation", req.Operation, "kind", req.Kind.Kind, "object", req.Name)
-	lease, d := f.lease(ctx, req.Namespace, leaseName, w.leaseRef)
+	if f.Exempt.Matches(req.UserInfo) {
+		return ReasonExempt, admission.Allowed("exempt lifecycle identity")
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("lease", w.leaseRef, "operation", req.Operation, "kind", req.Kind.Kind,
+		"subresource", req.SubResource, "object", req.Name, "user", req.UserInfo.Username)
+	lease, d := f.lease(ctx, req.Namespace, leaseName, w)
 	if d != nil {
 		return d.Reason, denied(d)
 	}
 	live, err := f.Live.Lookup(ctx, req.Namespace, leaseName)
 	if err != nil {
 		log.Error(err, "live token lookup failed")
-		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed,
+		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v); the write is refused because its token cannot be checked, retry", w.leaseRef, err)})
 	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
@@ -88,7 +145,7 @@ func (f *Fence) handle(ctx context.Context, req admission.Request) (Reason, admi
 
 // lease fetches the fencing Lease, from the cache or, if the cache has not
 // seen it, from the apiserver.
-func (f *Fence) lease(ctx context.Context, namespace, name, ref string) (*v1.Lease, *Denial) {
+func (f *Fence) lease(ctx context.Context, namespace, name string, w write) (*v1.Lease, *Denial) {
 	lease := &v1.Lease{}
 	key := client.ObjectKey{Namespace: namespace, Name: name}
 	err := f.Leases.Get(ctx, key, lease)
@@ -97,63 +154,98 @@ func (f *Fence) lease(ctx context.Context, namespace, name, ref string) (*v1.Lea
 	}
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, deny(ReasonUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists", ref, LeaseLabel, name)
+		return nil, facts{w: w}.deny(v1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
+			w.leaseRef, v1.LeaseLabel, name)
 	case err != nil:
-		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Message: fmt.Sprintf("fencer: cannot read lease %s: %v", ref, err)}
+		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Message: fmt.Sprintf("fencer: cannot read lease %s: %v", w.leaseRef, err)}
 	}
 	return lease, nil
 }
 
-// parse extracts the write from the request. leaseName is "" for writes that
-// involve no fenced object.
-func parse(req admission.Request) (write, string, *Denial) {
-	w := write{user: req.UserInfo}
-	var obj, old *objectMeta
-	var err error
-	if obj, err = decodeMeta(req.Object.Raw); err != nil {
-		return w, "", &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: cannot read the object: " + err.Error()}
+func badRequest(format string, args ...any) *Denial {
+	return &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: " + fmt.Sprintf(format, args...)}
+}
+
+// parseWrite extracts a CREATE or UPDATE of the object itself. leaseName
+// is "" for writes that involve no fenced object.
+func parseWrite(req admission.Request) (w write, leaseName string, obj, old *objectMeta, d *Denial) {
+	w = write{user: req.UserInfo}
+	if obj, old, d = decodeBoth(req); d != nil {
+		return w, "", nil, nil, d
 	}
-	if old, err = decodeMeta(req.OldObject.Raw); err != nil {
-		return w, "", &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: cannot read the old object: " + err.Error()}
+	if obj == nil || (req.Operation == admissionv1.Update && old == nil) {
+		return w, "", nil, nil, badRequest("%s needs the object (and, for UPDATE, the old object)", req.Operation)
 	}
 	newLease, oldLease := labelOf(obj), labelOf(old)
+	if newLease != "" && oldLease != "" && newLease != oldLease {
+		return w, "", nil, nil, facts{w: w}.deny(v1.DenialLabelChange, "%s cannot change from %q to %q in one write: remove the label (with a token of lease %s), then add the new one",
+			v1.LeaseLabel, oldLease, newLease, oldLease)
+	}
+	// Removing the label is a write under the old lease.
+	leaseName = firstOf(newLease, oldLease)
+	if leaseName != "" {
+		w.leaseRef = req.Namespace + "/" + leaseName
+		w.offered = offerOf(obj, old)
+		w.recorded = recordOf(old, leaseName)
+	}
+	return w, leaseName, obj, old, nil
+}
 
-	switch req.Operation {
-	case admissionv1.Create:
-		if obj == nil {
-			return w, "", &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: CREATE without an object"}
-		}
-		w.offered = annotationOf(obj)
-	case admissionv1.Update:
-		if obj == nil || old == nil {
-			return w, "", &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: UPDATE needs the object and the old object"}
-		}
-		if newLease != "" && oldLease != "" && newLease != oldLease {
-			return w, "", deny(ReasonLabelChange, "%s cannot change from %q to %q in one write: remove the label (with a token of lease %s), then add the new one", LeaseLabel, oldLease, newLease, oldLease)
-		}
-		w.offered = annotationOf(obj)
-		if newLease == oldLease {
-			w.recorded = annotationOf(old)
-		}
-		if newLease == "" {
-			newLease = oldLease // removing the label is a write under the old lease
-		}
-	case admissionv1.Delete:
+// offerOf is the token the write itself sent. A fencer.io/token that the
+// stored object already carried (written while it was unfenced, or before
+// fencer kept records) was not sent by this write, whatever a merge patch
+// or an apply left in the merged object.
+func offerOf(obj, old *objectMeta) string {
+	offer := obj.Metadata.Annotations[v1.TokenAnnotation]
+	if old != nil && old.Metadata.Annotations[v1.TokenAnnotation] == offer {
+		return ""
+	}
+	return offer
+}
+
+// parseTokenless extracts a write that cannot carry a token: a DELETE, or
+// a write to a subresource, whose object carries the parent's labels.
+func parseTokenless(req admission.Request) (write, string, *Denial) {
+	w := write{user: req.UserInfo}
+	obj, old, d := decodeBoth(req)
+	if d != nil {
+		return w, "", d
+	}
+	var lease string
+	switch {
+	case req.SubResource != "":
+		lease = firstOf(labelOf(old), labelOf(obj))
+		w.tokenless = fmt.Sprintf("a %s of the %s subresource", req.Operation, req.SubResource)
+	case req.Operation == admissionv1.Delete:
 		if old == nil {
-			return w, "", &Denial{Code: http.StatusBadRequest, Reason: ReasonBadRequest, Message: "fencer: DELETE without the old object"}
+			return w, "", badRequest("DELETE without the old object")
 		}
-		// A delete carries no annotations: it is judged by the token of the
-		// last write to the object, so only an object last written under the
-		// live token can be deleted.
-		w.offered = annotationOf(old)
-		newLease = oldLease
+		lease, w.tokenless = labelOf(old), "a DELETE"
 	default:
 		return w, "", nil
 	}
-	if newLease != "" {
-		w.leaseRef = req.Namespace + "/" + newLease
+	if lease != "" {
+		w.leaseRef = req.Namespace + "/" + lease
 	}
-	return w, newLease, nil
+	return w, lease, nil
+}
+
+func firstOf(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func decodeBoth(req admission.Request) (obj, old *objectMeta, d *Denial) {
+	var err error
+	if obj, err = decodeMeta(req.Object.Raw); err != nil {
+		return nil, nil, badRequest("cannot read the object: %v", err)
+	}
+	if old, err = decodeMeta(req.OldObject.Raw); err != nil {
+		return nil, nil, badRequest("cannot read the old object: %v", err)
+	}
+	return obj, old, nil
 }
 
 func decodeMeta(raw []byte) (*objectMeta, error) {
@@ -171,14 +263,47 @@ func labelOf(m *objectMeta) string {
 	if m == nil {
 		return ""
 	}
-	return m.Metadata.Labels[LeaseLabel]
+	return m.Metadata.Labels[v1.LeaseLabel]
 }
 
-func annotationOf(m *objectMeta) string {
-	if m == nil {
+// recordOf is the token of old's last accepted write under lease: its
+// record, or, for an object written before fencer kept records, the token
+// it still carries. "" when old was not fenced by lease.
+func recordOf(old *objectMeta, lease string) string {
+	if labelOf(old) != lease {
 		return ""
 	}
-	return m.Metadata.Annotations[TokenAnnotation]
+	ann := old.Metadata.Annotations
+	if r, ok := ann[v1.WrittenTokenAnnotation]; ok {
+		return r
+	}
+	return ann[v1.TokenAnnotation]
+}
+
+// recordPatch makes obj's annotations hold record as the last accepted
+// write's token ("" removes the record) and no offer.
+func recordPatch(obj *objectMeta, record string) []jsonpatch.JsonPatchOperation {
+	ann := obj.Metadata.Annotations
+	var ops []jsonpatch.JsonPatchOperation
+	if _, ok := ann[v1.TokenAnnotation]; ok {
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(v1.TokenAnnotation)})
+	}
+	cur, has := ann[v1.WrittenTokenAnnotation]
+	switch {
+	case record == "" && has:
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(v1.WrittenTokenAnnotation)})
+	case record != "" && ann == nil:
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{v1.WrittenTokenAnnotation: record}})
+	case record != "" && (!has || cur != record):
+		// "add" replaces an existing member (RFC 6902).
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(v1.WrittenTokenAnnotation), Value: record})
+	}
+	return ops
+}
+
+// annotationPath is the JSON pointer of an annotation (RFC 6901 escapes).
+func annotationPath(key string) string {
+	return "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
 }
 
 var statusReasons = map[int32]metav1.StatusReason{
@@ -187,9 +312,21 @@ var statusReasons = map[int32]metav1.StatusReason{
 	http.StatusServiceUnavailable: metav1.StatusReasonServiceUnavailable,
 }
 
+// denied is the AdmissionResponse of d: its code, message and one
+// StatusCause per fact, which the apiserver passes on to the client.
 func denied(d *Denial) admission.Response {
 	resp := admission.Denied(d.Message)
 	resp.Result.Code = d.Code
 	resp.Result.Reason = statusReasons[d.Code]
+	causes := []metav1.StatusCause{{Type: v1.CauseReason, Message: string(d.Reason)}}
+	if d.Lease != "" {
+		causes = append(causes,
+			metav1.StatusCause{Type: v1.CauseLease, Message: d.Lease},
+			metav1.StatusCause{Type: v1.CauseOfferedToken, Message: d.Offered},
+			metav1.StatusCause{Type: v1.CauseRecordedToken, Message: d.Recorded},
+			metav1.StatusCause{Type: v1.CauseCurrentToken, Message: v1.FormatToken(d.Current)},
+			metav1.StatusCause{Type: v1.CauseHolder, Message: d.Holder})
+	}
+	resp.Result.Details = &metav1.StatusDetails{Causes: causes}
 	return resp
 }

@@ -7,13 +7,16 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -34,17 +37,23 @@ func newFence(t testing.TB, live LiveLookup) *Fence {
 	t.Helper()
 	s := runtime.NewScheme()
 	utilruntime.Must(v1.AddToScheme(s))
-	c := fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(v1.PolicyCurrent, false)).Build()
-	return &Fence{Leases: c, Live: live}
+	return &Fence{Leases: leaseClient(testLease(v1.PolicyCurrent, false)), Live: live, Exempt: NewExempt(DefaultExemptUsers, nil)}
 }
 
-func obj(lease, tok string) []byte {
+// obj is a ConfigMap as a write sends it: labeled by lease, offering tok.
+func obj(lease, tok string) []byte { return stored(lease, tok, "") }
+
+// stored is a ConfigMap with an offer and a record of the last write.
+func stored(lease, offer, record string) []byte {
 	m := metav1.ObjectMeta{Name: "cm", Namespace: "default", Labels: map[string]string{}, Annotations: map[string]string{}}
 	if lease != "" {
-		m.Labels[LeaseLabel] = lease
+		m.Labels[v1.LeaseLabel] = lease
 	}
-	if tok != "" {
-		m.Annotations[TokenAnnotation] = tok
+	if offer != "" {
+		m.Annotations[v1.TokenAnnotation] = offer
+	}
+	if record != "" {
+		m.Annotations[v1.WrittenTokenAnnotation] = record
 	}
 	raw, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": m})
 	return raw
@@ -62,50 +71,131 @@ func request(op admissionv1.Operation, object, old []byte) admission.Request {
 	return r
 }
 
-func TestHandle(t *testing.T) {
+func TestRecord(t *testing.T) {
 	f := newFence(t, fakeLive{live: held(42, 50)})
+	record := func(v string) []jsonpatch.JsonPatchOperation {
+		return []jsonpatch.JsonPatchOperation{
+			{Operation: "remove", Path: "/metadata/annotations/fencer.io~1token"},
+			{Operation: "add", Path: "/metadata/annotations/fencer.io~1written-token", Value: v},
+		}
+	}
+	cases := []struct {
+		name  string
+		req   admission.Request
+		code  int32 // 0: allowed
+		msg   string
+		patch []jsonpatch.JsonPatchOperation
+	}{
+		{"create with the live token", request(admissionv1.Create, obj("report", "42"), nil), 0, "", record("42")},
+		{"create with a stale token", request(admissionv1.Create, obj("report", "41"), nil), 409, "stale token 41 for lease default/report: current token is 42 (holder reporter-b)", nil},
+		{"create unfenced", request(admissionv1.Create, obj("", ""), nil), 0, "", nil},
+		{"create sending only a record", request(admissionv1.Create, stored("report", "", "42"), nil), 409, "this write sends no fencing token", nil},
+		{"update lowering the object's token", request(admissionv1.Update, obj("report", "41"), stored("report", "", "42")), 409, "the object was last written under token 42", nil},
+		{"update with the live token", request(admissionv1.Update, stored("report", "42", "41"), stored("report", "", "41")), 0, "", record("42")},
+		{"merge patch without a token: the record does not count", request(admissionv1.Update, stored("report", "", "42"), stored("report", "", "42")), 409, "this write sends no fencing token", nil},
+		{"a token the stored object already carried was not sent", request(admissionv1.Update, obj("report", "42"), obj("report", "42")), 409, "this write sends no fencing token", nil},
+		{"label removal with a stale token", request(admissionv1.Update, stored("", "41", "42"), stored("report", "", "42")), 409, "stale token 41 for lease default/report", nil},
+		{"label removal under Monotonic is still checked against the record", request(admissionv1.Update, stored("", "40", "42"), stored("report", "", "42")), 409, "last written under token 42", nil},
+		{"label removal without a token", request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42")), 409, "this write sends no fencing token for lease default/report", nil},
+		{"label removal with the live token", request(admissionv1.Update, stored("", "42", "42"), stored("report", "", "42")), 0, "", record("42")[:1]},
+		{"label change", request(admissionv1.Update, obj("other", "42"), stored("report", "", "42")), 409, `fencer.io/lease cannot change from "report" to "other"`, nil},
+		{"label added: a record of no lease is not compared", request(admissionv1.Update, stored("report", "42", "99"), stored("", "", "99")), 0, "", record("42")},
+		{"unknown lease", request(admissionv1.Create, obj("ghost", "42"), nil), 409, "lease default/ghost does not exist", nil},
+		{"malformed object JSON", request(admissionv1.Create, []byte("{not json"), nil), 400, "fencer: cannot read the object", nil},
+		{"update without the old object", request(admissionv1.Update, obj("report", "42"), nil), 400, "UPDATE needs the object", nil},
+		{"exempt identity keeps the record", as(request(admissionv1.Update, stored("report", "", ""), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
+			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": "42"}}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := f.Record(context.Background(), tc.req)
+			check(t, resp, tc.code, tc.msg)
+			if tc.code == 0 && !reflect.DeepEqual(resp.Patches, tc.patch) {
+				t.Fatalf("patch %+v, want %+v", resp.Patches, tc.patch)
+			}
+		})
+	}
+	// The Monotonic case above must fail on the record, not the policy.
+	mono := newFence(t, fakeLive{live: unheld})
+	mono.Leases = leaseClient(leaseIssued(v1.PolicyMonotonic, 42))
+	resp := mono.Record(context.Background(), request(admissionv1.Update, stored("", "40", "42"), stored("report", "", "42")))
+	check(t, resp, 409, "last written under token 42")
+}
+
+func TestValidateTokenless(t *testing.T) {
+	f := newFence(t, fakeLive{live: held(42, 50)})
+	status := request(admissionv1.Update, stored("report", "", "42"), stored("report", "", "42"))
+	status.SubResource = "status"
 	cases := []struct {
 		name string
 		req  admission.Request
-		code int32 // 0: allowed
+		code int32
 		msg  string
 	}{
-		{"create with the live token", request(admissionv1.Create, obj("report", "42"), nil), 0, ""},
-		{"create with a stale token", request(admissionv1.Create, obj("report", "41"), nil), 409, "stale token 41 for lease default/report: current token is 42 (holder reporter-b)"},
-		{"create unfenced", request(admissionv1.Create, obj("", ""), nil), 0, ""},
-		{"update lowering the object's token", request(admissionv1.Update, obj("report", "42"), obj("report", "43")), 409, "the object already carries token 43"},
-		{"update with the live token", request(admissionv1.Update, obj("report", "42"), obj("report", "41")), 0, ""},
-		{"label removal with a stale token", request(admissionv1.Update, obj("", "41"), obj("report", "41")), 409, "stale token 41 for lease default/report"},
-		{"label removal without a token", request(admissionv1.Update, obj("", ""), obj("report", "42")), 409, "missing fencing token for lease default/report"},
-		{"label removal with the live token", request(admissionv1.Update, obj("", "42"), obj("report", "42")), 0, ""},
-		{"label change", request(admissionv1.Update, obj("other", "42"), obj("report", "42")), 409, `fencer.io/lease cannot change from "report" to "other"`},
-		{"label added: old token of no lease is not compared", request(admissionv1.Update, obj("report", "42"), obj("", "99")), 0, ""},
-		{"delete of an object last written under the live token", request(admissionv1.Delete, nil, obj("report", "42")), 0, ""},
-		{"delete of an object last written under a stale token", request(admissionv1.Delete, nil, obj("report", "41")), 409, "stale token 41"},
-		{"unknown lease", request(admissionv1.Create, obj("ghost", "42"), nil), 409, "lease default/ghost does not exist"},
-		{"malformed object JSON", request(admissionv1.Create, []byte("{not json"), nil), 400, "fencer: cannot read the object"},
-		{"update without the old object", request(admissionv1.Update, obj("report", "42"), nil), 400, "UPDATE needs the object and the old object"},
+		{"delete of an object last written under the live token", request(admissionv1.Delete, nil, stored("report", "", "42")), 409, "a DELETE cannot carry a fencing token"},
+		{"delete by the namespace controller", as(request(admissionv1.Delete, nil, stored("report", "", "42")), "system:serviceaccount:kube-system:namespace-controller"), 0, ""},
+		{"delete of an unfenced object", request(admissionv1.Delete, nil, stored("", "", "42")), 0, ""},
+		{"status write", status, 409, "a UPDATE of the status subresource cannot carry a fencing token"},
+		{"delete without the old object", request(admissionv1.Delete, nil, nil), 400, "DELETE without the old object"},
 		{"connect is not checked", request(admissionv1.Connect, nil, nil), 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := f.Handle(context.Background(), tc.req)
-			if tc.code == 0 {
-				if !resp.Allowed {
-					t.Fatalf("refused: %+v", resp.Result)
-				}
-				return
-			}
-			if resp.Allowed || resp.Result.Code != tc.code || !strings.Contains(resp.Result.Message, tc.msg) {
-				t.Fatalf("got allowed=%v %+v\nwant %d containing %q", resp.Allowed, resp.Result, tc.code, tc.msg)
-			}
+			check(t, f.Validate(context.Background(), tc.req), tc.code, tc.msg)
 		})
+	}
+}
+
+func TestExemptDeleteNeedsNoLease(t *testing.T) {
+	f := newFence(t, fakeLive{err: errors.New("etcd down")})
+	req := as(request(admissionv1.Delete, nil, stored("ghost", "", "42")), "system:serviceaccount:kube-system:namespace-controller")
+	check(t, f.Validate(context.Background(), req), 0, "")
+}
+
+func TestDenialCauses(t *testing.T) {
+	f := newFence(t, fakeLive{live: held(42, 50)})
+	resp := f.Record(context.Background(), request(admissionv1.Update, obj("report", "41"), stored("report", "", "40")))
+	want := []metav1.StatusCause{
+		{Type: v1.CauseReason, Message: "BelowLiveToken"},
+		{Type: v1.CauseLease, Message: "default/report"},
+		{Type: v1.CauseOfferedToken, Message: "41"},
+		{Type: v1.CauseRecordedToken, Message: "40"},
+		{Type: v1.CauseCurrentToken, Message: "42"},
+		{Type: v1.CauseHolder, Message: "reporter-b"},
+	}
+	if resp.Result.Details == nil || !reflect.DeepEqual(resp.Result.Details.Causes, want) {
+		t.Fatalf("causes %+v\nwant %+v", resp.Result.Details, want)
+	}
+}
+
+func as(r admission.Request, user string) admission.Request {
+	r.UserInfo.Username = user
+	return r
+}
+
+func leaseClient(l *v1.Lease) client.Reader {
+	s := runtime.NewScheme()
+	utilruntime.Must(v1.AddToScheme(s))
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(l).Build()
+}
+
+// check asserts resp is allowed (code 0) or refused with code and msg.
+func check(t *testing.T, resp admission.Response, code int32, msg string) {
+	t.Helper()
+	if code == 0 {
+		if !resp.Allowed {
+			t.Fatalf("refused: %+v", resp.Result)
+		}
+		return
+	}
+	if resp.Allowed || resp.Result.Code != code || !strings.Contains(resp.Result.Message, msg) {
+		t.Fatalf("got allowed=%v %+v\nwant %d containing %q", resp.Allowed, resp.Result, code, msg)
 	}
 }
 
 func TestLookupFailureRefusesWith503(t *testing.T) {
 	f := newFence(t, fakeLive{err: errors.New("context deadline exceeded")})
-	resp := f.Handle(context.Background(), request(admissionv1.Create, obj("report", "42"), nil))
+	resp := f.Record(context.Background(), request(admissionv1.Create, obj("report", "42"), nil))
 	if resp.Allowed || resp.Result.Code != 503 || !strings.Contains(resp.Result.Message, "cannot read the live token of lease default/report from etcd (context deadline exceeded)") {
 		t.Fatalf("got %+v", resp.Result)
 	}
@@ -113,7 +203,7 @@ func TestLookupFailureRefusesWith503(t *testing.T) {
 
 // serve posts body to the webhook over HTTP, as the apiserver would.
 func serve(t testing.TB, f *Fence, body []byte) *httptest.ResponseRecorder {
-	wh := &admission.Webhook{Handler: f}
+	wh := &admission.Webhook{Handler: admission.HandlerFunc(f.Record)}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")

@@ -12,10 +12,10 @@ import (
 
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=get;list;watch
 
-// Register serves the fencing webhook at Path and the Lease status guard at
-// LeaseStatusPath on mgr's webhook server. Every replica serves them, leader
-// or not: the live token comes from etcd.
-func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store) error {
+// Register serves the fencing webhooks (RecordPath, Path, ParentPath) and
+// the Lease status guard (LeaseStatusPath) on mgr's webhook server. Every
+// replica serves them, leader or not: the live token comes from etcd.
+func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exempt Exempt) error {
 	me, err := WhoAmI(ctx, mgr.GetConfig())
 	if err != nil {
 		return err
@@ -24,8 +24,12 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store) err
 		Leases:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
+		Exempt:    exempt,
 	}
-	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: f})
-	mgr.GetWebhookServer().Register(LeaseStatusPath, &admission.Webhook{Handler: &LeaseStatusGuard{Controller: me}})
+	srv := mgr.GetWebhookServer()
+	srv.Register(RecordPath, &admission.Webhook{Handler: admission.HandlerFunc(f.Record)})
+	srv.Register(Path, &admission.Webhook{Handler: admission.HandlerFunc(f.Validate)})
+	srv.Register(ParentPath, &admission.Webhook{Handler: &Parent{Fence: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
+	srv.Register(LeaseStatusPath, &admission.Webhook{Handler: &LeaseStatusGuard{Controller: me}})
 	return nil
 }

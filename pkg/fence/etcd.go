@@ -30,12 +30,30 @@ func (e *FencedError) Error() string {
 	return fmt.Sprintf("fence: token %d is fenced off: %s is held under token %d", e.Offered, e.Key, e.Current)
 }
 
+// ErrNoToken is returned, before any transaction, for a token ≤ 0: an absent
+// key's CreateRevision is 0, so a fence on token 0 would pass exactly when
+// nobody holds the lease.
+var ErrNoToken = errors.New("fence: a fencing token must be positive")
+
+// Compare is the fence as an etcd comparison, true exactly while t is the
+// live token of its lease: CreateRevision(leaseKey) == t.Value. Combine it
+// with your own comparisons in a clientv3 Txn's If; NewTxn does that for the
+// common case.
+func Compare(prefix, namespace string, t Token) (clientv3.Cmp, error) {
+	if t.Value <= 0 {
+		return clientv3.Cmp{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
+	}
+	return clientv3.Compare(clientv3.CreateRevision(etcdstore.LeaseKey(prefix, namespace, t.Lease)), "=", t.Value), nil
+}
+
 // Txn is an etcd transaction that commits only while t is the live token of
 // its lease: If(CreateRevision(leaseKey) == token) Then(ops). The check and
 // the writes are one atomic step inside etcd.
 type Txn struct {
 	cli *clientv3.Client
 	key string
+	cmp clientv3.Cmp
+	err error
 	tok int64
 	ops []clientv3.Op
 }
@@ -44,7 +62,8 @@ type Txn struct {
 // fencer's etcd prefix (etcdstore.DefaultPrefix unless fencer was started
 // with --etcd-prefix).
 func NewTxn(cli *clientv3.Client, prefix, namespace string, t Token) *Txn {
-	return &Txn{cli: cli, key: etcdstore.LeaseKey(prefix, namespace, t.Lease), tok: t.Value}
+	cmp, err := Compare(prefix, namespace, t)
+	return &Txn{cli: cli, key: etcdstore.LeaseKey(prefix, namespace, t.Lease), cmp: cmp, err: err, tok: t.Value}
 }
 
 // Then adds operations to run when the token is live.
@@ -54,10 +73,14 @@ func (x *Txn) Then(ops ...clientv3.Op) *Txn {
 }
 
 // Commit runs the transaction. It returns a *FencedError when the token is
-// not live, and then nothing was written.
+// not live, and then nothing was written, or ErrNoToken, before any I/O,
+// for a token ≤ 0.
 func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
+	if x.err != nil {
+		return nil, x.err
+	}
 	resp, err := x.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(x.key), "=", x.tok)).
+		If(x.cmp).
 		Then(x.ops...).
 		Else(clientv3.OpGet(x.key)).
 		Commit()

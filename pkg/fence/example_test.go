@@ -28,18 +28,22 @@ func ExampleStamp() {
 	// Output: report 354
 }
 
-// Wrap a controller-runtime client: every write carries the current token,
-// and fencer's refusal comes back typed.
+// Wrap a controller-runtime client for one tenure: every write carries the
+// token RunExclusive handed out, and fencer's refusal comes back typed, read
+// from the denial's structured causes.
 func ExampleNewClient() {
 	var c client.Client // from your manager or client.New
 	src := fence.FileSource{Path: "/etc/fencer/annotations", Lease: "report"}
-	fenced := fence.NewClient(c, src)
-
-	err := fenced.Update(context.Background(), &corev1.ConfigMap{})
-	var stale *fence.StaleTokenError
-	if errors.As(err, &stale) {
-		log.Printf("lease %s moved on: offered %d, current %d; stop writing", stale.Lease, stale.Offered, stale.Current)
-	}
+	_ = fence.RunExclusive(context.Background(), src, "report", time.Second, func(ctx context.Context, tok fence.Token) error {
+		fenced := fence.NewClient(c, tok)
+		err := fenced.Update(ctx, &corev1.ConfigMap{})
+		var stale *fence.StaleTokenError
+		if errors.As(err, &stale) {
+			log.Printf("lease %s moved on (%s): sent %d, current %d held by %s; stop writing",
+				stale.Lease, stale.Reason, stale.Offered, stale.Current, stale.Holder)
+		}
+		return err
+	})
 }
 
 // Write etcd keys only while the token is live.

@@ -25,13 +25,15 @@ import (
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
-// Annotation prefixes fencer writes on holder pods.
+// Wire names, as the API package defines them.
 const (
-	TokenAnnotationPrefix   = "lease.fencer.io/"
-	LeaseIDAnnotationPrefix = "leaseid.fencer.io/"
+	// TokenAnnotationPrefix + <lease> is the holder pod's token.
+	TokenAnnotationPrefix = fencerv1alpha1.HolderTokenAnnotationPrefix
+	// LeaseIDAnnotationPrefix + <lease> is the holder's etcd lease ID.
+	LeaseIDAnnotationPrefix = fencerv1alpha1.HolderLeaseIDAnnotationPrefix
 	// LeaseLabel fences an object; TokenAnnotation carries a write's token.
-	LeaseLabel      = "fencer.io/lease"
-	TokenAnnotation = "fencer.io/token"
+	LeaseLabel      = fencerv1alpha1.LeaseLabel
+	TokenAnnotation = fencerv1alpha1.TokenAnnotation
 )
 
 // ErrNotHolder means the pod does not hold the lease (now).
@@ -90,13 +92,13 @@ func TokenFromAnnotations(annotations map[string]string, lease string) (Token, e
 	if !ok {
 		return Token{}, fmt.Errorf("no %s%s annotation: %w", TokenAnnotationPrefix, lease, ErrNotHolder)
 	}
-	v, err := strconv.ParseInt(raw, 10, 64)
+	v, err := fencerv1alpha1.ParseToken(raw)
 	if err != nil || v <= 0 {
 		return Token{}, fmt.Errorf("annotation %s%s is %q, not a fencing token", TokenAnnotationPrefix, lease, raw)
 	}
 	t := Token{Lease: lease, Value: v}
 	if id, ok := annotations[LeaseIDAnnotationPrefix+lease]; ok {
-		if t.LeaseID, err = strconv.ParseInt(id, 10, 64); err != nil {
+		if t.LeaseID, err = fencerv1alpha1.ParseToken(id); err != nil {
 			return Token{}, fmt.Errorf("annotation %s%s is %q, not an etcd lease ID", LeaseIDAnnotationPrefix, lease, id)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
-	"github.com/fencer-io/fencer/internal/token"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of
@@ -92,8 +92,8 @@ func ParseSlot(annotation string) (slot, tokenValue int64, err error) {
 		return 0, 0, bad
 	}
 	var err1, err2 error
-	slot, err1 = token.Parse(slotS)
-	tok, err2 := token.Parse(tokenS)
+	slot, err1 = fencerv1.ParseToken(slotS)
+	tok, err2 := fencerv1.ParseToken(tokenS)
 	if err1 != nil || err2 != nil || tok == 0 {
 		return 0, 0, bad
 	}

@@ -1,0 +1,74 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// Wire names: every label and annotation fencer reads or writes on objects
+// it does not own. The manager, the webhook and the SDK all use these.
+const (
+	// LeaseLabel fences an object: its value names the Lease, in the
+	// object's namespace, whose token every write must send.
+	LeaseLabel = "fencer.io/lease"
+
+	// TokenAnnotation is the token a write sends. It is an offer for that one
+	// write only: fencer's mutating webhook moves it to
+	// WrittenTokenAnnotation, so the stored object never carries an offer a
+	// later write could inherit.
+	TokenAnnotation = "fencer.io/token"
+
+	// WrittenTokenAnnotation records the token of the object's last accepted
+	// write. Only fencer's mutating webhook sets it; the per-object check
+	// refuses any later write with a lower token.
+	WrittenTokenAnnotation = "fencer.io/written-token"
+
+	// HolderTokenAnnotationPrefix + <lease-name> is the holder pod's token.
+	HolderTokenAnnotationPrefix = "lease.fencer.io/"
+
+	// HolderLeaseIDAnnotationPrefix + <lease-name> is the etcd lease ID of the
+	// holder's grant, for renewal: Direct.
+	HolderLeaseIDAnnotationPrefix = "leaseid.fencer.io/"
+
+	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
+	IDRangeAnnotationPrefix = "idrange.fencer.io/"
+)
+
+// Cause types of the StatusCauses in a denial by fencer's webhook. A denial
+// carries one cause of each type that applies, with the value in Message;
+// the SDK reads these, never the human message.
+const (
+	// CauseReason is the DenialReason.
+	CauseReason metav1.CauseType = "fencer.io/reason"
+	// CauseLease is the Lease, as <namespace>/<name>.
+	CauseLease metav1.CauseType = "fencer.io/lease"
+	// CauseOfferedToken is the token the write sent, verbatim ("" if none).
+	CauseOfferedToken metav1.CauseType = "fencer.io/offered-token"
+	// CauseRecordedToken is the token of the object's last accepted write.
+	CauseRecordedToken metav1.CauseType = "fencer.io/recorded-token"
+	// CauseCurrentToken is the lease's live token ("0" when nobody holds it).
+	CauseCurrentToken metav1.CauseType = "fencer.io/current-token"
+	// CauseHolder is the live holder pod ("" when nobody holds it).
+	CauseHolder metav1.CauseType = "fencer.io/holder"
+)
+
+// DenialReason says why fencer's webhook refused a write. The values are
+// stable: the SDK and alerts match on them.
+type DenialReason string
+
+// Reasons for refusing a write.
+const (
+	DenialMissingToken DenialReason = "MissingToken"
+	DenialMalformed    DenialReason = "MalformedToken"
+	DenialForged       DenialReason = "ForgedToken"
+	DenialBelowObject  DenialReason = "BelowObjectToken"
+	DenialBelowLive    DenialReason = "BelowLiveToken"
+	DenialNoHolder     DenialReason = "NoHolder"
+	DenialIdentity     DenialReason = "NotHolderIdentity"
+	DenialUnknownLease DenialReason = "UnknownLease"
+	DenialLabelChange  DenialReason = "LeaseLabelChanged"
+	// DenialTokenless: a write that cannot carry a token (DELETE, /status,
+	// /scale, another subresource) from neither the holder's bound identity
+	// nor an exempt lifecycle identity.
+	DenialTokenless DenialReason = "TokenlessWrite"
+	// DenialNotMutated: the object still carries fencer.io/token after
+	// mutating admission, so fencer's mutating webhook did not run.
+	DenialNotMutated DenialReason = "TokenNotRecorded"
+)
