@@ -10,6 +10,7 @@ import (
 var ErrMissingToken = errors.New("missing fencing token")
 
 // MalformedTokenError says why a token string is not a token.
+// +kubebuilder:object:generate=false
 type MalformedTokenError struct {
 	Value  string
 	Reason string

@@ -52,9 +52,14 @@ type StaleTokenError struct {
 	Holder string
 	// Message is the webhook's full denial, for people.
 	Message string
+	// Err is the apiserver's error, so apierrors.IsConflict still answers.
+	Err error
 }
 
 func (e *StaleTokenError) Error() string { return e.Message }
+
+// Unwrap returns the apiserver's error.
+func (e *StaleTokenError) Unwrap() error { return e.Err }
 
 // AsStaleToken turns a refusal by fencer's webhook (HTTP 409 with fencer's
 // causes) into a *StaleTokenError; any other error comes back unchanged:
@@ -65,7 +70,7 @@ func AsStaleToken(err error) error {
 	if err == nil || !apierrors.IsConflict(err) || !errors.As(err, &status) || status.Status().Details == nil {
 		return err
 	}
-	e := &StaleTokenError{Message: err.Error()}
+	e := &StaleTokenError{Message: err.Error(), Err: err}
 	for _, c := range status.Status().Details.Causes {
 		switch c.Type {
 		case fencerv1.CauseReason:

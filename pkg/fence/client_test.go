@@ -45,9 +45,12 @@ func TestAsStaleTokenReadsCauses(t *testing.T) {
 	if !errors.As(err, &st) {
 		t.Fatalf("got %v", err)
 	}
-	want := StaleTokenError{Reason: fencerv1.DenialBelowLive, Lease: "ns/report", Offered: 41, Recorded: 40, Current: 42, Holder: "reporter-b", Message: st.Message}
+	want := StaleTokenError{Reason: fencerv1.DenialBelowLive, Lease: "ns/report", Offered: 41, Recorded: 40, Current: 42, Holder: "reporter-b", Message: st.Message, Err: st.Err}
 	if *st != want {
 		t.Fatalf("got %+v\nwant %+v", *st, want)
+	}
+	if !apierrors.IsConflict(err) {
+		t.Error("the StaleTokenError hides the apiserver's 409")
 	}
 	if err := AsStaleToken(denied(fencerv1.DenialMissingToken, "", "", "0", "")); !errors.As(err, &st) || st.Reason != fencerv1.DenialMissingToken || st.Offered != 0 || st.Current != 0 {
 		t.Fatalf("missing token: %+v", st)

@@ -42,7 +42,7 @@ func TestRaceAcrossFailover(t *testing.T) {
 		defer close(watched)
 		for ev := range w.ResultChan() {
 			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
-				n, _ := strconv.ParseInt(cm.Annotations["fencer.io/token"], 10, 64)
+				n, _ := strconv.ParseInt(cm.Annotations["fencer.io/written-token"], 10, 64)
 				history = append(history, n)
 			}
 		}
