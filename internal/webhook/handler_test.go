@@ -59,6 +59,10 @@ func stored(lease, offer, record string) []byte {
 	return raw
 }
 
+func emptyLabel() []byte {
+	return []byte(`{"metadata":{"name":"cm","namespace":"default","labels":{"fencer.io/lease":""}}}`)
+}
+
 func request(op admissionv1.Operation, object, old []byte) admission.Request {
 	r := admission.Request{}
 	r.UID = "1"
@@ -89,6 +93,8 @@ func TestRecord(t *testing.T) {
 		{"create with the live token", request(admissionv1.Create, obj("report", "42"), nil), 0, "", record("42")},
 		{"create with a stale token", request(admissionv1.Create, obj("report", "41"), nil), 409, "stale token 41 for lease default/report: current token is 42 (holder reporter-b)", nil},
 		{"create unfenced", request(admissionv1.Create, obj("", ""), nil), 0, "", nil},
+		{"an empty lease label names no lease (the helm test probe)", request(admissionv1.Create, emptyLabel(), nil), 0, "", nil},
+		{"setting the lease label empty is removing it", request(admissionv1.Update, emptyLabel(), stored("report", "", "42")), 409, "this write sends no fencing token for lease default/report", nil},
 		{"create sending only a record", request(admissionv1.Create, stored("report", "", "42"), nil), 409, "this write sends no fencing token", nil},
 		{"update lowering the object's token", request(admissionv1.Update, obj("report", "41"), stored("report", "", "42")), 409, "the object was last written under token 42", nil},
 		{"update with the live token", request(admissionv1.Update, stored("report", "42", "41"), stored("report", "", "41")), 0, "", record("42")},

@@ -100,8 +100,8 @@ func runHelmTestHook(t *testing.T, bin, root, adminKubeconfig string, kubectl fu
 	}
 
 	// With the webhook unreachable the probe must fail.
-	raw := kubectl("get", "validatingwebhookconfiguration", "fencer-fencing", "-o", "yaml")
-	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	raw := kubectl("get", "mutatingwebhookconfiguration", "fencer-fencing", "-o", "yaml")
+	var vwc admissionregistrationv1.MutatingWebhookConfiguration
 	if err := yaml.Unmarshal([]byte(raw), &vwc); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func runHelmTestHook(t *testing.T, bin, root, adminKubeconfig string, kubectl fu
 	for i := range broken.Webhooks {
 		broken.Webhooks[i].ClientConfig.URL = &dead
 	}
-	apply := func(v *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	apply := func(v *admissionregistrationv1.MutatingWebhookConfiguration) {
 		v.ResourceVersion = ""
 		b, err := yaml.Marshal(v)
 		if err != nil {
