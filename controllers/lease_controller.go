@@ -157,6 +157,11 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		return out, nil
 	}
 
+	if grant != nil && grant.Token < highestToken(lease) {
+		// A grant below a token already issued came back with an etcd
+		// restored from an old snapshot: adopting it would reissue a token.
+		return out, r.dropRegressed(ctx, lease, grant, &out)
+	}
 	if grant != nil {
 		ended, err := r.keepOrEnd(ctx, lease, grant, pods, now, &out)
 		if err != nil {
@@ -388,6 +393,27 @@ func (r *LeaseReconciler) revisionRegressed(lease *v1.Lease, rev int64, out *out
 	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
 	return true
+}
+
+// dropRegressed refuses a grant whose token is below one this Lease already
+// issued: it is never renewed or published, and is deleted with the
+// conditional release (only that grant). New grants then wait in
+// revisionRegressed until etcd's revision passes the highest token.
+func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, out *outcome) error {
+	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	r.Renewer.Stop(key)
+	floor := highestToken(lease)
+	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
+		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
+		g.Holder, g.Token, floor, floor)
+	setHeld(lease, metav1.ConditionFalse, v1.ReasonEtcdRevisionRegressed, msg)
+	out.event(corev1.EventTypeWarning, v1.ReasonEtcdRevisionRegressed, "%s", msg)
+	metrics.RevisionRegressions.Inc()
+	out.result.RequeueAfter = 10 * time.Second
+	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
+		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
+	}
+	return nil
 }
 
 // highestToken is the largest token the Lease's status records.

@@ -68,7 +68,7 @@ const (
 	// /scale, another subresource) from neither the holder's bound identity
 	// nor an exempt lifecycle identity.
 	DenialTokenless DenialReason = "TokenlessWrite"
-	// DenialNotMutated: the object still carries fencer.io/token after
-	// mutating admission, so fencer's mutating webhook did not run.
-	DenialNotMutated DenialReason = "TokenNotRecorded"
+	// DenialRegressed: etcd's live grant is below a token the Lease already
+	// issued (etcd restored from an old snapshot).
+	DenialRegressed DenialReason = "EtcdRevisionRegressed"
 )

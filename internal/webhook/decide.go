@@ -116,6 +116,10 @@ func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
 		return f.deny(v1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
 			err, w.leaseRef, v1.TokenAnnotation, v1.HolderTokenAnnotationPrefix, lease.Name)
 	}
+	if g := live.Grant; g != nil && g.Token < highestRecorded(lease) {
+		return f.deny(v1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
+			w.leaseRef, g.Token, highestRecorded(lease))
+	}
 	if issued := lastIssued(lease, live); offered > issued {
 		return f.deny(v1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
@@ -138,11 +142,16 @@ func lastIssued(lease *v1.Lease, live etcdstore.Live) int64 {
 	if live.Grant != nil {
 		return live.Grant.Token
 	}
-	issued := lease.Status.Token
+	return highestRecorded(lease)
+}
+
+// highestRecorded is the highest token the Lease's status records.
+func highestRecorded(lease *v1.Lease) int64 {
+	top := lease.Status.Token
 	for _, t := range lease.Status.History {
-		issued = max(issued, t.Token)
+		top = max(top, t.Token)
 	}
-	return issued
+	return top
 }
 
 func checkPolicy(f facts, lease *v1.Lease, offered int64) *Denial {

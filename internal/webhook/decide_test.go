@@ -89,6 +89,8 @@ func TestDecide(t *testing.T) {
 		{"bindIdentity: a recreated pod of the same name", write{offered: "42", user: podUser("reporter-b", "uid-old")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "binds writes to its holder pod"},
 		{"bindIdentity: no pod claim", write{offered: "42", user: authenticationv1.UserInfo{Username: "alice"}}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "this request comes from alice"},
 		{"bindIdentity: no holder", write{offered: "42", user: podUser("reporter-b", "uid-b")}, bound(leaseIssued(v1.PolicyMonotonic, 42)), unheld, v1.DenialNoHolder, "has no holder"},
+		{"a restored grant below an issued token", write{offered: "30"}, leaseIssued(v1.PolicyCurrent, 42), held(30, 50), v1.DenialRegressed,
+			"etcd's grant (token 30) is below token 42 this Lease already issued"},
 		{"tokenless write refused", write{tokenless: "a DELETE"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless,
 			"fencer: a DELETE cannot carry a fencing token, so it is refused on an object fenced by lease default/report: first unfence the object with a write that sends the live token in fencer.io/token and removes the label fencer.io/lease, then repeat this request ["},
 		{"tokenless write with the live token's holder name but no bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless, "cannot carry"},

@@ -12,8 +12,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
 // The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of

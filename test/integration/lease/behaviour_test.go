@@ -2,17 +2,20 @@ package lease
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/fence"
 )
 
@@ -477,4 +480,63 @@ func eventReasons(ns, name string) (map[string]int, error) {
 		}
 	}
 	return reasons, nil
+}
+
+// TestRestoredGrantBelowIssuedTokenIsRefused: an etcd restored from an old
+// snapshot brings back a grant whose token is below one the Lease already
+// issued. The controller must not adopt it (that would reissue a token): it
+// refuses it with the regression condition and Event, and deletes it.
+func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
+	ctx := context.Background()
+	for i := range 100 { // push the revision up, so the restored grant is far below
+		if _, err := fx.EtcdCli.Put(ctx, fmt.Sprintf("/test/bump/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startController(t, "c1")
+	ns := namespace(t)
+	pod := readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 5))
+	issued := heldBy(t, ns, "job").Token
+
+	if err := etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What a restore of an early snapshot holds: the same holder's grant,
+	// at a low revision.
+	lease, err := fx.EtcdCli.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value, _ := json.Marshal(etcdstore.GrantValue{Holder: pod.Name, HolderUID: string(pod.UID), LeaseID: int64(lease.ID), GrantTime: time.Now(), TTL: 30})
+	put, err := fx.EtcdCli.Put(ctx, etcdstore.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if put.Header.Revision >= issued {
+		t.Fatalf("the restored grant's token %d is not below the issued %d", put.Header.Revision, issued)
+	}
+	touch(t, ns, "job")
+	eventually(t, 60*time.Second, "the restored grant refused and deleted", func() error {
+		l := getLease(t, ns, "job")
+		if r := heldReason(l); r != v1.ReasonEtcdRevisionRegressed {
+			return fmt.Errorf("reason %q, token %d", r, l.Status.Token)
+		}
+		if tok := etcdToken(t, ns, "job"); tok != 0 {
+			return fmt.Errorf("the restored grant (token %d) is still in etcd", tok)
+		}
+		return nil
+	})
+	if l := getLease(t, ns, "job"); l.Status.Token != 0 && l.Status.Token < issued {
+		t.Fatalf("status adopted the restored token %d below the issued %d", l.Status.Token, issued)
+	}
+	if ann := annotation(t, ns, pod.Name, "job"); ann != "" && ann != strconv.FormatInt(issued, 10) {
+		t.Fatalf("the holder pod was given the restored token %s", ann)
+	}
 }

@@ -65,7 +65,7 @@ func TestWritesThatSendNoToken(t *testing.T) {
 	ns, tok := fencedOut(t, nil)
 	ctx := context.Background()
 	for name, err := range map[string]error{
-		"kubectl patch --type=merge": rawPatch(t, ns, types.MergePatchType, `{"data":{"v":"x"}}`),
+		"kubectl patch --type=merge":     rawPatch(t, ns, types.MergePatchType, `{"data":{"v":"x"}}`),
 		"kubectl label fencer.io/lease-": rawPatch(t, ns, types.StrategicMergePatchType, `{"metadata":{"labels":{"fencer.io/lease":null}}}`),
 		"kubectl annotate":               rawPatch(t, ns, types.StrategicMergePatchType, `{"metadata":{"annotations":{"note":"x"}}}`),
 		"forged record":                  rawPatch(t, ns, types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}},"data":{"v":"x"}}`, v1.WrittenTokenAnnotation, tok)),
