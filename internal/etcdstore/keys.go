@@ -1,6 +1,9 @@
 package etcdstore
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // The key layout of docs/concepts.md. Every key lives below the configured prefix.
 
@@ -20,6 +23,13 @@ func IDRangeNextKey(prefix, namespace, name string) string {
 // IDRangeSlotsPrefix is the prefix of a Slots-mode IDRange's slot keys.
 func IDRangeSlotsPrefix(prefix, namespace, name string) string {
 	return join(prefix, "idranges", namespace, name, "slots") + "/"
+}
+
+// IDRangeConsumedKey marks the block starting at first, delivered by pod
+// annotation, as consumed: created once by the first container start that
+// uses it, so a restarted container can tell a used block from a fresh one.
+func IDRangeConsumedKey(prefix, namespace, name string, first int64) string {
+	return join(prefix, "idranges", namespace, name, "consumed", strconv.FormatInt(first, 10))
 }
 
 // LeaderKey is the etcd election key of the active controller.
