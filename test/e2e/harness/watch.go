@@ -42,7 +42,8 @@ func (h *Harness) startWatches(context.Context) error {
 			if cm.Labels["fencer.io/lease"] == "" {
 				return nil
 			}
-			tok, _ := strconv.ParseInt(cm.Annotations["fencer.io/token"], 10, 64)
+			// The record of the accepted write; the offer never stays on the object.
+			tok, _ := strconv.ParseInt(cm.Annotations[v1.WrittenTokenAnnotation], 10, 64)
 			seq, _ := strconv.ParseInt(cm.Data["seq"], 10, 64)
 			return h.objects.Add(history.ObjectEvent{Name: cm.Name, ResourceVersion: rvOf(cm), Type: string(typ),
 				Token: tok, Writer: cm.Data["writer"], Seq: seq})
