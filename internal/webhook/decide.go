@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 
@@ -61,9 +62,10 @@ type write struct {
 	tokenless string
 	// offered is the token this write itself sent, "" if it sent none.
 	offered string
-	// recorded is the token of the object's last accepted write under this
-	// lease, "" if none.
-	recorded string
+	// recorded is the token of the object's last accepted write, "" if
+	// none; hasRecord tells an empty record (damaged) from none.
+	recorded  string
+	hasRecord bool
 	user     authenticationv1.UserInfo
 }
 
@@ -112,6 +114,10 @@ func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
 		return f.deny(v1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
 			w.leaseRef, v1.TokenAnnotation)
 	}
+	if err == nil && offered <= 0 {
+		// An absent etcd key's CreateRevision is 0: no grant has token 0.
+		err = &v1.MalformedTokenError{Value: w.offered, Reason: "a fencing token is positive"}
+	}
 	if err != nil {
 		return f.deny(v1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
 			err, w.leaseRef, v1.TokenAnnotation, v1.HolderTokenAnnotationPrefix, lease.Name)
@@ -123,8 +129,17 @@ func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
 	if issued := lastIssued(lease, live); offered > issued {
 		return f.deny(v1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
-	if recorded, err := v1.ParseToken(w.recorded); err == nil && offered < recorded {
-		return f.deny(v1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
+	if w.hasRecord {
+		recorded, err := v1.ParseToken(w.recorded)
+		if err != nil {
+			// Only fencer writes the record; a damaged one must not switch
+			// the per-object check off.
+			return f.deny(v1.DenialBelowObject, "the object's %s annotation is damaged (%v), so its last token is unknown and no write is accepted under lease %s; an exempt identity or an administrator must repair or remove it",
+				v1.WrittenTokenAnnotation, err, w.leaseRef)
+		}
+		if offered < recorded {
+			return f.deny(v1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
+		}
 	}
 	if d := checkPolicy(f, lease, offered); d != nil {
 		return d
@@ -194,7 +209,10 @@ func checkIdentity(f facts) *Denial {
 	}
 	pod := first(f.w.user.Extra[podNameExtra])
 	uid := first(f.w.user.Extra[podUIDExtra])
-	if pod != g.Holder || (uid != "" && uid != g.HolderUID) {
+	ns, _, _ := strings.Cut(f.w.leaseRef, "/")
+	// A bound token names the pod and its UID, and its username the
+	// pod's namespace: all three must match the holder.
+	if pod != g.Holder || uid != g.HolderUID || !strings.HasPrefix(f.w.user.Username, "system:serviceaccount:"+ns+":") {
 		from := f.w.user.Username
 		if pod != "" {
 			from += " (pod " + pod + ")"

@@ -90,7 +90,8 @@ func (f *Fence) record(ctx context.Context, req admission.Request) (Reason, admi
 	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) {
 		// A lifecycle write (a finalizer or ownerReference removed) sends
 		// no token and must not erase the record either.
-		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, recordOf(old, leaseName))...)
+		record, _ := recordOf(old, leaseName)
+		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, record)...)
 	}
 	reason, resp := f.judge(ctx, req, w, leaseName, d)
 	if resp.Allowed && leaseName != "" {
@@ -186,7 +187,7 @@ func parseWrite(req admission.Request) (w write, leaseName string, obj, old *obj
 	if leaseName != "" {
 		w.leaseRef = req.Namespace + "/" + leaseName
 		w.offered = offerOf(obj, old)
-		w.recorded = recordOf(old, leaseName)
+		w.recorded, w.hasRecord = recordOf(old, leaseName)
 	}
 	return w, leaseName, obj, old, nil
 }
@@ -214,8 +215,17 @@ func parseTokenless(req admission.Request) (write, string, *Denial) {
 	var lease string
 	switch {
 	case req.SubResource != "":
+		// The subresource's object (a status write, say) carries the
+		// parent's labels; none of its writes can carry a token.
 		lease = firstOf(labelOf(old), labelOf(obj))
 		w.tokenless = fmt.Sprintf("a %s of the %s subresource", req.Operation, req.SubResource)
+		if changesFence(obj, old) {
+			// Some status strategies keep metadata changes: a subresource
+			// write must never unfence, refence or rewrite the record.
+			w.leaseRef = req.Namespace + "/" + lease
+			return w, lease, facts{w: w}.deny(v1.DenialLabelChange, "%s may not change the label %s or the annotations %s and %s; write the object itself, with a token",
+				w.tokenless, v1.LeaseLabel, v1.TokenAnnotation, v1.WrittenTokenAnnotation)
+		}
 	case req.Operation == admissionv1.Delete:
 		if old == nil {
 			return w, "", badRequest("DELETE without the old object")
@@ -228,6 +238,25 @@ func parseTokenless(req admission.Request) (write, string, *Denial) {
 		w.leaseRef = req.Namespace + "/" + lease
 	}
 	return w, lease, nil
+}
+
+// changesFence says whether a subresource write changes what fencing rests
+// on: the lease label, the offer or the record.
+func changesFence(obj, old *objectMeta) bool {
+	if obj == nil || old == nil {
+		return false
+	}
+	if labelOf(obj) != labelOf(old) {
+		return true
+	}
+	for _, k := range []string{v1.TokenAnnotation, v1.WrittenTokenAnnotation} {
+		a, okA := obj.Metadata.Annotations[k]
+		b, okB := old.Metadata.Annotations[k]
+		if a != b || okA != okB {
+			return true
+		}
+	}
+	return false
 }
 
 func firstOf(a, b string) string {
@@ -266,18 +295,28 @@ func labelOf(m *objectMeta) string {
 	return m.Metadata.Labels[v1.LeaseLabel]
 }
 
-// recordOf is the token of old's last accepted write under lease: its
-// record, or, for an object written before fencer kept records, the token
-// it still carries. "" when old was not fenced by lease.
-func recordOf(old *objectMeta, lease string) string {
-	if labelOf(old) != lease {
-		return ""
+// recordOf is the token of old's last accepted write: its record, or, for
+// an object written before fencer kept records, the token it still carries.
+// An unfenced old object's record counts too: an object unfenced under
+// token t' must not be re-fenced under a lower t. ok is false when there is
+// no record (and for an object fenced by another lease, whose label change
+// is refused anyway).
+func recordOf(old *objectMeta, lease string) (record string, ok bool) {
+	if old == nil {
+		return "", false
+	}
+	if l := labelOf(old); l != "" && l != lease {
+		return "", false
 	}
 	ann := old.Metadata.Annotations
 	if r, ok := ann[v1.WrittenTokenAnnotation]; ok {
-		return r
+		return r, true
 	}
-	return ann[v1.TokenAnnotation]
+	if labelOf(old) != "" {
+		r, ok := ann[v1.TokenAnnotation]
+		return r, ok
+	}
+	return "", false
 }
 
 // recordPatch makes obj's annotations hold record as the last accepted

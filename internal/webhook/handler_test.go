@@ -105,7 +105,9 @@ func TestRecord(t *testing.T) {
 		{"label removal without a token", request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42")), 409, "this write sends no fencing token for lease default/report", nil},
 		{"label removal with the live token", request(admissionv1.Update, stored("", "42", "42"), stored("report", "", "42")), 0, "", record("42")[:1]},
 		{"label change", request(admissionv1.Update, obj("other", "42"), stored("report", "", "42")), 409, `fencer.io/lease cannot change from "report" to "other"`, nil},
-		{"label added: a record of no lease is not compared", request(admissionv1.Update, stored("report", "42", "99"), stored("", "", "99")), 0, "", record("42")},
+		{"label added: the record of an unfenced object still counts (no re-fencing under a lower token)", request(admissionv1.Update, stored("report", "42", "99"), stored("", "", "99")), 409, "last written under token 99", nil},
+		{"label added to an object with no record", request(admissionv1.Update, stored("report", "42", ""), stored("", "", "")), 0, "", record("42")},
+		{"token 0", request(admissionv1.Create, obj("report", "0"), nil), 409, "a fencing token is positive", nil},
 		{"unknown lease", request(admissionv1.Create, obj("ghost", "42"), nil), 409, "lease default/ghost does not exist", nil},
 		{"malformed object JSON", request(admissionv1.Create, []byte("{not json"), nil), 400, "fencer: cannot read the object", nil},
 		{"update without the old object", request(admissionv1.Update, obj("report", "42"), nil), 400, "UPDATE needs the object", nil},
@@ -142,6 +144,7 @@ func TestValidateTokenless(t *testing.T) {
 		{"delete by the namespace controller", as(request(admissionv1.Delete, nil, stored("report", "", "42")), "system:serviceaccount:kube-system:namespace-controller"), 0, ""},
 		{"delete of an unfenced object", request(admissionv1.Delete, nil, stored("", "", "42")), 0, ""},
 		{"status write", status, 409, "a UPDATE of the status subresource cannot carry a fencing token"},
+		{"status write by an exempt identity that removes the label", as(relabelStatus(), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "may not change the label fencer.io/lease"},
 		{"delete without the old object", request(admissionv1.Delete, nil, nil), 400, "DELETE without the old object"},
 		{"connect is not checked", request(admissionv1.Connect, nil, nil), 0, ""},
 	}
@@ -172,6 +175,13 @@ func TestDenialCauses(t *testing.T) {
 	if resp.Result.Details == nil || !reflect.DeepEqual(resp.Result.Details.Causes, want) {
 		t.Fatalf("causes %+v\nwant %+v", resp.Result.Details, want)
 	}
+}
+
+// relabelStatus is a /status write whose object drops the lease label.
+func relabelStatus() admission.Request {
+	r := request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42"))
+	r.SubResource = "status"
+	return r
 }
 
 func as(r admission.Request, user string) admission.Request {
