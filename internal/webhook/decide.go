@@ -66,7 +66,7 @@ type write struct {
 	// none; hasRecord tells an empty record (damaged) from none.
 	recorded  string
 	hasRecord bool
-	user     authenticationv1.UserInfo
+	user      authenticationv1.UserInfo
 }
 
 // facts fills a Denial with what the decision knew.
