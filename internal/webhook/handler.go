@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -87,7 +88,7 @@ func (f *Fence) record(ctx context.Context, req admission.Request) (Reason, admi
 		return ReasonNotFenced, admission.Allowed("not a write of the object itself")
 	}
 	w, leaseName, obj, old, d := parseWrite(req)
-	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) {
+	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) && lifecycleOnly(req) {
 		// A lifecycle write (a finalizer or ownerReference removed) sends
 		// no token and must not erase the record either.
 		record, _ := recordOf(old, leaseName)
@@ -113,8 +114,9 @@ func resultOf(resp admission.Response) string {
 	return "refused"
 }
 
-// judge decides a parsed write: exempt identities first (they may delete
-// objects whose Lease is already gone), then the Lease and its live token.
+// judge decides a parsed write: for tokenless writes, exempt identities
+// first (they may delete objects whose Lease is already gone); then the
+// Lease and its live token.
 func (f *Fence) judge(ctx context.Context, req admission.Request, w write, leaseName string, d *Denial) (Reason, admission.Response) {
 	if d != nil {
 		return d.Reason, denied(d)
@@ -122,7 +124,7 @@ func (f *Fence) judge(ctx context.Context, req admission.Request, w write, lease
 	if leaseName == "" {
 		return ReasonNotFenced, admission.Allowed("not fenced")
 	}
-	if f.Exempt.Matches(req.UserInfo) {
+	if w.tokenless != "" && f.Exempt.Matches(req.UserInfo) {
 		return ReasonExempt, admission.Allowed("exempt lifecycle identity")
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("lease", w.leaseRef, "operation", req.Operation, "kind", req.Kind.Kind,
@@ -238,6 +240,39 @@ func parseTokenless(req admission.Request) (write, string, *Denial) {
 		w.leaseRef = req.Namespace + "/" + lease
 	}
 	return w, lease, nil
+}
+
+// lifecycleFields are what lifecycle controllers change on objects they do
+// not own: the garbage collector's ownerReferences and finalizers.
+var lifecycleFields = []string{"ownerReferences", "finalizers", "managedFields", "resourceVersion", "generation"}
+
+// lifecycleOnly says whether an UPDATE changes nothing but lifecycleFields,
+// so an exempt identity may make it without a token. Anything else it sends
+// (a spec change by a controller manager running under one identity) is
+// judged like any write.
+func lifecycleOnly(req admission.Request) bool {
+	if req.Operation != admissionv1.Update {
+		return false
+	}
+	var obj, old map[string]any
+	if json.Unmarshal(req.Object.Raw, &obj) != nil || json.Unmarshal(req.OldObject.Raw, &old) != nil {
+		return false
+	}
+	for _, m := range []map[string]any{obj, old} {
+		meta, _ := m["metadata"].(map[string]any)
+		for _, f := range lifecycleFields {
+			delete(meta, f)
+		}
+		// The record is restored from the old object either way.
+		if ann, _ := meta["annotations"].(map[string]any); ann != nil {
+			delete(ann, v1.TokenAnnotation)
+			delete(ann, v1.WrittenTokenAnnotation)
+			if len(ann) == 0 {
+				delete(meta, "annotations")
+			}
+		}
+	}
+	return reflect.DeepEqual(obj, old)
 }
 
 // changesFence says whether a subresource write changes what fencing rests

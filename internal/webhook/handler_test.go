@@ -111,6 +111,8 @@ func TestRecord(t *testing.T) {
 		{"unknown lease", request(admissionv1.Create, obj("ghost", "42"), nil), 409, "lease default/ghost does not exist", nil},
 		{"malformed object JSON", request(admissionv1.Create, []byte("{not json"), nil), 400, "fencer: cannot read the object", nil},
 		{"update without the old object", request(admissionv1.Update, obj("report", "42"), nil), 400, "UPDATE needs the object", nil},
+		{"exempt identity changing more than lifecycle fields is judged", as(request(admissionv1.Update, []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"data":{"v":"new"}}`),
+			stored("report", "", "42")), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
 		{"exempt identity keeps the record", as(request(admissionv1.Update, stored("report", "", ""), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
 			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": "42"}}}},
 	}
