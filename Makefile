@@ -55,7 +55,11 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 ##@ Test
 
 .PHONY: test
-test: tools verify-generated vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
+test: tools verify-generated fmt vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
+
+.PHONY: fmt
+fmt: ## Fail when a Go file is not gofmt-ed (lists them).
+	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "not gofmt-ed (run gofmt -w):"; echo "$$files"; exit 1; fi
 
 .PHONY: vet
 vet: ## go vet every package.

@@ -197,6 +197,9 @@ func TestCheckerCatchesBrokenWebhook(t *testing.T) {
 	if r.StaleAccepted == 0 {
 		t.Fatalf("the webhook admitted everything, yet the checker found no stale write: %s", r.Summary())
 	}
+	if r.HostileAccepted == 0 {
+		t.Fatalf("the webhook admitted everything, yet the checker found no hostile write accepted: %s", r.Summary())
+	}
 	for _, v := range r.Violations {
 		if strings.Contains(v, "object cm-alpha") {
 			t.Logf("caught: %s", v)

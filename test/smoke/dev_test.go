@@ -223,6 +223,93 @@ func TestDevCluster(t *testing.T) {
 			t.Fatalf("stale write: err=%v, output:\n%s\nwant it refused with %q", err, out, want)
 		}
 		kubectl("apply", "-f", cm(tok))
+
+		// What a careless admin sends with kubectl, none of which sends the
+		// token itself: each is refused, with the reason.
+		refused := func(want string, args ...string) {
+			t.Helper()
+			out, err := exec.Command(filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", filepath.Join(state, "kubeconfig")}, args...)...).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), want) {
+				t.Fatalf("kubectl %v: err=%v, output:\n%s\nwant it refused with %q", args, err, out, want)
+			}
+		}
+		noToken := "this write sends no fencing token for lease default/report"
+		refused(noToken, "patch", "cm", "report-output", "--type=merge", "-p", `{"data":{"v":"x"}}`)
+		refused(noToken, "label", "cm", "report-output", "fencer.io/lease-")
+		refused(noToken, "annotate", "cm", "report-output", "note=x")
+		refused("a DELETE cannot carry a fencing token", "delete", "cm", "report-output")
+		kubectl("patch", "cm", "report-output", "--type=merge", "-p", fmt.Sprintf(`{"data":{"v":"x"},"metadata":{"annotations":{"fencer.io/token":"%d"}}}`, tok))
+		if got := kubectl("get", "cm", "report-output", "-o", `jsonpath={.metadata.annotations.fencer\.io/written-token}/{.metadata.annotations.fencer\.io/token}`); got != token+"/" {
+			t.Fatalf("stored record/offer %q, want %s/ (the offer never stays on the object)", got, token)
+		}
+	})
+
+	t.Run("kubectl scale of a fenced Deployment is refused", func(t *testing.T) {
+		token := strings.TrimSpace(kubectl("get", "flease", "report", "-o", "jsonpath={.status.token}"))
+		path := filepath.Join(tmp, "fenced-deployment.yaml")
+		manifest := fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: fenced
+  labels: {fencer.io/lease: report}
+  annotations: {fencer.io/token: %q}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: fenced}}
+  template:
+    metadata: {labels: {app: fenced}}
+    spec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}
+`, token)
+		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", path)
+		out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", filepath.Join(state, "kubeconfig"), "scale", "deployment", "fenced", "--replicas=3").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "a UPDATE of the scale subresource cannot carry a fencing token") {
+			t.Fatalf("kubectl scale of a fenced Deployment: err=%v\n%s", err, out)
+		}
+	})
+
+	t.Run("kubectl delete namespace completes with fenced objects in it", func(t *testing.T) {
+		path := filepath.Join(tmp, "fenced-ns.yaml")
+		manifest := `apiVersion: v1
+kind: Namespace
+metadata: {name: fenced-ns}
+---
+apiVersion: fencer.io/v1alpha1
+kind: Lease
+metadata: {name: job, namespace: fenced-ns}
+spec:
+  ttlSeconds: 10
+  holderSelector: {matchLabels: {app: job}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: job, namespace: fenced-ns}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: job}}
+  template:
+    metadata: {labels: {app: job}}
+    spec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}
+`
+		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", path)
+		var token string
+		for deadline := time.Now().Add(90 * time.Second); token == "" || token == "0"; time.Sleep(500 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("Lease fenced-ns/job not held after 90s")
+			}
+			token = strings.TrimSpace(kubectl("get", "flease", "job", "-n", "fenced-ns", "-o", "jsonpath={.status.token}"))
+		}
+		cmPath := filepath.Join(tmp, "fenced-ns-cm.yaml")
+		if err := os.WriteFile(cmPath, []byte(fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\n  namespace: fenced-ns\n  labels: {fencer.io/lease: job}\n  annotations: {fencer.io/token: %q}\n", token)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", cmPath)
+		kubectl("delete", "namespace", "fenced-ns", "--wait=true", "--timeout=120s")
 	})
 
 	t.Run("the example IDRanges hand out distinct blocks and slots (disjointness is proven in test/integration/idrange)", func(t *testing.T) {

@@ -312,7 +312,7 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 			args: []string{
 				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name,
 				"--leases=alpha,beta", "--etcd-endpoints=" + endpoints,
-				"--idrange=ids", "--block-size=1000",
+				"--idrange=ids", "--block-size=1000", "--hostile-every=250ms",
 				"--history=" + filepath.Join(h.opts.Dir, "workers", name+".jsonl"),
 				"--ready-addr=" + readyAddr,
 			},
@@ -349,7 +349,10 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 // webhook stands between a worker and a forged Lease status.
 func (h *Harness) workerRBAC(ctx context.Context) error {
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "worker", Namespace: Namespace}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+		// The hostile writes' fenced Deployment: RBAC lets them through, so
+		// only the webhook refuses them.
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments", "deployments/scale", "deployments/status"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
 		{APIGroups: []string{"fencer.io"}, Resources: []string{"leases", "leases/status"}, Verbs: []string{"get", "list", "update", "patch"}},
 	}}

@@ -30,6 +30,8 @@ type Report struct {
 	DuplicateIDs     int // IDs issued twice, or a next-ID key that went backwards
 	Unexplained      int // refusals with no reason the checker can name
 	Missing          int // accepted writes absent from the histories: the history is incomplete
+	Hostile          int // hostile writes tried (KindHostile)
+	HostileAccepted  int // hostile writes the apiserver accepted
 
 	// Violations describes the first violations found.
 	Violations []string
@@ -37,18 +39,20 @@ type Report struct {
 
 // Summary is the one line a fault run ends with.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d",
-		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs)
+	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, hostile writes %d accepted %d",
+		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.Hostile, r.HostileAccepted)
 }
 
 // OK reports whether no guarantee was violated.
 func (r *Report) OK() bool {
-	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.Unexplained+r.Missing == 0
+	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.Unexplained+r.Missing+r.HostileAccepted == 0
 }
 
+// violate counts one violation and describes the first 20 of each counter,
+// so one flood of a kind cannot hide the others.
 func (r *Report) violate(counter *int, format string, args ...any) {
 	*counter++
-	if len(r.Violations) < 50 {
+	if *counter <= 20 {
 		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
 	}
 }
@@ -111,6 +115,13 @@ func Check(h *Histories) *Report {
 func (r *Report) attempts(h *Histories) {
 	for _, a := range h.Attempts {
 		if a.Kind == KindIDs {
+			continue
+		}
+		if a.Kind == KindHostile {
+			r.Hostile++
+			if a.OK {
+				r.violate(&r.HostileAccepted, "%s's hostile write (%s) to %s under lease %s (token %d) was accepted", a.Worker, a.Mode, a.Target, a.Lease, a.Token)
+			}
 			continue
 		}
 		if a.OK {

@@ -33,6 +33,7 @@ func clean(t *testing.T) *Histories {
 			{Worker: "w1", Kind: KindEtcd, Seq: 2, Token: 20, OK: true},
 			{Worker: "w0", Kind: KindIDs, Lo: 0, Hi: 99},
 			{Worker: "w1", Kind: KindIDs, Lo: 100, Hi: 199},
+			{Worker: "w0", Kind: KindHostile, Mode: "merge-no-token", Lease: "a", Target: "cm", Reason: ReasonFenced},
 		},
 		Objects: []ObjectEvent{
 			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
@@ -60,7 +61,7 @@ func TestCleanHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("violations in a clean history: %v", r.Violations)
 	}
-	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0"
+	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, hostile writes 1 accepted 0"
 	if got := r.Summary(); got != want {
 		t.Fatalf("summary\n got %s\nwant %s", got, want)
 	}
@@ -104,6 +105,9 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"refusal without a reason", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w0", Kind: KindEtcd, Seq: 7, Reason: "", Message: "EOF"})
 		}, func(r *Report) int { return r.Unexplained }},
+		{"hostile write accepted", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindHostile, Mode: "delete", Lease: "a", Target: "cm", OK: true})
+		}, func(r *Report) int { return r.HostileAccepted }},
 		{"accepted write missing from the history", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindConfigMap, Seq: 5, Token: 20, OK: true})
 		}, func(r *Report) int { return r.Missing }},

@@ -28,6 +28,10 @@ const (
 	KindConfigMap = "configmap" // a fenced ConfigMap write through the apiserver
 	KindEtcd      = "etcd"      // a fenced etcd transaction (pkg/fence.Txn)
 	KindIDs       = "ids"       // a run of IDs issued by pkg/idgen.Blocks
+	// KindHostile is a write the SDK never sends: no token, a forged or old
+	// token, a label removal, or a write that cannot carry a token. Every
+	// one must be refused.
+	KindHostile = "hostile"
 )
 
 // Reasons a write was refused. Each names a cause the checker accepts; any
@@ -38,12 +42,13 @@ const (
 	ReasonTokenUnavailable   = "token-unavailable"   // the webhook could not read the live token from etcd (503)
 	ReasonEtcdUnavailable    = "etcd-unavailable"    // the worker could not reach etcd
 	ReasonTimeout            = "timeout"             // the worker gave up waiting (it may have been paused)
+	ReasonRace               = "race"                // the apiserver's own conflict: another writer created or changed the object first
 )
 
 // KnownReasons is every reason the checker accepts.
 var KnownReasons = map[string]bool{
 	ReasonFenced: true, ReasonWebhookUnavailable: true, ReasonTokenUnavailable: true,
-	ReasonEtcdUnavailable: true, ReasonTimeout: true,
+	ReasonEtcdUnavailable: true, ReasonTimeout: true, ReasonRace: true,
 }
 
 // Attempt is one thing a worker did.
@@ -61,6 +66,8 @@ type Attempt struct {
 	OK      bool   `json:"ok"`
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"msg,omitempty"`
+	// Mode names a hostile write (KindHostile): one of HostileModes.
+	Mode string `json:"mode,omitempty"`
 	// Lo and Hi bound a run of consecutive IDs (KindIDs), inclusive.
 	Lo int64 `json:"lo,omitempty"`
 	Hi int64 `json:"hi,omitempty"`

@@ -47,6 +47,7 @@ type config struct {
 	idMin, idMax, blockSize    int64
 	historyPath, readyAddr     string
 	interval                   time.Duration
+	hostileEvery               time.Duration
 }
 
 func main() {
@@ -67,6 +68,7 @@ func main() {
 	fs.StringVar(&c.historyPath, "history", "", "history file (JSON lines)")
 	fs.StringVar(&c.readyAddr, "ready-addr", "127.0.0.1:0", "address of /readyz")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "pause between writes")
+	fs.DurationVar(&c.hostileEvery, "hostile-every", 0, "pause between hostile writes (no token, forged, old, tokenless) to lease alpha's objects; 0 sends none")
 	_ = fs.Parse(os.Args[1:])
 	c.leases = split(leases)
 	c.etcdEndpoints = split(endpoints)
@@ -114,13 +116,16 @@ func run(c config) error {
 	defer hist.Close()
 	go serveReady(c.readyAddr)
 
-	w := &worker{config: c, kube: kube, etcd: etcd, hist: hist}
+	w := &worker{config: c, kube: kube, etcd: etcd, hist: hist, tokens: map[string][]int64{}}
 	var wg sync.WaitGroup
 	for _, lease := range c.leases {
 		wg.Go(func() { w.writeLoop(ctx, lease) })
 	}
 	if c.idRange != "" {
 		wg.Go(func() { w.idLoop(ctx) })
+	}
+	if c.hostileEvery > 0 {
+		wg.Go(func() { w.hostileLoop(ctx, c.hostileEvery) })
 	}
 	wg.Wait()
 	return nil
@@ -142,6 +147,8 @@ type worker struct {
 	hist *history.Writer
 	mu   sync.Mutex
 	seq  int64
+	// tokens are the tokens read per lease, for the hostile writes.
+	tokens map[string][]int64
 }
 
 func (w *worker) nextSeq() int64 {
@@ -173,6 +180,7 @@ func (w *worker) writeLoop(ctx context.Context, lease string) {
 			switch {
 			case err == nil:
 				tok = t
+				w.saw(lease, t.Value)
 			case errors.Is(err, fence.ErrNotHolder):
 				tok = fence.Token{}
 			}
@@ -230,6 +238,8 @@ func apiReason(err error) string {
 		return history.ReasonTokenUnavailable
 	case errors.Is(err, context.DeadlineExceeded), apierrors.IsTimeout(err), strings.Contains(msg, "Client.Timeout"):
 		return history.ReasonTimeout
+	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
+		return history.ReasonRace
 	}
 	return "" // unexplained: the checker fails the run
 }
