@@ -29,8 +29,6 @@ import (
 )
 
 const (
-	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
-	IDRangeAnnotationPrefix = "idrange.fencer.io/"
 	// IDRangeFinalizer makes the controller release slots before an IDRange goes.
 	IDRangeFinalizer = "fencer.io/release-slots"
 	// DeleteNextAnnotation, set to "true" on an IDRange, deletes its next-ID
@@ -139,7 +137,7 @@ var errNextRegressed = errors.New("next-ID key regressed")
 
 // blocks gives every matching pod without one a block.
 func (r *IDRangeReconciler) blocks(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
-	key := IDRangeAnnotationPrefix + rng.Name
+	key := v1.IDRangeAnnotationPrefix + rng.Name
 	next, err := r.Store.ReadNext(ctx, rng.Namespace, rng.Name, rng.Spec.Min)
 	if err != nil {
 		return err
@@ -201,7 +199,7 @@ func remainingIDs(next, max int64) int64 {
 
 // slots keeps one live slot per qualifying pod and repairs drift.
 func (r *IDRangeReconciler) slots(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
-	key := IDRangeAnnotationPrefix + rng.Name
+	key := v1.IDRangeAnnotationPrefix + rng.Name
 	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return err
@@ -351,7 +349,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl
 		return ctrl.Result{}, err
 	}
 	for i := range pods {
-		if err := annotatePod(ctx, r.Client, &pods[i], nil, IDRangeAnnotationPrefix+rng.Name); err != nil {
+		if err := annotatePod(ctx, r.Client, &pods[i], nil, v1.IDRangeAnnotationPrefix+rng.Name); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -393,7 +391,7 @@ func (r *IDRangeReconciler) rangesForPod(ctx context.Context, obj client.Object)
 	var reqs []reconcile.Request
 	for _, o := range list.Items {
 		sel, err := metav1.LabelSelectorAsSelector(&o.Spec.PodSelector)
-		_, annotated := obj.GetAnnotations()[IDRangeAnnotationPrefix+o.Name]
+		_, annotated := obj.GetAnnotations()[v1.IDRangeAnnotationPrefix+o.Name]
 		if annotated || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&o)})
 		}

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -136,7 +135,7 @@ func annotation(t *testing.T, ns, pod, lease string) string {
 		}
 		t.Fatal(err)
 	}
-	return p.Annotations[controllers.TokenAnnotationPrefix+lease]
+	return p.Annotations[v1.HolderTokenAnnotationPrefix+lease]
 }
 
 func heldReason(l *v1.Lease) string {
