@@ -55,11 +55,18 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 ##@ Test
 
 .PHONY: test
-test: tools verify-generated fmt vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
+test: tools verify-generated fmt hygiene vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
 
 .PHONY: fmt
 fmt: ## Fail when a Go file is not gofmt-ed (lists them).
 	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "not gofmt-ed (run gofmt -w):"; echo "$$files"; exit 1; fi
+
+.PHONY: hygiene
+hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/) or a doc linking outside the repository.
+	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' | awk '$$1 > 1048576 {print $$2}'); \
+	if [ -n "$$big" ]; then echo "tracked files over 1 MB:"; echo "$$big"; exit 1; fi
+	@out=$$(grep -rlE '\]\((\.\./)+shared/' README.md docs || true); \
+	if [ -n "$$out" ]; then echo "docs link outside the repository:"; echo "$$out"; exit 1; fi
 
 .PHONY: vet
 vet: ## go vet every package.
