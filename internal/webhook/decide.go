@@ -77,6 +77,11 @@ type facts struct {
 
 func (f facts) deny(reason Reason, format string, args ...any) *Denial {
 	d := &Denial{Code: http.StatusConflict, Reason: reason, Lease: f.w.leaseRef, Offered: f.w.offered, Recorded: f.w.recorded}
+	if reason == v1.DenialTokenless {
+		// No token can make this write pass, so it is no conflict to retry
+		// (kubectl scale retries conflicts for minutes): it is forbidden.
+		d.Code = http.StatusForbidden
+	}
 	if g := f.live.Grant; g != nil {
 		d.Current, d.Holder = g.Token, g.Holder
 	}

@@ -382,6 +382,7 @@ func annotationPath(key string) string {
 
 var statusReasons = map[int32]metav1.StatusReason{
 	http.StatusConflict:           metav1.StatusReasonConflict,
+	http.StatusForbidden:          metav1.StatusReasonForbidden,
 	http.StatusBadRequest:         metav1.StatusReasonBadRequest,
 	http.StatusServiceUnavailable: metav1.StatusReasonServiceUnavailable,
 }

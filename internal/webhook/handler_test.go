@@ -142,10 +142,10 @@ func TestValidateTokenless(t *testing.T) {
 		code int32
 		msg  string
 	}{
-		{"delete of an object last written under the live token", request(admissionv1.Delete, nil, stored("report", "", "42")), 409, "a DELETE cannot carry a fencing token"},
+		{"delete of an object last written under the live token", request(admissionv1.Delete, nil, stored("report", "", "42")), 403, "a DELETE cannot carry a fencing token"},
 		{"delete by the namespace controller", as(request(admissionv1.Delete, nil, stored("report", "", "42")), "system:serviceaccount:kube-system:namespace-controller"), 0, ""},
 		{"delete of an unfenced object", request(admissionv1.Delete, nil, stored("", "", "42")), 0, ""},
-		{"status write", status, 409, "a UPDATE of the status subresource cannot carry a fencing token"},
+		{"status write", status, 403, "a UPDATE of the status subresource cannot carry a fencing token"},
 		{"status write by an exempt identity that removes the label", as(relabelStatus(), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "may not change the label fencer.io/lease"},
 		{"delete without the old object", request(admissionv1.Delete, nil, nil), 400, "DELETE without the old object"},
 		{"connect is not checked", request(admissionv1.Connect, nil, nil), 0, ""},

@@ -61,13 +61,14 @@ func (e *StaleTokenError) Error() string { return e.Message }
 // Unwrap returns the apiserver's error.
 func (e *StaleTokenError) Unwrap() error { return e.Err }
 
-// AsStaleToken turns a refusal by fencer's webhook (HTTP 409 with fencer's
-// causes) into a *StaleTokenError; any other error comes back unchanged:
-// the apiserver's own optimistic-lock conflict, and fencer's 503 when it
-// cannot read the live token (retry those).
+// AsStaleToken turns a refusal by fencer's webhook (HTTP 409, or 403 for a
+// write that cannot carry a token, with fencer's causes) into a
+// *StaleTokenError; any other error comes back unchanged: the apiserver's own
+// optimistic-lock conflict, and fencer's 503 when it cannot read the live
+// token (retry those).
 func AsStaleToken(err error) error {
 	var status apierrors.APIStatus
-	if err == nil || !apierrors.IsConflict(err) || !errors.As(err, &status) || status.Status().Details == nil {
+	if err == nil || !(apierrors.IsConflict(err) || apierrors.IsForbidden(err)) || !errors.As(err, &status) || status.Status().Details == nil {
 		return err
 	}
 	e := &StaleTokenError{Message: err.Error(), Err: err}

@@ -118,7 +118,14 @@ func refused(t *testing.T, err error, want string) {
 // the SDK reads them, and whose message carries want.
 func refusedAs(t *testing.T, err error, reason v1.DenialReason, want string) *fence.StaleTokenError {
 	t.Helper()
-	refused(t, err, want)
+	if reason == v1.DenialTokenless {
+		// No token could make it pass: 403, so kubectl does not retry it.
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want a 403 containing %q, got %v", want, err)
+		}
+	} else {
+		refused(t, err, want)
+	}
 	var st *fence.StaleTokenError
 	if !errors.As(fence.AsStaleToken(err), &st) || st.Reason != reason {
 		t.Fatalf("want causes with reason %s, got %+v from %v", reason, st, err)
