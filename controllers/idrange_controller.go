@@ -26,6 +26,7 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/renew"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 const (
@@ -55,7 +56,7 @@ type IDRangeReconciler struct {
 func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *IDRangeReconciler {
 	r := &IDRangeReconciler{Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk, wake: make(chan event.GenericEvent, 1024)}
 	r.Renewer = renew.New(store.Client(), clk, func(key string) {
-		if ns, name, _, ok := etcdstore.ParseSlotKey(store.Prefix(), key); ok {
+		if ns, name, _, ok := etcdkeys.ParseSlotKey(store.Prefix(), key); ok {
 			r.enqueue(ns, name)
 		}
 	})
@@ -206,7 +207,7 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *v1.IDRange, pods []c
 	}
 	byUID := map[string]etcdstore.Slot{}
 	for _, sl := range live {
-		slotKey := etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
+		slotKey := etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
 		pod := podByUID(pods, sl.PodUID)
 		if pod == nil || !slotQualifies(pod) {
 			if r.Renewer.Renewing(slotKey, sl.LeaseID) {
@@ -246,7 +247,7 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *v1.IDRange, pods []c
 			sl = *got
 			live = append(live, sl)
 			byUID[sl.PodUID] = sl
-			r.Renewer.Ensure(etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
+			r.Renewer.Ensure(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
 		}
 		want := fmt.Sprintf("slot=%d,token=%d", sl.N, sl.Token)
 		if err := annotatePod(ctx, r.Client, pod, map[string]string{key: want}, key); err != nil {
@@ -334,7 +335,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl
 		return ctrl.Result{}, err
 	}
 	for _, sl := range slots {
-		r.Renewer.Stop(etcdstore.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
+		r.Renewer.Stop(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
 	}
 	if err := r.Store.ReleaseSlots(ctx, slots); err != nil {
 		return ctrl.Result{}, err

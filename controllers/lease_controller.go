@@ -30,6 +30,7 @@ import (
 	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/renew"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // LeaseFinalizer makes the controller release a Lease's etcd key before the
@@ -138,7 +139,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 	var out outcome
 	now := r.Clock.Now()
 	lease.Status.ObservedGeneration = lease.Generation
-	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 
 	pods, err := r.candidates(ctx, lease)
 	if err != nil {
@@ -224,7 +225,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 // suspended, or one TTL after the last renewal of a holder that stopped
 // qualifying. It reports whether the tenure ended.
 func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, pods []corev1.Pod, now time.Time, out *outcome) (bool, error) {
-	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	ttl := time.Duration(g.TTL) * time.Second
 	pod := findPod(pods, g.Holder, g.HolderUID)
 	showGrant(lease, g)
@@ -318,7 +319,7 @@ func (r *LeaseReconciler) clearEnd(key string) {
 
 // release ends a tenure with the conditional delete.
 func (r *LeaseReconciler) release(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, why v1.TenureEndReason, now time.Time, out *outcome) error {
-	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
 		return err
@@ -400,7 +401,7 @@ func (r *LeaseReconciler) revisionRegressed(lease *v1.Lease, rev int64, out *out
 // conditional release (only that grant). New grants then wait in
 // revisionRegressed until etcd's revision passes the highest token.
 func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, out *outcome) error {
-	key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
 	floor := highestToken(lease)
 	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
@@ -464,7 +465,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.R
 		return ctrl.Result{}, err
 	}
 	if g != nil {
-		key := etcdstore.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+		key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 		r.Renewer.Stop(key)
 		if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
 			return ctrl.Result{}, err
@@ -521,7 +522,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 	r.Store.WatchLeases(ctx, func(ev etcdstore.LeaseEvent) {
 		if ev.Deleted {
-			r.markDeleted(etcdstore.LeaseKey(r.Store.Prefix(), ev.Namespace, ev.Name), ev.At)
+			r.markDeleted(etcdkeys.LeaseKey(r.Store.Prefix(), ev.Namespace, ev.Name), ev.At)
 		}
 		r.enqueue(ev.Namespace, ev.Name)
 	}, func() { r.enqueueAll(ctx) })

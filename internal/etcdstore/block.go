@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -32,7 +33,7 @@ func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max
 		// next = last+1 must stay representable; the API refuses this max.
 		return Block{}, 0, fmt.Errorf("max %d leaves no room for the next-ID key; use at most %d", max, int64(math.MaxInt64-1))
 	}
-	key := IDRangeNextKey(s.prefix, namespace, name)
+	key := etcdkeys.IDRangeNextKey(s.prefix, namespace, name)
 	for {
 		term, err := s.elector.Term()
 		if err != nil {
@@ -77,7 +78,7 @@ func lastOf(first, size, max int64) int64 {
 func (s *Store) ReadNext(ctx context.Context, namespace, name string, min int64) (int64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	next, _, err := s.readNext(ctx, IDRangeNextKey(s.prefix, namespace, name), min)
+	next, _, err := s.readNext(ctx, etcdkeys.IDRangeNextKey(s.prefix, namespace, name), min)
 	return next, err
 }
 

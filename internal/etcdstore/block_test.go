@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"sort"
 	"strings"
 	"sync"
@@ -95,7 +96,7 @@ func TestClaimBlockEdges(t *testing.T) {
 	if _, _, err := s.ClaimBlock(ctx, "ns", "bad", 0, 1<<63-1, 10); err == nil {
 		t.Fatal("max = MaxInt64 accepted")
 	}
-	if _, err := cli.Put(ctx, IDRangeNextKey(DefaultPrefix, "ns", "junk"), "twelve"); err != nil {
+	if _, err := cli.Put(ctx, etcdkeys.IDRangeNextKey(DefaultPrefix, "ns", "junk"), "twelve"); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.ClaimBlock(ctx, "ns", "junk", 0, 100, 10); err == nil || !strings.Contains(err.Error(), `holds "twelve", not a decimal ID`) {

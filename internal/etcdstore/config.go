@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -34,7 +35,7 @@ type Config struct {
 }
 
 // DefaultPrefix is the root of fencer's etcd keys unless --etcd-prefix says otherwise.
-const DefaultPrefix = "/fencer"
+const DefaultPrefix = etcdkeys.DefaultPrefix
 
 // BindFlags registers the --etcd-* flags on fs.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
@@ -126,7 +127,7 @@ func Connect(c Config) (*clientv3.Client, error) {
 // Ping does a linearizable read, which needs a quorum: the one answer that
 // means fencer can grant. A reachable member cut off from its peers fails it.
 func Ping(ctx context.Context, cli *clientv3.Client, prefix string) error {
-	_, err := cli.Get(ctx, LeaderKey(prefix), clientv3.WithCountOnly())
+	_, err := cli.Get(ctx, etcdkeys.LeaderKey(prefix), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("etcd %v: %w", cli.Endpoints(), err)
 	}

@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"flag"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"strings"
 	"testing"
 	"time"
@@ -61,11 +62,11 @@ func TestMissingTLSFilesAreReported(t *testing.T) {
 
 func TestKeyLayout(t *testing.T) {
 	for got, want := range map[string]string{
-		LeaseKey("/fencer", "ns", "a"):            "/fencer/leases/ns/a",
-		LeasesPrefix("/fencer"):                   "/fencer/leases/",
-		IDRangeNextKey("/p", "ns", "ids"):         "/p/idranges/ns/ids/next",
-		IDRangeSlotsPrefix("/p", "ns", "workers"): "/p/idranges/ns/workers/slots/",
-		LeaderKey("/fencer"):                      "/fencer/controller/leader",
+		etcdkeys.LeaseKey("/fencer", "ns", "a"):            "/fencer/leases/ns/a",
+		etcdkeys.LeasesPrefix("/fencer"):                   "/fencer/leases/",
+		etcdkeys.IDRangeNextKey("/p", "ns", "ids"):         "/p/idranges/ns/ids/next",
+		etcdkeys.IDRangeSlotsPrefix("/p", "ns", "workers"): "/p/idranges/ns/workers/slots/",
+		etcdkeys.LeaderKey("/fencer"):                      "/fencer/controller/leader",
 	} {
 		if got != want {
 			t.Errorf("got %q, want %q", got, want)

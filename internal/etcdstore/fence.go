@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -91,7 +92,7 @@ func (e *Elector) NeedLeaderElection() bool { return true }
 // Start campaigns until ctx ends, resigning on the way out so a successor
 // does not wait for the session to expire.
 func (e *Elector) Start(ctx context.Context) error {
-	log := ctrl.LoggerFrom(ctx).WithName("elector").WithValues("key", LeaderKey(e.prefix), "identity", e.identity)
+	log := ctrl.LoggerFrom(ctx).WithName("elector").WithValues("key", etcdkeys.LeaderKey(e.prefix), "identity", e.identity)
 	for ctx.Err() == nil {
 		if err := e.campaign(ctx); err != nil && ctx.Err() == nil {
 			log.Error(err, "etcd election lost or failed; campaigning again")
@@ -117,7 +118,7 @@ func (e *Elector) campaign(ctx context.Context) error {
 		defer cancel()
 		_, _ = e.cli.Revoke(rctx, session.Lease())
 	}()
-	election := concurrency.NewElection(session, LeaderKey(e.prefix))
+	election := concurrency.NewElection(session, etcdkeys.LeaderKey(e.prefix))
 	if err := election.Campaign(ctx, e.identity); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}

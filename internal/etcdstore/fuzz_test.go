@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"strings"
 	"testing"
 )
@@ -19,7 +20,7 @@ func FuzzParseLeaseKey(f *testing.F) {
 		if ns == "" || name == "" || strings.Contains(ns, "/") || strings.Contains(name, "/") {
 			t.Fatalf("ParseLeaseKey(%q, %q) = %q, %q: parts must be non-empty and slash-free", prefix, key, ns, name)
 		}
-		if got := LeaseKey(prefix, ns, name); got != key {
+		if got := etcdkeys.LeaseKey(prefix, ns, name); got != key {
 			t.Fatalf("ParseLeaseKey(%q, %q) = %q, %q, which rebuilds %q", prefix, key, ns, name, got)
 		}
 	})
@@ -47,13 +48,13 @@ func FuzzDecodeGrant(f *testing.F) {
 }
 
 func TestParseSlotKey(t *testing.T) {
-	ns, name, n, ok := ParseSlotKey("/fencer", SlotKey("/fencer", "ns", "workers", 7))
+	ns, name, n, ok := etcdkeys.ParseSlotKey("/fencer", etcdkeys.SlotKey("/fencer", "ns", "workers", 7))
 	if !ok || ns != "ns" || name != "workers" || n != 7 {
 		t.Fatalf("round trip: %q %q %d %v", ns, name, n, ok)
 	}
 	for _, bad := range []string{"/fencer/idranges/ns/workers/slots/7/clock", "/fencer/idranges/ns/workers/next", "/fencer/leases/ns/a", "/other/idranges/ns/w/slots/1", "/fencer/idranges/ns/w/slots/x"} {
-		if _, _, _, ok := ParseSlotKey("/fencer", bad); ok {
-			t.Errorf("ParseSlotKey(%q) accepted", bad)
+		if _, _, _, ok := etcdkeys.ParseSlotKey("/fencer", bad); ok {
+			t.Errorf("etcdkeys.ParseSlotKey(%q) accepted", bad)
 		}
 	}
 }
@@ -64,12 +65,12 @@ func FuzzParseSlotKey(f *testing.F) {
 		f.Add("/fencer", seed)
 	}
 	f.Fuzz(func(t *testing.T, prefix, key string) {
-		ns, name, n, ok := ParseSlotKey(prefix, key)
+		ns, name, n, ok := etcdkeys.ParseSlotKey(prefix, key)
 		if !ok {
 			return
 		}
-		if got := SlotKey(prefix, ns, name, n); got != key {
-			t.Fatalf("ParseSlotKey(%q, %q) = %q, %q, %d, which rebuilds %q", prefix, key, ns, name, n, got)
+		if got := etcdkeys.SlotKey(prefix, ns, name, n); got != key {
+			t.Fatalf("etcdkeys.ParseSlotKey(%q, %q) = %q, %q, %d, which rebuilds %q", prefix, key, ns, name, n, got)
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -95,7 +96,7 @@ func (s *Store) GetGrantAt(ctx context.Context, namespace, name string) (g *Gran
 	defer s.timed("get")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
+	resp, err := s.cli.Get(ctx, etcdkeys.LeaseKey(s.prefix, namespace, name))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -126,7 +127,7 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	if err != nil {
 		return nil, err
 	}
-	key := LeaseKey(s.prefix, namespace, name)
+	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
 	var val GrantValue
 	resp, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
 		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
@@ -185,7 +186,7 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 	if err != nil {
 		return err
 	}
-	key := LeaseKey(s.prefix, namespace, name)
+	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
 	resp, err := s.cli.Txn(ctx).
 		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", g.Token)).
 		Then(clientv3.OpDelete(key)).
@@ -226,7 +227,7 @@ func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.D
 
 // readLive is one linearizable read of a lease key and etcd's revision.
 func (s *Store) readLive(ctx context.Context, namespace, name string) (Live, error) {
-	resp, err := s.cli.Get(ctx, LeaseKey(s.prefix, namespace, name))
+	resp, err := s.cli.Get(ctx, etcdkeys.LeaseKey(s.prefix, namespace, name))
 	if err != nil {
 		return Live{}, err
 	}

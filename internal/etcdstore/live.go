@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"sync"
 	"time"
 )
@@ -48,7 +49,7 @@ func NewLiveReader(store *Store, observe func(d time.Duration, err error)) *Live
 
 // Lookup returns the live state of namespace/name.
 func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, error) {
-	key := LeaseKey(r.store.prefix, namespace, name)
+	key := etcdkeys.LeaseKey(r.store.prefix, namespace, name)
 	r.mu.Lock()
 	st := r.keys[key]
 	if st == nil {

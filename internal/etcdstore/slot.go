@@ -4,10 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,39 +26,18 @@ type SlotValue struct {
 	PodUID string `json:"podUID"`
 }
 
-// SlotKey is the key of slot n of an IDRange.
-func SlotKey(prefix, namespace, name string, n int64) string {
-	return IDRangeSlotsPrefix(prefix, namespace, name) + strconv.FormatInt(n, 10)
-}
-
-// ParseSlotKey splits a SlotKey below prefix into the IDRange's namespace and
-// name and the slot number.
-func ParseSlotKey(prefix, key string) (namespace, name string, n int64, ok bool) {
-	rest, found := strings.CutPrefix(key, prefix+"/idranges/")
-	parts := strings.Split(rest, "/")
-	if !found || len(parts) != 4 || parts[2] != "slots" || parts[0] == "" || parts[1] == "" {
-		return "", "", 0, false
-	}
-	n, err := strconv.ParseInt(parts[3], 10, 64)
-	// Only the canonical form SlotKey writes: no sign, no leading zeros.
-	if err != nil || n < 0 || strconv.FormatInt(n, 10) != parts[3] {
-		return "", "", 0, false
-	}
-	return parts[0], parts[1], n, true
-}
-
 // Slots lists the live slots of an IDRange, in no particular order.
 func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot, err error) {
 	defer s.timed("slots")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	prefix := IDRangeSlotsPrefix(s.prefix, namespace, name)
+	prefix := etcdkeys.IDRangeSlotsPrefix(s.prefix, namespace, name)
 	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}
 	for _, kv := range resp.Kvs {
-		_, _, n, ok := ParseSlotKey(s.prefix, string(kv.Key))
+		_, _, n, ok := etcdkeys.ParseSlotKey(s.prefix, string(kv.Key))
 		if !ok {
 			continue // slots/<n>/clock, the SDK generator's reserved time, or foreign
 		}
@@ -96,7 +74,7 @@ func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max 
 		if err != nil {
 			return nil, err
 		}
-		resp, leaseID, err := s.createLeased(ctx, term, SlotKey(s.prefix, namespace, name, n), ttl,
+		resp, leaseID, err := s.createLeased(ctx, term, etcdkeys.SlotKey(s.prefix, namespace, name, n), ttl,
 			func(*clientv3.LeaseGrantResponse) (string, error) { return string(val), nil })
 		if err != nil {
 			return nil, err
@@ -131,6 +109,6 @@ func (s *Store) ReleaseSlots(ctx context.Context, slots []Slot) error {
 func (s *Store) DeleteNext(ctx context.Context, namespace, name string) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.cli.Delete(ctx, IDRangeNextKey(s.prefix, namespace, name))
+	_, err := s.cli.Delete(ctx, etcdkeys.IDRangeNextKey(s.prefix, namespace, name))
 	return err
 }

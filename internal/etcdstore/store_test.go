@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // startEtcd runs a real etcd from bin/ for the test.
@@ -33,7 +34,7 @@ func win(t *testing.T, cli *clientv3.Client, name string) (*Elector, *concurrenc
 	if err != nil {
 		t.Fatal(err)
 	}
-	el := concurrency.NewElection(s, LeaderKey(DefaultPrefix))
+	el := concurrency.NewElection(s, etcdkeys.LeaderKey(DefaultPrefix))
 	if err := el.Campaign(ctx, name); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Get(ctx, LeaseKey(DefaultPrefix, "ns", "l"))
+	resp, err := cli.Get(ctx, etcdkeys.LeaseKey(DefaultPrefix, "ns", "l"))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("key not written: %v %v", resp, err)
 	}
@@ -141,7 +142,7 @@ func TestElectorResignsOnStop(t *testing.T) {
 		t.Fatalf("stopped elector still leads: %v", err)
 	}
 	// Resigning deletes the key at once, so a successor need not wait 5s.
-	resp, err := cli.Get(context.Background(), LeaderKey(DefaultPrefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := cli.Get(context.Background(), etcdkeys.LeaderKey(DefaultPrefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || resp.Count != 0 {
 		t.Fatalf("leader key left behind after stop: count %d, %v", resp.Count, err)
 	}

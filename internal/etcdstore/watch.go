@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	ctrl "sigs.k8s.io/controller-runtime"
 )
@@ -24,7 +25,7 @@ type LeaseEvent struct {
 // missed in between.
 func (s *Store) WatchLeases(ctx context.Context, fn func(LeaseEvent), resync func()) {
 	log := ctrl.LoggerFrom(ctx).WithName("lease-watch")
-	prefix := LeasesPrefix(s.prefix)
+	prefix := etcdkeys.LeasesPrefix(s.prefix)
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for resp := range s.cli.Watch(wctx, prefix, clientv3.WithPrefix()) {
@@ -53,7 +54,7 @@ func (s *Store) WatchLeases(ctx context.Context, fn func(LeaseEvent), resync fun
 
 // ParseLeaseKey splits a LeaseKey below prefix into namespace and name.
 func ParseLeaseKey(prefix, key string) (namespace, name string, ok bool) {
-	return splitLeaseKey(LeasesPrefix(prefix), key)
+	return splitLeaseKey(etcdkeys.LeasesPrefix(prefix), key)
 }
 
 func splitLeaseKey(prefix, key string) (namespace, name string, ok bool) {

@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // FencedError means an etcd transaction was fenced off: the lease key no
@@ -43,7 +43,7 @@ func Compare(prefix, namespace string, t Token) (clientv3.Cmp, error) {
 	if t.Value <= 0 {
 		return clientv3.Cmp{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(etcdstore.LeaseKey(prefix, namespace, t.Lease)), "=", t.Value), nil
+	return clientv3.Compare(clientv3.CreateRevision(etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)), "=", t.Value), nil
 }
 
 // Txn is an etcd transaction that commits only while t is the live token of
@@ -59,11 +59,11 @@ type Txn struct {
 }
 
 // NewTxn starts a fenced transaction for t's lease in namespace, under
-// fencer's etcd prefix (etcdstore.DefaultPrefix unless fencer was started
+// fencer's etcd prefix (etcdkeys.DefaultPrefix unless fencer was started
 // with --etcd-prefix).
 func NewTxn(cli *clientv3.Client, prefix, namespace string, t Token) *Txn {
 	cmp, err := Compare(prefix, namespace, t)
-	return &Txn{cli: cli, key: etcdstore.LeaseKey(prefix, namespace, t.Lease), cmp: cmp, err: err, tok: t.Value}
+	return &Txn{cli: cli, key: etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease), cmp: cmp, err: err, tok: t.Value}
 }
 
 // Then adds operations to run when the token is live.
@@ -110,7 +110,7 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	if t.LeaseID == 0 {
 		return nil, fmt.Errorf("fence: token of lease %s has no etcd lease ID; Hold is for renewal: Direct leases", t.Lease)
 	}
-	key := etcdstore.LeaseKey(prefix, namespace, t.Lease)
+	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		return nil, err

@@ -12,11 +12,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
-const prefix = etcdstore.DefaultPrefix
+const prefix = etcdkeys.DefaultPrefix
 
 func startEtcd(t *testing.T) string { return startEtcdB(t) }
 
@@ -47,7 +47,7 @@ func grantB(t testing.TB, cli *clientv3.Client, lease string, ttl int64) Token {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(ctx, etcdstore.LeaseKey(prefix, "ns", lease), `{"holder":"me"}`, clientv3.WithLease(l.ID))
+	resp, err := cli.Put(ctx, etcdkeys.LeaseKey(prefix, "ns", lease), `{"holder":"me"}`, clientv3.WithLease(l.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestFencedTxn(t *testing.T) {
 		t.Fatalf("live token: %v", err)
 	}
 	// A new grant replaces the key: the old token is fenced off.
-	if _, err := cli.Delete(ctx, etcdstore.LeaseKey(prefix, "ns", "job")); err != nil {
+	if _, err := cli.Delete(ctx, etcdkeys.LeaseKey(prefix, "ns", "job")); err != nil {
 		t.Fatal(err)
 	}
 	nu := grant(t, cli, "job", 30)
@@ -187,7 +187,7 @@ func TestHoldCancelsWhenTheKeyIsRegranted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Delete(context.Background(), etcdstore.LeaseKey(prefix, "ns", "job")); err != nil {
+	if _, err := cli.Delete(context.Background(), etcdkeys.LeaseKey(prefix, "ns", "job")); err != nil {
 		t.Fatal(err)
 	}
 	select {

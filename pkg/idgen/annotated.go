@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // ErrBlockConsumed means the annotated block was already consumed, by an
@@ -49,10 +49,7 @@ func ConsumeBlock(ctx context.Context, cli *clientv3.Client, prefix, namespace, 
 	if err != nil {
 		return Block{}, err
 	}
-	if prefix == "" {
-		prefix = etcdstore.DefaultPrefix
-	}
-	key := etcdstore.IDRangeConsumedKey(prefix, namespace, idrange, b.First)
+	key := etcdkeys.IDRangeConsumedKey(etcdkeys.OrDefault(prefix), namespace, idrange, b.First)
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, holder)).

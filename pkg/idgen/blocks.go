@@ -16,7 +16,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // ErrExhausted means the IDRange has no IDs left.
@@ -79,7 +79,7 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 		return nil, errors.New("idgen: Namespace and Name of the IDRange are required")
 	}
 	if o.Prefix == "" {
-		o.Prefix = etcdstore.DefaultPrefix
+		o.Prefix = etcdkeys.DefaultPrefix
 	}
 	if o.MaxBlockSize < o.BlockSize {
 		o.MaxBlockSize = o.BlockSize
@@ -87,7 +87,7 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 	if o.TargetDuration <= 0 {
 		o.TargetDuration = 15 * time.Minute
 	}
-	b := &Blocks{cli: cli, key: etcdstore.IDRangeNextKey(o.Prefix, o.Namespace, o.Name), opts: o}
+	b := &Blocks{cli: cli, key: etcdkeys.IDRangeNextKey(o.Prefix, o.Namespace, o.Name), opts: o}
 	b.ctx, b.close = context.WithCancel(context.Background())
 	b.size.Store(o.BlockSize)
 	empty := &segment{last: -1, prefetchAt: -1}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 func startEtcd(t testing.TB) *clientv3.Client {
@@ -120,7 +121,7 @@ func TestManyAllocatorsNeverDuplicate(t *testing.T) {
 			}
 		}
 	}
-	resp, err := cli.Get(ctx, etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, "ns", "ids"))
+	resp, err := cli.Get(ctx, etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, "ns", "ids"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of
@@ -109,7 +109,7 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 		return nil, fmt.Errorf("idgen: slot %d does not fit the %d worker bits: use an IDRange within [0, %d]", o.Slot, WorkerBits, MaxWorker)
 	}
 	if o.Prefix == "" {
-		o.Prefix = etcdstore.DefaultPrefix
+		o.Prefix = etcdkeys.DefaultPrefix
 	}
 	if o.MaxRollback <= 0 {
 		o.MaxRollback = 10 * time.Millisecond
@@ -122,8 +122,8 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	}
 	g := &Snowflake{
 		cli: cli, o: o,
-		slotKey:  etcdstore.SlotKey(o.Prefix, o.Namespace, o.Name, o.Slot),
-		clockKey: etcdstore.IDRangeSlotsPrefix(o.Prefix, o.Namespace, o.Name) + strconv.FormatInt(o.Slot, 10) + "/clock",
+		slotKey:  etcdkeys.SlotKey(o.Prefix, o.Namespace, o.Name, o.Slot),
+		clockKey: etcdkeys.IDRangeSlotsPrefix(o.Prefix, o.Namespace, o.Name) + strconv.FormatInt(o.Slot, 10) + "/clock",
 	}
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(g.slotKey), clientv3.OpGet(g.clockKey)).Commit()
 	if err != nil {

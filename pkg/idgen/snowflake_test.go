@@ -10,7 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // leaseSlot writes slot n as the controller would and returns its token.
@@ -22,7 +22,7 @@ func leaseSlotB(t testing.TB, cli *clientv3.Client, n int64) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(context.Background(), etcdstore.SlotKey(etcdstore.DefaultPrefix, "ns", "workers", n), `{"pod":"p"}`, clientv3.WithLease(l.ID))
+	resp, err := cli.Put(context.Background(), etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "workers", n), `{"pod":"p"}`, clientv3.WithLease(l.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestSlotLossStopsIssuance(t *testing.T) {
 	if _, err := g.Next(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Delete(context.Background(), etcdstore.SlotKey(etcdstore.DefaultPrefix, "ns", "workers", 5)); err != nil {
+	if _, err := cli.Delete(context.Background(), etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "workers", 5)); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -26,8 +26,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/harness"
 	"github.com/fencer-io/fencer/test/e2e/history"
 )
@@ -99,7 +99,7 @@ func finish(t *testing.T, h *harness.Harness, dir string) *history.Report {
 	if err := h.DumpEtcd(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hs, err := history.Load(dir, etcdstore.DefaultPrefix)
+	hs, err := history.Load(dir, etcdkeys.DefaultPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/internal/webhook"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Fencer is envtest (kube-apiserver and its etcd) plus a separate etcd for
@@ -94,7 +95,7 @@ func (f *Fencer) startEtcd() error {
 
 // ConnectEtcd opens a new client to fencer's etcd.
 func (f *Fencer) ConnectEtcd() (*clientv3.Client, error) {
-	return etcdstore.Connect(etcdstore.Config{Endpoints: []string{f.Etcd.Endpoint}, Prefix: etcdstore.DefaultPrefix, DialTimeout: 5 * time.Second})
+	return etcdstore.Connect(etcdstore.Config{Endpoints: []string{f.Etcd.Endpoint}, Prefix: etcdkeys.DefaultPrefix, DialTimeout: 5 * time.Second})
 }
 
 // Stop stops everything StartFencer started.
@@ -144,7 +145,7 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: etcdstore.DefaultPrefix, Identity: identity, ElectionTTL: time.Second})
+	store, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: etcdkeys.DefaultPrefix, Identity: identity, ElectionTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

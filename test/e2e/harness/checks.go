@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 func (h *Harness) holderOf(ctx context.Context, lease string) (string, error) {
@@ -62,7 +62,7 @@ func (h *Harness) held(ctx context.Context, name string) error {
 	if c := meta.FindStatusCondition(l.Status.Conditions, v1.ConditionHeld); c == nil || c.Status != metav1.ConditionTrue {
 		return fmt.Errorf("Held condition %+v", c)
 	}
-	resp, err := h.etcd.Get(ctx, etcdstore.LeaseKey(h.Prefix(), Namespace, name))
+	resp, err := h.etcd.Get(ctx, etcdkeys.LeaseKey(h.Prefix(), Namespace, name))
 	if err != nil {
 		return err
 	}

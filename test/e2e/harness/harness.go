@@ -33,9 +33,9 @@ import (
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/faultproxy"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/history"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -504,4 +504,4 @@ func (h *Harness) EtcdClient() *clientv3.Client { return h.etcd }
 func (h *Harness) Config() *rest.Config { return h.cfg }
 
 // Prefix is fencer's etcd prefix.
-func (h *Harness) Prefix() string { return etcdstore.DefaultPrefix }
+func (h *Harness) Prefix() string { return etcdkeys.DefaultPrefix }

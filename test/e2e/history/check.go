@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // DataPrefix is where workers keep their fenced etcd keys:
@@ -237,7 +238,7 @@ func (r *Report) fencedKeys(h *Histories, grants map[string][]tenure) {
 			continue
 		}
 		seen[v.Writer+"/"+strconv.FormatInt(v.Seq, 10)] = true
-		live := liveAt(grants[etcdstore.LeaseKey(h.Prefix, ns, lease)], e.Revision)
+		live := liveAt(grants[etcdkeys.LeaseKey(h.Prefix, ns, lease)], e.Revision)
 		if v.Token != live {
 			r.violate(&r.StaleAccepted, "fenced key %s: %s's write #%d under token %d committed at revision %d, when the live token was %d",
 				e.Key, v.Writer, v.Seq, v.Token, e.Revision, live)
@@ -281,7 +282,7 @@ func (r *Report) slots(h *Histories) {
 	type rangeKey struct{ ns, name string }
 	live := map[string]string{} // slot key -> pod UID
 	for _, e := range h.Etcd {
-		ns, name, _, ok := etcdstore.ParseSlotKey(h.Prefix, e.Key)
+		ns, name, _, ok := etcdkeys.ParseSlotKey(h.Prefix, e.Key)
 		if !ok {
 			continue
 		}
@@ -293,7 +294,7 @@ func (r *Report) slots(h *Histories) {
 				r.violate(&r.DoubleGrants, "slot key %s written at revision %d for pod %s while held by %s", e.Key, e.Revision, v.Pod, owner)
 			}
 			for k, uid := range live {
-				kns, kname, _, _ := etcdstore.ParseSlotKey(h.Prefix, k)
+				kns, kname, _, _ := etcdkeys.ParseSlotKey(h.Prefix, k)
 				if (rangeKey{kns, kname}) == (rangeKey{ns, name}) && uid == v.PodUID && k != e.Key {
 					r.violate(&r.DoubleGrants, "pod %s given slot %s at revision %d while it holds %s", v.Pod, e.Key, e.Revision, k)
 				}

@@ -10,12 +10,12 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/history"
 )
 
 func main() {
-	prefix := flag.String("etcd-prefix", etcdstore.DefaultPrefix, "fencer's etcd prefix in the run")
+	prefix := flag.String("etcd-prefix", etcdkeys.DefaultPrefix, "fencer's etcd prefix in the run")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: replay [--etcd-prefix=/fencer] bin/faults/<seed>")
 	}

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/framework"
 )
 
@@ -117,7 +117,7 @@ func checkDisjoint(t *testing.T, bs []block, min, max int64) int64 {
 
 func etcdNext(t *testing.T, ns, name string) int64 {
 	t.Helper()
-	resp, err := fx.EtcdCli.Get(context.Background(), etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, ns, name))
+	resp, err := fx.EtcdCli.Get(context.Background(), etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, ns, name))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("next key: %v %v", resp, err)
 	}
@@ -335,7 +335,7 @@ func TestDeleteReleasesSlotsAndKeepsNext(t *testing.T) {
 		}
 	}
 	framework.Eventually(t, 30*time.Second, "slot keys gone at once", func() error {
-		resp, err := fx.EtcdCli.Get(ctx, etcdstore.IDRangeSlotsPrefix(etcdstore.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
+		resp, err := fx.EtcdCli.Get(ctx, etcdkeys.IDRangeSlotsPrefix(etcdkeys.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
 		if err != nil || resp.Count != 0 {
 			return fmt.Errorf("%d slot keys left (%v)", resp.Count, err)
 		}
@@ -383,7 +383,7 @@ func TestRepairAnnotationWithoutSlot(t *testing.T) {
 		}
 		return nil
 	})
-	resp, err := fx.EtcdCli.Get(ctx, etcdstore.IDRangeSlotsPrefix(etcdstore.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
+	resp, err := fx.EtcdCli.Get(ctx, etcdkeys.IDRangeSlotsPrefix(etcdkeys.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("slot keys: %v %v", resp, err)
 	}
@@ -438,7 +438,7 @@ func TestNextRegressionRefusesClaims(t *testing.T) {
 	}
 
 	// The operator's repair: put the key back at status.next.
-	if _, err := fx.EtcdCli.Put(context.Background(), etcdstore.IDRangeNextKey(etcdstore.DefaultPrefix, ns, "ids"), "30"); err != nil {
+	if _, err := fx.EtcdCli.Put(context.Background(), etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, ns, "ids"), "30"); err != nil {
 		t.Fatal(err)
 	}
 	waitBlocks(t, ns, 4, 60*time.Second)

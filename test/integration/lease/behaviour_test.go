@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
 )
 
@@ -515,7 +516,7 @@ func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	value, _ := json.Marshal(etcdstore.GrantValue{Holder: pod.Name, HolderUID: string(pod.UID), LeaseID: int64(lease.ID), GrantTime: time.Now(), TTL: 30})
-	put, err := fx.EtcdCli.Put(ctx, etcdstore.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID))
+	put, err := fx.EtcdCli.Put(ctx, etcdkeys.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

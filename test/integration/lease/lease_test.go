@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/framework"
 )
 
@@ -32,7 +32,7 @@ var (
 	}
 )
 
-const prefix = etcdstore.DefaultPrefix
+const prefix = etcdkeys.DefaultPrefix
 
 func TestMain(m *testing.M) {
 	var err error
@@ -115,7 +115,7 @@ func heldBy(t *testing.T, ns, name string, notBy ...string) v1.LeaseStatus {
 // etcdToken is the CreateRevision of the Lease's key, or 0 without a key.
 func etcdToken(t *testing.T, ns, name string) int64 {
 	t.Helper()
-	resp, err := fx.EtcdCli.Get(context.Background(), etcdstore.LeaseKey(prefix, ns, name))
+	resp, err := fx.EtcdCli.Get(context.Background(), etcdkeys.LeaseKey(prefix, ns, name))
 	if err != nil {
 		t.Fatal(err)
 	}

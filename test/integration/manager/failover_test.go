@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // wonAt returns when the replica logged winning the etcd election, if it did.
@@ -94,7 +94,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer etcdCli.Close()
-	resp, err := etcdCli.Get(ctx, etcdstore.LeaseKey(etcdstore.DefaultPrefix, "default", "crash"))
+	resp, err := etcdCli.Get(ctx, etcdkeys.LeaseKey(etcdkeys.DefaultPrefix, "default", "crash"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,74 @@
+// Package etcdkeys is fencer's etcd key layout (docs/concepts.md), the one
+// place that says where each key lives. The manager and the SDK both use it,
+// so a workload's fenced transaction compares exactly the key the
+// controller grants.
+package etcdkeys
+
+import (
+	"strconv"
+	"strings"
+)
+
+// DefaultPrefix is the root of fencer's etcd keys unless the manager was
+// started with --etcd-prefix.
+const DefaultPrefix = "/fencer"
+
+// OrDefault is prefix, or DefaultPrefix when prefix is empty, so an SDK
+// caller that passes "" gets fencer's default keys, never keys below "/".
+func OrDefault(prefix string) string {
+	if prefix == "" {
+		return DefaultPrefix
+	}
+	return prefix
+}
+
+// LeaseKey is the key of a Lease's grant; its CreateRevision is the token.
+func LeaseKey(prefix, namespace, name string) string {
+	return join(prefix, "leases", namespace, name)
+}
+
+// LeasesPrefix is the prefix every LeaseKey starts with; the reconciler watches it.
+func LeasesPrefix(prefix string) string { return join(prefix, "leases") + "/" }
+
+// IDRangeNextKey holds the decimal next unallocated ID of a Blocks-mode IDRange.
+func IDRangeNextKey(prefix, namespace, name string) string {
+	return join(prefix, "idranges", namespace, name, "next")
+}
+
+// IDRangeSlotsPrefix is the prefix of a Slots-mode IDRange's slot keys.
+func IDRangeSlotsPrefix(prefix, namespace, name string) string {
+	return join(prefix, "idranges", namespace, name, "slots") + "/"
+}
+
+// IDRangeConsumedKey marks the block starting at first, delivered by pod
+// annotation, as consumed: created once by the first container start that
+// uses it, so a restarted container can tell a used block from a fresh one.
+func IDRangeConsumedKey(prefix, namespace, name string, first int64) string {
+	return join(prefix, "idranges", namespace, name, "consumed", strconv.FormatInt(first, 10))
+}
+
+// LeaderKey is the etcd election key of the active controller.
+func LeaderKey(prefix string) string { return join(prefix, "controller", "leader") }
+
+func join(parts ...string) string { return strings.Join(parts, "/") }
+
+// SlotKey is the key of slot n of an IDRange.
+func SlotKey(prefix, namespace, name string, n int64) string {
+	return IDRangeSlotsPrefix(prefix, namespace, name) + strconv.FormatInt(n, 10)
+}
+
+// ParseSlotKey splits a SlotKey below prefix into the IDRange's namespace and
+// name and the slot number.
+func ParseSlotKey(prefix, key string) (namespace, name string, n int64, ok bool) {
+	rest, found := strings.CutPrefix(key, prefix+"/idranges/")
+	parts := strings.Split(rest, "/")
+	if !found || len(parts) != 4 || parts[2] != "slots" || parts[0] == "" || parts[1] == "" {
+		return "", "", 0, false
+	}
+	n, err := strconv.ParseInt(parts[3], 10, 64)
+	// Only the canonical form SlotKey writes: no sign, no leading zeros.
+	if err != nil || n < 0 || strconv.FormatInt(n, 10) != parts[3] {
+		return "", "", 0, false
+	}
+	return parts[0], parts[1], n, true
+}
