@@ -131,44 +131,32 @@ func (c *Cluster) InstallWebhook(ctx context.Context, manifest string) error {
 	return err
 }
 
-// pointAtManager rewrites one webhook configuration's clients to the
-// manager's URL, keeping each webhook's path.
+// pointAtManager rewrites one webhook configuration's clients (mutating or
+// validating: both list webhooks with a clientConfig) to the manager's URL,
+// keeping each webhook's path.
 func (c *Cluster) pointAtManager(doc, ca []byte) ([]byte, error) {
-	var kind struct{ Kind string }
-	if err := yaml.Unmarshal(doc, &kind); err != nil {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(doc, &cfg); err != nil {
 		return nil, err
 	}
-	point := func(cc *admissionregistrationv1.WebhookClientConfig) {
+	if k := cfg["kind"]; k != "MutatingWebhookConfiguration" && k != "ValidatingWebhookConfiguration" {
+		return nil, fmt.Errorf("unexpected kind %v in a webhook manifest", k)
+	}
+	webhooks, _ := cfg["webhooks"].([]any)
+	for _, w := range webhooks {
+		wh, _ := w.(map[string]any)
+		var cc admissionregistrationv1.WebhookClientConfig
+		raw, _ := yaml.Marshal(wh["clientConfig"])
+		if err := yaml.Unmarshal(raw, &cc); err != nil {
+			return nil, err
+		}
 		path := "/"
 		if cc.Service != nil && cc.Service.Path != nil {
 			path = *cc.Service.Path
 		}
-		url := c.WebhookURL + path
-		*cc = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
+		wh["clientConfig"] = map[string]any{"url": c.WebhookURL + path, "caBundle": ca}
 	}
-	switch kind.Kind {
-	case "MutatingWebhookConfiguration":
-		var cfg admissionregistrationv1.MutatingWebhookConfiguration
-		if err := yaml.Unmarshal(doc, &cfg); err != nil {
-			return nil, err
-		}
-		for i := range cfg.Webhooks {
-			point(&cfg.Webhooks[i].ClientConfig)
-		}
-		cfg.APIVersion = "admissionregistration.k8s.io/v1"
-		return yaml.Marshal(&cfg)
-	case "ValidatingWebhookConfiguration":
-		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := yaml.Unmarshal(doc, &cfg); err != nil {
-			return nil, err
-		}
-		for i := range cfg.Webhooks {
-			point(&cfg.Webhooks[i].ClientConfig)
-		}
-		cfg.APIVersion = "admissionregistration.k8s.io/v1"
-		return yaml.Marshal(&cfg)
-	}
-	return nil, fmt.Errorf("unexpected kind %q in a webhook manifest", kind.Kind)
+	return yaml.Marshal(cfg)
 }
 
 // WriteEndpoints records the etcd endpoint in <dir>/etcd-endpoints for

@@ -119,6 +119,16 @@ func TestDevCluster(t *testing.T) {
 		return string(out)
 	}
 
+	// apply writes manifest to a file named name and applies it.
+	apply := func(name, manifest string) {
+		t.Helper()
+		path := filepath.Join(tmp, name)
+		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", path)
+	}
+
 	t.Run("real version strings", func(t *testing.T) {
 		out := kubectl("version")
 		if !strings.Contains(out, "Client Version: v1.37.2") || !strings.Contains(out, "Server Version: v1.37.2") {
@@ -246,8 +256,7 @@ func TestDevCluster(t *testing.T) {
 
 	t.Run("kubectl scale of a fenced Deployment is refused", func(t *testing.T) {
 		token := strings.TrimSpace(kubectl("get", "flease", "report", "-o", "jsonpath={.status.token}"))
-		path := filepath.Join(tmp, "fenced-deployment.yaml")
-		manifest := fmt.Sprintf(`apiVersion: apps/v1
+		apply("fenced-deployment.yaml", fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
   name: fenced
@@ -259,11 +268,7 @@ spec:
   template:
     metadata: {labels: {app: fenced}}
     spec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}
-`, token)
-		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kubectl("apply", "-f", path)
+`, token))
 		out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", filepath.Join(state, "kubeconfig"), "scale", "deployment", "fenced", "--replicas=3").CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "a UPDATE of the scale subresource cannot carry a fencing token") {
 			t.Fatalf("kubectl scale of a fenced Deployment: err=%v\n%s", err, out)
@@ -271,8 +276,7 @@ spec:
 	})
 
 	t.Run("kubectl delete namespace completes with fenced objects in it", func(t *testing.T) {
-		path := filepath.Join(tmp, "fenced-ns.yaml")
-		manifest := `apiVersion: v1
+		apply("fenced-ns.yaml", `apiVersion: v1
 kind: Namespace
 metadata: {name: fenced-ns}
 ---
@@ -292,11 +296,7 @@ spec:
   template:
     metadata: {labels: {app: job}}
     spec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}
-`
-		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kubectl("apply", "-f", path)
+`)
 		var token string
 		for deadline := time.Now().Add(90 * time.Second); token == "" || token == "0"; time.Sleep(500 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -304,11 +304,7 @@ spec:
 			}
 			token = strings.TrimSpace(kubectl("get", "flease", "job", "-n", "fenced-ns", "-o", "jsonpath={.status.token}"))
 		}
-		cmPath := filepath.Join(tmp, "fenced-ns-cm.yaml")
-		if err := os.WriteFile(cmPath, []byte(fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\n  namespace: fenced-ns\n  labels: {fencer.io/lease: job}\n  annotations: {fencer.io/token: %q}\n", token)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		kubectl("apply", "-f", cmPath)
+		apply("fenced-ns-cm.yaml", fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\n  namespace: fenced-ns\n  labels: {fencer.io/lease: job}\n  annotations: {fencer.io/token: %q}\n", token))
 		kubectl("delete", "namespace", "fenced-ns", "--wait=true", "--timeout=120s")
 	})
 

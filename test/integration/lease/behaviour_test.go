@@ -408,27 +408,7 @@ func TestDirectHolderRenewsWithHold(t *testing.T) {
 // revision has passed the old token.
 func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	ctx := context.Background()
-	// Push the revision up, so the empty etcd is far below the token.
-	for i := range 100 {
-		if _, err := fx.EtcdCli.Put(ctx, fmt.Sprintf("/test/bump/%d", i), "x"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	startController(t, "c1")
-	ns := namespace(t)
-	readyPod(t, ns, "w-0", "w")
-	create(t, newLease(ns, "job", "w", 5))
-	old := heldBy(t, ns, "job").Token
-
-	if err := etcd.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := etcd.Wipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := etcd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ns, _, old := grantThenWipeEtcd(t)
 	touch(t, ns, "job")
 	eventually(t, 60*time.Second, "EtcdRevisionRegressed", func() error {
 		l := getLease(t, ns, "job")
@@ -483,23 +463,22 @@ func eventReasons(ns, name string) (map[string]int, error) {
 	return reasons, nil
 }
 
-// TestRestoredGrantBelowIssuedTokenIsRefused: an etcd restored from an old
-// snapshot brings back a grant whose token is below one the Lease already
-// issued. The controller must not adopt it (that would reissue a token): it
-// refuses it with the regression condition and Event, and deletes it.
-func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
+// grantThenWipeEtcd pushes etcd's revision up, has Lease ns/job granted to
+// pod w-0, then replaces fencer's etcd with an empty one, far below the
+// token issued: what a restore of an old snapshot does to revisions.
+func grantThenWipeEtcd(t *testing.T) (ns string, pod *corev1.Pod, issued int64) {
+	t.Helper()
 	ctx := context.Background()
-	for i := range 100 { // push the revision up, so the restored grant is far below
+	for i := range 100 {
 		if _, err := fx.EtcdCli.Put(ctx, fmt.Sprintf("/test/bump/%d", i), "x"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	startController(t, "c1")
-	ns := namespace(t)
-	pod := readyPod(t, ns, "w-0", "w")
+	ns = namespace(t)
+	pod = readyPod(t, ns, "w-0", "w")
 	create(t, newLease(ns, "job", "w", 5))
-	issued := heldBy(t, ns, "job").Token
-
+	issued = heldBy(t, ns, "job").Token
 	if err := etcd.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -509,6 +488,16 @@ func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
 	if err := etcd.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return ns, pod, issued
+}
+
+// TestRestoredGrantBelowIssuedTokenIsRefused: an etcd restored from an old
+// snapshot brings back a grant whose token is below one the Lease already
+// issued. The controller must not adopt it (that would reissue a token): it
+// refuses it with the regression condition and Event, and deletes it.
+func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
+	ctx := context.Background()
+	ns, pod, issued := grantThenWipeEtcd(t)
 	// What a restore of an early snapshot holds: the same holder's grant,
 	// at a low revision.
 	lease, err := fx.EtcdCli.Grant(ctx, 30)
