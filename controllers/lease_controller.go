@@ -90,7 +90,7 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 		deletedAt: map[string]time.Time{},
 	}
 	r.Renewer = renew.New(store.Client(), clk, func(key string) {
-		if ns, name, ok := etcdstore.ParseLeaseKey(store.Prefix(), key); ok {
+		if ns, name, ok := etcdkeys.ParseLeaseKey(store.Prefix(), key); ok {
 			r.enqueue(ns, name)
 		}
 	})

@@ -7,8 +7,9 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // ErrExhausted means an IDRange has nothing left to hand out.

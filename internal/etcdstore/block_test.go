@@ -3,11 +3,12 @@ package etcdstore
 import (
 	"context"
 	"errors"
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // TestConcurrentClaimersNeverOverlap: claimers racing on one range, one of

@@ -12,10 +12,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Config is how fencer reaches etcd.

@@ -2,10 +2,11 @@ package etcdstore
 
 import (
 	"flag"
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 func TestValidateNamesTheFlag(t *testing.T) {

@@ -7,10 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // ErrNotLeader means this controller does not hold the etcd election (yet, or

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // ErrHeld means the lease key already exists: someone holds the lease.

@@ -2,9 +2,10 @@ package etcdstore
 
 import (
 	"context"
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"sync"
 	"time"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Live is a lease key as a linearizable read saw it.

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Slot is a live worker-ID slot lease.

@@ -2,12 +2,12 @@ package etcdstore
 
 import (
 	"context"
-	"strings"
 	"time"
 
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // LeaseEvent is a change of a lease key.
@@ -35,7 +35,7 @@ func (s *Store) WatchLeases(ctx context.Context, fn func(LeaseEvent), resync fun
 			}
 			now := time.Now()
 			for _, ev := range resp.Events {
-				ns, name, ok := splitLeaseKey(prefix, string(ev.Kv.Key))
+				ns, name, ok := etcdkeys.SplitLeaseKey(prefix, string(ev.Kv.Key))
 				if !ok {
 					continue
 				}
@@ -50,18 +50,4 @@ func (s *Store) WatchLeases(ctx context.Context, fn func(LeaseEvent), resync fun
 		}
 		resync()
 	}
-}
-
-// ParseLeaseKey splits a LeaseKey below prefix into namespace and name.
-func ParseLeaseKey(prefix, key string) (namespace, name string, ok bool) {
-	return splitLeaseKey(etcdkeys.LeasesPrefix(prefix), key)
-}
-
-func splitLeaseKey(prefix, key string) (namespace, name string, ok bool) {
-	rest, found := strings.CutPrefix(key, prefix)
-	if !found {
-		return "", "", false
-	}
-	namespace, name, ok = strings.Cut(rest, "/")
-	return namespace, name, ok && namespace != "" && name != "" && !strings.Contains(name, "/")
 }

@@ -72,3 +72,18 @@ func ParseSlotKey(prefix, key string) (namespace, name string, n int64, ok bool)
 	}
 	return parts[0], parts[1], n, true
 }
+
+// ParseLeaseKey splits a LeaseKey below prefix into namespace and name.
+func ParseLeaseKey(prefix, key string) (namespace, name string, ok bool) {
+	return SplitLeaseKey(LeasesPrefix(prefix), key)
+}
+
+// SplitLeaseKey splits a key below a LeasesPrefix into namespace and name.
+func SplitLeaseKey(prefix, key string) (namespace, name string, ok bool) {
+	rest, found := strings.CutPrefix(key, prefix)
+	if !found {
+		return "", "", false
+	}
+	namespace, name, ok = strings.Cut(rest, "/")
+	return namespace, name, ok && namespace != "" && name != "" && !strings.Contains(name, "/")
+}

@@ -1,6 +1,9 @@
 package etcdkeys
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestLayout(t *testing.T) {
 	for got, want := range map[string]string{
@@ -21,4 +24,52 @@ func TestLayout(t *testing.T) {
 	if !ok || ns != "ns" || name != "ids" || n != 7 {
 		t.Errorf("ParseSlotKey round trip: %s %s %d %v", ns, name, n, ok)
 	}
+}
+
+// FuzzParseLeaseKey: any key either parses into a namespace and name that
+// rebuild exactly the same key, or is refused; it never panics.
+func FuzzParseLeaseKey(f *testing.F) {
+	for _, seed := range []string{"/fencer/leases/ns/a", "/fencer/leases/ns/a/b", "/fencer/leases//a", "/fencer/leases/ns/", "/other/x", "", "/fencer/leases/"} {
+		f.Add("/fencer", seed)
+	}
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		ns, name, ok := ParseLeaseKey(prefix, key)
+		if !ok {
+			return
+		}
+		if ns == "" || name == "" || strings.Contains(ns, "/") || strings.Contains(name, "/") {
+			t.Fatalf("ParseLeaseKey(%q, %q) = %q, %q: parts must be non-empty and slash-free", prefix, key, ns, name)
+		}
+		if got := LeaseKey(prefix, ns, name); got != key {
+			t.Fatalf("ParseLeaseKey(%q, %q) = %q, %q, which rebuilds %q", prefix, key, ns, name, got)
+		}
+	})
+}
+
+func TestParseSlotKey(t *testing.T) {
+	ns, name, n, ok := ParseSlotKey("/fencer", SlotKey("/fencer", "ns", "workers", 7))
+	if !ok || ns != "ns" || name != "workers" || n != 7 {
+		t.Fatalf("round trip: %q %q %d %v", ns, name, n, ok)
+	}
+	for _, bad := range []string{"/fencer/idranges/ns/workers/slots/7/clock", "/fencer/idranges/ns/workers/next", "/fencer/leases/ns/a", "/other/idranges/ns/w/slots/1", "/fencer/idranges/ns/w/slots/x"} {
+		if _, _, _, ok := ParseSlotKey("/fencer", bad); ok {
+			t.Errorf("ParseSlotKey(%q) accepted", bad)
+		}
+	}
+}
+
+// FuzzParseSlotKey: a key parses only into parts that rebuild it exactly.
+func FuzzParseSlotKey(f *testing.F) {
+	for _, seed := range []string{"/fencer/idranges/ns/r/slots/3", "/fencer/idranges/ns/r/slots/3/clock", "/fencer/idranges/ns/r/next", "/fencer/idranges//r/slots/1", "/fencer/idranges/ns/r/slots/-1", "/fencer/idranges/ns/r/slots/+1"} {
+		f.Add("/fencer", seed)
+	}
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		ns, name, n, ok := ParseSlotKey(prefix, key)
+		if !ok {
+			return
+		}
+		if got := SlotKey(prefix, ns, name, n); got != key {
+			t.Fatalf("ParseSlotKey(%q, %q) = %q, %q, %d, which rebuilds %q", prefix, key, ns, name, n, got)
+		}
+	})
 }

@@ -179,7 +179,7 @@ type tenure struct {
 func (r *Report) grants(h *Histories) map[string][]tenure {
 	out := map[string][]tenure{}
 	for _, e := range h.Etcd {
-		if _, _, ok := etcdstore.ParseLeaseKey(h.Prefix, e.Key); !ok {
+		if _, _, ok := etcdkeys.ParseLeaseKey(h.Prefix, e.Key); !ok {
 			continue
 		}
 		ts := out[e.Key]
