@@ -269,15 +269,6 @@ func slotQualifies(pod *corev1.Pod) bool {
 	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
 }
 
-func podByUID(pods []corev1.Pod, uid string) *corev1.Pod {
-	for i := range pods {
-		if string(pods[i].UID) == uid {
-			return &pods[i]
-		}
-	}
-	return nil
-}
-
 // exhausted sets the Exhausted condition, with an Event naming waiting pods.
 func exhausted(rng *v1.IDRange, is bool, waiting []string, out *outcome, format string, args ...any) {
 	if !is {
@@ -398,32 +389,4 @@ func (r *IDRangeReconciler) rangesForPod(ctx context.Context, obj client.Object)
 		}
 	}
 	return reqs
-}
-
-// annotatePod sets the keys in want and removes the other keys named, with
-// one merge patch, only when something differs.
-func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
-	changed := false
-	for _, k := range keys {
-		v, ok := want[k]
-		cur, has := pod.Annotations[k]
-		if (ok && (!has || cur != v)) || (!ok && has) {
-			changed = true
-		}
-	}
-	if !changed {
-		return nil
-	}
-	patch := client.MergeFrom(pod.DeepCopy())
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	for _, k := range keys {
-		if v, ok := want[k]; ok {
-			pod.Annotations[k] = v
-		} else {
-			delete(pod.Annotations, k)
-		}
-	}
-	return client.IgnoreNotFound(c.Patch(ctx, pod, patch))
 }

@@ -442,15 +442,6 @@ func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]co
 	return podsMatching(ctx, r.Client, lease.Namespace, &lease.Spec.HolderSelector, sel)
 }
 
-func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {
-	for i := range pods {
-		if pods[i].Name == name && string(pods[i].UID) == uid {
-			return &pods[i]
-		}
-	}
-	return nil
-}
-
 // finalize releases the Lease's grant and its pod annotations, then lets
 // the Lease go.
 func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.Result, error) {

@@ -2,12 +2,8 @@ package controllers
 
 import (
 	"context"
-	"maps"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -69,19 +65,4 @@ func podLabelValues(obj client.Object) []string {
 // addPodIndex registers the pod label index with the manager's cache.
 func addPodIndex(ctx context.Context, idx client.FieldIndexer) error {
 	return idx.IndexField(ctx, &corev1.Pod{}, indexPodLabel, podLabelValues)
-}
-
-// podsMatching lists the pods of namespace that ls (parsed: sel) matches.
-// With a matchLabels pair it reads only the pods carrying that label (the
-// smallest key, for a stable choice); the whole selector then filters them.
-func podsMatching(ctx context.Context, c client.Reader, namespace string, ls *metav1.LabelSelector, sel labels.Selector) ([]corev1.Pod, error) {
-	opts := []client.ListOption{client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: sel}}
-	if keys := slices.Sorted(maps.Keys(ls.MatchLabels)); len(keys) > 0 {
-		opts = append(opts, client.MatchingFields{indexPodLabel: keys[0] + "=" + ls.MatchLabels[keys[0]]})
-	}
-	var pods corev1.PodList
-	if err := c.List(ctx, &pods, opts...); err != nil {
-		return nil, err
-	}
-	return pods.Items, nil
 }

@@ -32,6 +32,7 @@ import (
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/webhook"
 )
 
@@ -235,18 +236,17 @@ func run(ctx context.Context, o *options) error {
 	return mgr.Start(ctx)
 }
 
-// setupControllers wires the etcd election, the store and the reconcilers.
+// setupControllers builds the etcd election and the store it fences, and
+// hands them to the reconcilers and the webhook.
 func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
 	host, _ := os.Hostname()
-	store, err := controllers.Setup(mgr, controllers.Options{
-		Etcd:           etcd,
-		Prefix:         o.etcd.Prefix,
-		Identity:       fmt.Sprintf("%s_%s", host, uuid.NewUUID()),
-		ElectionTTL:    o.electionTTL,
-		RequestTimeout: o.etcd.RequestTimeout,
-		LeaseWorkers:   o.leaseWorkers,
-	})
-	if err != nil {
+	elector := etcdstore.NewElector(etcd, o.etcd.Prefix, fmt.Sprintf("%s_%s", host, uuid.NewUUID()), o.electionTTL)
+	if err := mgr.Add(elector); err != nil {
+		return err
+	}
+	store := etcdstore.NewStore(etcd, o.etcd.Prefix, elector, metrics.ObserveEtcd)
+	store.Timeout = o.etcd.RequestTimeout
+	if err := controllers.Setup(mgr, store, elector, controllers.Options{LeaseWorkers: o.leaseWorkers}); err != nil {
 		return err
 	}
 	if o.webhookPort == 0 {

@@ -31,6 +31,7 @@ import (
 	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/internal/webhook"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -145,8 +146,12 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := controllers.Setup(mgr, controllers.Options{Etcd: cli, Prefix: etcdkeys.DefaultPrefix, Identity: identity, ElectionTTL: time.Second})
-	if err != nil {
+	elector := etcdstore.NewElector(cli, etcdkeys.DefaultPrefix, identity, time.Second)
+	if err := mgr.Add(elector); err != nil {
+		t.Fatal(err)
+	}
+	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, metrics.ObserveEtcd)
+	if err := controllers.Setup(mgr, store, elector, controllers.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if serveWebhook {
