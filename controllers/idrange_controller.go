@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/renew"
@@ -64,7 +64,7 @@ func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcd
 }
 
 func (r *IDRangeReconciler) enqueue(namespace, name string) {
-	o := &v1.IDRange{}
+	o := &fencerv1.IDRange{}
 	o.Namespace, o.Name = namespace, name
 	r.wake <- event.GenericEvent{Object: o}
 }
@@ -76,7 +76,7 @@ func (r *IDRangeReconciler) enqueue(namespace, name string) {
 
 // Reconcile allocates for one IDRange and writes its status once.
 func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	rng := &v1.IDRange{}
+	rng := &fencerv1.IDRange{}
 	if err := r.Get(ctx, req.NamespacedName, rng); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -97,7 +97,7 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return finish(ctx, r.Client, r.Recorder, rng, before, &rng.Status, out)
 }
 
-func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange) (outcome, error) {
+func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.IDRange) (outcome, error) {
 	var out outcome
 	out.result.RequeueAfter = repairInterval
 	rng.Status.ObservedGeneration = rng.Generation
@@ -109,7 +109,7 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange)
 		out.result.RequeueAfter = time.Second
 		return out, nil
 	}
-	if rng.Spec.Mode == v1.ModeBlocks {
+	if rng.Spec.Mode == fencerv1.ModeBlocks {
 		err = r.blocks(ctx, rng, pods, &out)
 	} else {
 		err = r.slots(ctx, rng, pods, &out)
@@ -122,12 +122,12 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange)
 		return out, nil
 	}
 	if err != nil {
-		setRangeCondition(rng, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
-		out.event(corev1.EventTypeWarning, v1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
 		out.result.RequeueAfter = 2 * time.Second
 		return out, nil
 	}
-	setRangeCondition(rng, v1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
+	setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
 	setLowCondition(rng)
 	metrics.IDRangeRemaining.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Status.Remaining))
 	return out, nil
@@ -137,8 +137,8 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *v1.IDRange)
 var errNextRegressed = errors.New("next-ID key regressed")
 
 // blocks gives every matching pod without one a block.
-func (r *IDRangeReconciler) blocks(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
-	key := v1.IDRangeAnnotationPrefix + rng.Name
+func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := fencerv1.IDRangeAnnotationPrefix + rng.Name
 	next, err := r.Store.ReadNext(ctx, rng.Namespace, rng.Name, rng.Spec.Min)
 	if err != nil {
 		return err
@@ -148,8 +148,8 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *v1.IDRange, pods []
 		// etcd's older value would hand them out again.
 		msg := fmt.Sprintf("etcd's next ID %d is below status.next %d: etcd was restored from an old snapshot or replaced; "+
 			"no block is claimed until the key is set to at least %d (see docs/operations.md)", next, rng.Status.Next, rng.Status.Next)
-		setRangeCondition(rng, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonNextRegressed, msg)
-		out.event(corev1.EventTypeWarning, v1.ReasonNextRegressed, "%s", msg)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonNextRegressed, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonNextRegressed, "%s", msg)
 		metrics.RevisionRegressions.Inc()
 		return errNextRegressed
 	}
@@ -199,8 +199,8 @@ func remainingIDs(next, max int64) int64 {
 }
 
 // slots keeps one live slot per qualifying pod and repairs drift.
-func (r *IDRangeReconciler) slots(ctx context.Context, rng *v1.IDRange, pods []corev1.Pod, out *outcome) error {
-	key := v1.IDRangeAnnotationPrefix + rng.Name
+func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := fencerv1.IDRangeAnnotationPrefix + rng.Name
 	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return err
@@ -270,36 +270,36 @@ func slotQualifies(pod *corev1.Pod) bool {
 }
 
 // exhausted sets the Exhausted condition, with an Event naming waiting pods.
-func exhausted(rng *v1.IDRange, is bool, waiting []string, out *outcome, format string, args ...any) {
+func exhausted(rng *fencerv1.IDRange, is bool, waiting []string, out *outcome, format string, args ...any) {
 	if !is {
-		setRangeCondition(rng, v1.ConditionExhausted, metav1.ConditionFalse, "Available", "IDs remain")
+		setRangeCondition(rng, fencerv1.ConditionExhausted, metav1.ConditionFalse, "Available", "IDs remain")
 		return
 	}
 	msg := fmt.Sprintf(format, args...)
 	if len(waiting) > 0 {
 		sort.Strings(waiting)
 		msg += fmt.Sprintf("; waiting: %s", strings.Join(waiting, ", "))
-		out.event(corev1.EventTypeWarning, v1.ConditionExhausted, "%s", msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ConditionExhausted, "%s", msg)
 	}
-	setRangeCondition(rng, v1.ConditionExhausted, metav1.ConditionTrue, v1.ConditionExhausted, msg)
+	setRangeCondition(rng, fencerv1.ConditionExhausted, metav1.ConditionTrue, fencerv1.ConditionExhausted, msg)
 }
 
 // setLowCondition: Low when less than 10% of the range remains.
-func setLowCondition(rng *v1.IDRange) {
+func setLowCondition(rng *fencerv1.IDRange) {
 	total := float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1
 	low := float64(rng.Status.Remaining) < total/10
 	status, reason := metav1.ConditionFalse, "Plenty"
 	if low {
 		status, reason = metav1.ConditionTrue, "Low"
 	}
-	setRangeCondition(rng, v1.ConditionLow, status, reason, fmt.Sprintf("%d of %.0f remain", rng.Status.Remaining, total))
+	setRangeCondition(rng, fencerv1.ConditionLow, status, reason, fmt.Sprintf("%d of %.0f remain", rng.Status.Remaining, total))
 }
 
-func setRangeCondition(rng *v1.IDRange, typ string, status metav1.ConditionStatus, reason, msg string) {
+func setRangeCondition(rng *fencerv1.IDRange, typ string, status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&rng.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: rng.Generation})
 }
 
-func (r *IDRangeReconciler) pods(ctx context.Context, rng *v1.IDRange) ([]corev1.Pod, error) {
+func (r *IDRangeReconciler) pods(ctx context.Context, rng *fencerv1.IDRange) ([]corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector)
 	if err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.podSelector: %w", err))
@@ -314,7 +314,7 @@ func (r *IDRangeReconciler) pods(ctx context.Context, rng *v1.IDRange) ([]corev1
 
 // finalize releases the range's slots (their generators are fenced off at
 // once) and, only on opt-in, its next-ID key.
-func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl.Result, error) {
+func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(rng, IDRangeFinalizer) {
 		return ctrl.Result{}, nil
 	}
@@ -341,7 +341,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *v1.IDRange) (ctrl
 		return ctrl.Result{}, err
 	}
 	for i := range pods {
-		if err := annotatePod(ctx, r.Client, &pods[i], nil, v1.IDRangeAnnotationPrefix+rng.Name); err != nil {
+		if err := annotatePod(ctx, r.Client, &pods[i], nil, fencerv1.IDRangeAnnotationPrefix+rng.Name); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -357,7 +357,7 @@ func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1.IDRange{}).
+		For(&fencerv1.IDRange{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.rangesForPod)).
 		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		Named("idrange").
@@ -365,7 +365,7 @@ func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func (r *IDRangeReconciler) enqueueAll(ctx context.Context) {
-	var list v1.IDRangeList
+	var list fencerv1.IDRangeList
 	if err := r.List(ctx, &list); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing IDRanges for a resync")
 		return
@@ -376,14 +376,14 @@ func (r *IDRangeReconciler) enqueueAll(ctx context.Context) {
 }
 
 func (r *IDRangeReconciler) rangesForPod(ctx context.Context, obj client.Object) []reconcile.Request {
-	var list v1.IDRangeList
+	var list fencerv1.IDRangeList
 	if err := r.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
 	for _, o := range list.Items {
 		sel, err := metav1.LabelSelectorAsSelector(&o.Spec.PodSelector)
-		_, annotated := obj.GetAnnotations()[v1.IDRangeAnnotationPrefix+o.Name]
+		_, annotated := obj.GetAnnotations()[fencerv1.IDRangeAnnotationPrefix+o.Name]
 		if annotated || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&o)})
 		}

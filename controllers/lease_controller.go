@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/internal/metrics"
@@ -98,7 +98,7 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 }
 
 func (r *LeaseReconciler) enqueue(namespace, name string) {
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	l.Namespace, l.Name = namespace, name
 	r.wake <- event.GenericEvent{Object: l}
 }
@@ -110,7 +110,7 @@ func (r *LeaseReconciler) enqueue(namespace, name string) {
 
 // Reconcile grants, renews or releases one Lease and writes its status once.
 func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	lease := &v1.Lease{}
+	lease := &fencerv1.Lease{}
 	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -135,7 +135,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 // reconcileGrant brings etcd and the pods in line with the Lease's spec and
 // sets lease.Status to match. It returns an error only for failures the
 // workqueue should retry with backoff.
-func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (outcome, error) {
+func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Lease) (outcome, error) {
 	var out outcome
 	now := r.Clock.Now()
 	lease.Status.ObservedGeneration = lease.Generation
@@ -147,7 +147,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 	}
 	// Read first: reads need no leadership, and a failed read is how an
 	// etcd outage shows, even after it has also cost us the election.
-	grant, rev, err := r.Store.GetGrantAt(ctx, lease.Namespace, lease.Name)
+	grant, rev, err := r.Store.ReadGrant(ctx, lease.Namespace, lease.Name)
 	if err != nil {
 		r.etcdUnavailable(lease, &out, err)
 		return out, nil
@@ -177,13 +177,13 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		// The key is gone without our release: the etcd lease expired. If we
 		// had stopped renewing it, etcd merely beat our own release to it
 		// (its lessor may run before our timer), and the cause is ours.
-		why := v1.TenureExpired
+		why := fencerv1.TenureExpired
 		if _, ok := r.takeEnding(key); ok {
 			why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
 		}
 		closeTenure(lease, now, why)
 		metrics.LeaseExpiries.Inc()
-		out.event(corev1.EventTypeNormal, v1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
 	}
 
 	clearHolder(lease)
@@ -192,12 +192,12 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 		r.forgetDeletion(key)
 	}
 	if lease.Spec.Suspend {
-		setHeld(lease, metav1.ConditionFalse, v1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
+		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
 		return out, r.publish(ctx, lease, pods, nil)
 	}
 	next := holder.Pick(pods)
 	if next == nil {
-		setHeld(lease, metav1.ConditionFalse, v1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
+		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
 		return out, r.publish(ctx, lease, pods, nil)
 	}
 	if r.revisionRegressed(lease, rev, &out) {
@@ -224,18 +224,18 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *v1.Lease) (
 // holder, and ends the tenure (conditional delete) when the Lease is
 // suspended, or one TTL after the last renewal of a holder that stopped
 // qualifying. It reports whether the tenure ended.
-func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, pods []corev1.Pod, now time.Time, out *outcome) (bool, error) {
+func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, pods []corev1.Pod, now time.Time, out *outcome) (bool, error) {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	ttl := time.Duration(g.TTL) * time.Second
 	pod := findPod(pods, g.Holder, g.HolderUID)
 	showGrant(lease, g)
 
 	if lease.Spec.Suspend {
-		return true, r.release(ctx, lease, g, v1.TenureSuspended, now, out)
+		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
 	}
-	if lease.Spec.Renewal == v1.RenewalDirect {
+	if lease.Spec.Renewal == fencerv1.RenewalDirect {
 		// The holder renews through the SDK; etcd expiry ends the tenure.
-		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID))
+		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID))
 		out.result.RequeueAfter = r.refreshInterval(ttl)
 		return false, nil
 	}
@@ -247,7 +247,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 		last, _ := r.Renewer.LastRenew(key)
 		lease.Status.RenewTime = microTime(last)
 		lease.Status.ExpireTime = microTime(last.Add(ttl))
-		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d", g.Holder, g.Token))
+		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d", g.Holder, g.Token))
 		out.result.RequeueAfter = r.refreshInterval(ttl)
 		return false, nil
 	}
@@ -259,7 +259,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *v1.Lease, g *etc
 	}
 	if now.Before(end) {
 		lease.Status.ExpireTime = microTime(end)
-		setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("held by %s with token %d until %s: the holder no longer qualifies (%s) and is not renewed", g.Holder, g.Token, end.UTC().Format(time.RFC3339Nano), reason))
+		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d until %s: the holder no longer qualifies (%s) and is not renewed", g.Holder, g.Token, end.UTC().Format(time.RFC3339Nano), reason))
 		out.requeueAt(now, end)
 		return false, nil
 	}
@@ -295,11 +295,11 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 
 // whyNotQualified names why a holder no longer qualifies: gone (deleted, or
 // being deleted) or merely not Ready.
-func whyNotQualified(pod *corev1.Pod) v1.TenureEndReason {
+func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
 	if pod == nil || pod.DeletionTimestamp != nil {
-		return v1.TenureHolderGone
+		return fencerv1.TenureHolderGone
 	}
-	return v1.TenureHolderNotReady
+	return fencerv1.TenureHolderNotReady
 }
 
 // takeEnding reports, and forgets, whether key's tenure was being ended.
@@ -318,7 +318,7 @@ func (r *LeaseReconciler) clearEnd(key string) {
 }
 
 // release ends a tenure with the conditional delete.
-func (r *LeaseReconciler) release(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, why v1.TenureEndReason, now time.Time, out *outcome) error {
+func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, why fencerv1.TenureEndReason, now time.Time, out *outcome) error {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
@@ -333,8 +333,8 @@ func (r *LeaseReconciler) release(ctx context.Context, lease *v1.Lease, g *etcds
 }
 
 // granted records a new grant in the status, history and metrics.
-func (r *LeaseReconciler) granted(lease *v1.Lease, key string, g *etcdstore.Grant, now time.Time, out *outcome) {
-	if lease.Spec.Renewal == v1.RenewalPodReady {
+func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstore.Grant, now time.Time, out *outcome) {
+	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
 		r.Renewer.Ensure(key, g.LeaseID, now)
 	}
 	// Like coordination.k8s.io Leases, the first holder is no transition.
@@ -356,9 +356,9 @@ func (r *LeaseReconciler) granted(lease *v1.Lease, key string, g *etcdstore.Gran
 	showGrant(lease, g)
 	lease.Status.RenewTime = microTime(now)
 	lease.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
-	pushTenure(lease, v1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(now)})
-	setHeld(lease, metav1.ConditionTrue, v1.ReasonGranted, fmt.Sprintf("granted to %s with token %d", g.Holder, g.Token))
-	out.event(corev1.EventTypeNormal, v1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+	pushTenure(lease, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(now)})
+	setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("granted to %s with token %d", g.Holder, g.Token))
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
 }
 
 func (r *LeaseReconciler) forgetDeletion(key string) {
@@ -382,15 +382,15 @@ func (r *LeaseReconciler) markDeleted(key string, at time.Time) {
 // would pass. The Lease's status, kept by the apiserver, remembers the highest
 // token issued; while etcd's revision (at the read that found no grant) is
 // below it, nothing is granted.
-func (r *LeaseReconciler) revisionRegressed(lease *v1.Lease, rev int64, out *outcome) bool {
+func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, out *outcome) bool {
 	floor := highestToken(lease)
 	if rev >= floor {
 		return false
 	}
 	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
 		"no grant until its revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", rev, floor, floor)
-	setHeld(lease, metav1.ConditionFalse, v1.ReasonEtcdRevisionRegressed, msg)
-	out.event(corev1.EventTypeWarning, v1.ReasonEtcdRevisionRegressed, "%s", msg)
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
 	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
 	return true
@@ -400,15 +400,15 @@ func (r *LeaseReconciler) revisionRegressed(lease *v1.Lease, rev int64, out *out
 // issued: it is never renewed or published, and is deleted with the
 // conditional release (only that grant). New grants then wait in
 // revisionRegressed until etcd's revision passes the highest token.
-func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *v1.Lease, g *etcdstore.Grant, out *outcome) error {
+func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
 	floor := highestToken(lease)
 	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
 		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
 		g.Holder, g.Token, floor, floor)
-	setHeld(lease, metav1.ConditionFalse, v1.ReasonEtcdRevisionRegressed, msg)
-	out.event(corev1.EventTypeWarning, v1.ReasonEtcdRevisionRegressed, "%s", msg)
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
 	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
@@ -418,7 +418,7 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *v1.Lease, g 
 }
 
 // highestToken is the largest token the Lease's status records.
-func highestToken(lease *v1.Lease) int64 {
+func highestToken(lease *fencerv1.Lease) int64 {
 	top := lease.Status.Token
 	for _, t := range lease.Status.History {
 		top = max(top, t.Token)
@@ -426,15 +426,15 @@ func highestToken(lease *v1.Lease) int64 {
 	return top
 }
 
-func (r *LeaseReconciler) etcdUnavailable(lease *v1.Lease, out *outcome, err error) {
-	setHeld(lease, metav1.ConditionUnknown, v1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
-	out.event(corev1.EventTypeWarning, v1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+func (r *LeaseReconciler) etcdUnavailable(lease *fencerv1.Lease, out *outcome, err error) {
+	setHeld(lease, metav1.ConditionUnknown, fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
 	out.result.RequeueAfter = 2 * time.Second
 	ctrl.Log.V(1).Info("etcd unavailable", "lease", client.ObjectKeyFromObject(lease), "err", err.Error())
 }
 
 // candidates lists the pods the Lease's selector matches.
-func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]corev1.Pod, error) {
+func (r *LeaseReconciler) candidates(ctx context.Context, lease *fencerv1.Lease) ([]corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
 	if err != nil {
 		return nil, reconcile.TerminalError(fmt.Errorf("spec.holderSelector: %w", err))
@@ -444,7 +444,7 @@ func (r *LeaseReconciler) candidates(ctx context.Context, lease *v1.Lease) ([]co
 
 // finalize releases the Lease's grant and its pod annotations, then lets
 // the Lease go.
-func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.Result, error) {
+func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(lease, LeaseFinalizer) {
 		return ctrl.Result{}, nil
 	}
@@ -462,7 +462,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *v1.Lease) (ctrl.R
 			return ctrl.Result{}, err
 		}
 		r.clearEnd(key)
-		metrics.LeaseReleases.WithLabelValues(string(v1.TenureDeleted)).Inc()
+		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
 	}
 	pods, err := r.candidates(ctx, lease)
 	if err != nil {
@@ -501,7 +501,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1.Lease{}, builder.WithPredicates(notStatusOnly)).
+		For(&fencerv1.Lease{}, builder.WithPredicates(notStatusOnly)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
 		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		Named("lease").
@@ -521,7 +521,7 @@ func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 }
 
 func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
-	var leases v1.LeaseList
+	var leases fencerv1.LeaseList
 	if err := r.List(ctx, &leases, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing Leases for a resync")
 		return
@@ -543,7 +543,7 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 	seen := map[client.ObjectKey]bool{}
 	var reqs []reconcile.Request
 	consider := func(index, value string) {
-		var leases v1.LeaseList
+		var leases fencerv1.LeaseList
 		if err := r.List(ctx, &leases, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index: value}, client.UnsafeDisableDeepCopy); err != nil {
 			return
 		}

@@ -6,7 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // Indexes on Leases, so that a pod event finds its Leases without scanning
@@ -23,7 +23,7 @@ const (
 )
 
 func selectorLabelValues(obj client.Object) []string {
-	l := obj.(*v1.Lease)
+	l := obj.(*fencerv1.Lease)
 	if len(l.Spec.HolderSelector.MatchLabels) == 0 {
 		return []string{indexAnyLabel}
 	}
@@ -35,7 +35,7 @@ func selectorLabelValues(obj client.Object) []string {
 }
 
 func holderValues(obj client.Object) []string {
-	if h := obj.(*v1.Lease).Status.Holder; h != "" {
+	if h := obj.(*fencerv1.Lease).Status.Holder; h != "" {
 		return []string{h}
 	}
 	return nil
@@ -43,10 +43,10 @@ func holderValues(obj client.Object) []string {
 
 // addLeaseIndexes registers the indexes with the manager's cache.
 func addLeaseIndexes(ctx context.Context, idx client.FieldIndexer) error {
-	if err := idx.IndexField(ctx, &v1.Lease{}, indexSelectorLabel, selectorLabelValues); err != nil {
+	if err := idx.IndexField(ctx, &fencerv1.Lease{}, indexSelectorLabel, selectorLabelValues); err != nil {
 		return err
 	}
-	return idx.IndexField(ctx, &v1.Lease{}, indexHolder, holderValues)
+	return idx.IndexField(ctx, &fencerv1.Lease{}, indexHolder, holderValues)
 }
 
 // indexPodLabel holds "key=value" for each label of a pod, so that the pods

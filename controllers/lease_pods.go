@@ -6,7 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
@@ -14,15 +14,15 @@ import (
 // token (and, for Direct renewal, its etcd lease ID), and every other
 // candidate carries none. Removal is tidiness, never safety: the webhook and
 // the SDK check tokens against etcd.
-func (r *LeaseReconciler) publish(ctx context.Context, lease *v1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
-	tokenKey := v1.HolderTokenAnnotationPrefix + lease.Name
-	idKey := v1.HolderLeaseIDAnnotationPrefix + lease.Name
+func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
+	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
+	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
 	for i := range pods {
 		pod := &pods[i]
 		want := map[string]string{}
 		if g != nil && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
-			want[tokenKey] = v1.FormatToken(g.Token)
-			if lease.Spec.Renewal == v1.RenewalDirect {
+			want[tokenKey] = fencerv1.FormatToken(g.Token)
+			if lease.Spec.Renewal == fencerv1.RenewalDirect {
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)
 			}
 		}

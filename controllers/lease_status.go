@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
@@ -16,15 +16,15 @@ func microTime(t time.Time) *metav1.MicroTime {
 	return &m
 }
 
-func setHeld(l *v1.Lease, status metav1.ConditionStatus, reason, message string) {
+func setHeld(l *fencerv1.Lease, status metav1.ConditionStatus, reason, message string) {
 	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{
-		Type: v1.ConditionHeld, Status: status, Reason: reason, Message: message,
+		Type: fencerv1.ConditionHeld, Status: status, Reason: reason, Message: message,
 		ObservedGeneration: l.Generation,
 	})
 }
 
 // showGrant puts a live grant's identity in the status.
-func showGrant(l *v1.Lease, g *etcdstore.Grant) {
+func showGrant(l *fencerv1.Lease, g *etcdstore.Grant) {
 	l.Status.Holder = g.Holder
 	l.Status.HolderUID = types.UID(g.HolderUID)
 	l.Status.Token = g.Token
@@ -33,14 +33,14 @@ func showGrant(l *v1.Lease, g *etcdstore.Grant) {
 }
 
 // clearHolder empties the status fields of the current grant; history keeps it.
-func clearHolder(l *v1.Lease) {
+func clearHolder(l *fencerv1.Lease) {
 	l.Status.Holder, l.Status.HolderUID = "", ""
 	l.Status.Token, l.Status.LeaseID = 0, 0
 	l.Status.AcquireTime, l.Status.RenewTime, l.Status.ExpireTime = nil, nil, nil
 }
 
 // lastTenure is the newest tenure in the history, ended or not.
-func lastTenure(l *v1.Lease) *v1.Tenure {
+func lastTenure(l *fencerv1.Lease) *fencerv1.Tenure {
 	if len(l.Status.History) == 0 {
 		return nil
 	}
@@ -48,14 +48,14 @@ func lastTenure(l *v1.Lease) *v1.Tenure {
 }
 
 // openTenure is the newest tenure if it has not ended.
-func openTenure(l *v1.Lease) *v1.Tenure {
+func openTenure(l *fencerv1.Lease) *fencerv1.Tenure {
 	if t := lastTenure(l); t != nil && t.End == nil {
 		return t
 	}
 	return nil
 }
 
-func closeTenure(l *v1.Lease, at time.Time, why v1.TenureEndReason) {
+func closeTenure(l *fencerv1.Lease, at time.Time, why fencerv1.TenureEndReason) {
 	if t := openTenure(l); t != nil {
 		t.End = microTime(at)
 		t.EndReason = why
@@ -63,9 +63,9 @@ func closeTenure(l *v1.Lease, at time.Time, why v1.TenureEndReason) {
 }
 
 // pushTenure prepends t, keeping at most MaxLeaseHistory entries.
-func pushTenure(l *v1.Lease, t v1.Tenure) {
-	l.Status.History = append([]v1.Tenure{t}, l.Status.History...)
-	if len(l.Status.History) > v1.MaxLeaseHistory {
-		l.Status.History = l.Status.History[:v1.MaxLeaseHistory]
+func pushTenure(l *fencerv1.Lease, t fencerv1.Tenure) {
+	l.Status.History = append([]fencerv1.Tenure{t}, l.Status.History...)
+	if len(l.Status.History) > fencerv1.MaxLeaseHistory {
+		l.Status.History = l.Status.History[:fencerv1.MaxLeaseHistory]
 	}
 }

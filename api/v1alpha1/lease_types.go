@@ -71,11 +71,10 @@ type LeaseSpec struct {
 }
 
 // TenureEndReason says why a tenure ended.
-// +kubebuilder:validation:Enum=Released;Expired;HolderGone;HolderNotReady;Suspended;Deleted
+// +kubebuilder:validation:Enum=Expired;HolderGone;HolderNotReady;Suspended;Deleted
 type TenureEndReason string
 
 const (
-	TenureReleased       TenureEndReason = "Released"
 	TenureExpired        TenureEndReason = "Expired"
 	TenureHolderGone     TenureEndReason = "HolderGone"
 	TenureHolderNotReady TenureEndReason = "HolderNotReady"

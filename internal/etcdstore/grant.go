@@ -87,13 +87,13 @@ func (s *Store) timed(op string) func(*error) {
 // GetGrant returns the live grant of namespace/name, or nil if there is none.
 // The read is linearizable.
 func (s *Store) GetGrant(ctx context.Context, namespace, name string) (*Grant, error) {
-	g, _, err := s.GetGrantAt(ctx, namespace, name)
+	g, _, err := s.ReadGrant(ctx, namespace, name)
 	return g, err
 }
 
-// GetGrantAt is GetGrant that also returns etcd's revision at the read,
+// ReadGrant is GetGrant that also returns etcd's revision at the read,
 // which the controller compares with the tokens it already issued.
-func (s *Store) GetGrantAt(ctx context.Context, namespace, name string) (g *Grant, rev int64, err error) {
+func (s *Store) ReadGrant(ctx context.Context, namespace, name string) (g *Grant, rev int64, err error) {
 	defer s.timed("get")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

@@ -13,7 +13,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
@@ -25,7 +25,7 @@ const (
 )
 
 // Reason labels a decision, in metrics and in a Denial's causes.
-type Reason = v1.DenialReason
+type Reason = fencerv1.DenialReason
 
 // Reasons for allowing a write, and for refusing one that the API package
 // does not name because it is not about the token.
@@ -77,7 +77,7 @@ type facts struct {
 
 func (f facts) deny(reason Reason, format string, args ...any) *Denial {
 	d := &Denial{Code: http.StatusConflict, Reason: reason, Lease: f.w.leaseRef, Offered: f.w.offered, Recorded: f.w.recorded}
-	if reason == v1.DenialTokenless {
+	if reason == fencerv1.DenialTokenless {
 		// No token can make this write pass, so it is no conflict to retry
 		// (kubectl scale retries conflicts for minutes): it is forbidden.
 		d.Code = http.StatusForbidden
@@ -109,41 +109,41 @@ func orNone(s string) string {
 
 // decide applies the rules of docs/webhook.md to one write, given the Lease
 // and the live state of its etcd key. nil means allowed.
-func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
+func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	f := facts{w: w, live: live}
 	if w.tokenless != "" {
 		return decideTokenless(f, lease)
 	}
-	offered, err := v1.ParseToken(w.offered)
-	if errors.Is(err, v1.ErrMissingToken) {
-		return f.deny(v1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
-			w.leaseRef, v1.TokenAnnotation)
+	offered, err := fencerv1.ParseToken(w.offered)
+	if errors.Is(err, fencerv1.ErrMissingToken) {
+		return f.deny(fencerv1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
+			w.leaseRef, fencerv1.TokenAnnotation)
 	}
 	if err == nil && offered <= 0 {
 		// An absent etcd key's CreateRevision is 0: no grant has token 0.
-		err = &v1.MalformedTokenError{Value: w.offered, Reason: "a fencing token is positive"}
+		err = &fencerv1.MalformedTokenError{Value: w.offered, Reason: "a fencing token is positive"}
 	}
 	if err != nil {
-		return f.deny(v1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
-			err, w.leaseRef, v1.TokenAnnotation, v1.HolderTokenAnnotationPrefix, lease.Name)
+		return f.deny(fencerv1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
+			err, w.leaseRef, fencerv1.TokenAnnotation, fencerv1.HolderTokenAnnotationPrefix, lease.Name)
 	}
 	if g := live.Grant; g != nil && g.Token < highestRecorded(lease) {
-		return f.deny(v1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
+		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
 			w.leaseRef, g.Token, highestRecorded(lease))
 	}
 	if issued := lastIssued(lease, live); offered > issued {
-		return f.deny(v1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
+		return f.deny(fencerv1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
 	if w.hasRecord {
-		recorded, err := v1.ParseToken(w.recorded)
+		recorded, err := fencerv1.ParseToken(w.recorded)
 		if err != nil {
 			// Only fencer writes the record; a damaged one must not switch
 			// the per-object check off.
-			return f.deny(v1.DenialBelowObject, "the object's %s annotation is damaged (%v), so its last token is unknown and no write is accepted under lease %s; an exempt identity or an administrator must repair or remove it",
-				v1.WrittenTokenAnnotation, err, w.leaseRef)
+			return f.deny(fencerv1.DenialBelowObject, "the object's %s annotation is damaged (%v), so its last token is unknown and no write is accepted under lease %s; an exempt identity or an administrator must repair or remove it",
+				fencerv1.WrittenTokenAnnotation, err, w.leaseRef)
 		}
 		if offered < recorded {
-			return f.deny(v1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
+			return f.deny(fencerv1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
 		}
 	}
 	if d := checkPolicy(f, lease, offered); d != nil {
@@ -158,7 +158,7 @@ func decide(w write, lease *v1.Lease, live etcdstore.Live) *Denial {
 // lastIssued is the highest token ever issued for lease: the live grant's,
 // or, when nobody holds it, the newest the controller recorded. Anything
 // above it was never issued, so it is forged, under every policy.
-func lastIssued(lease *v1.Lease, live etcdstore.Live) int64 {
+func lastIssued(lease *fencerv1.Lease, live etcdstore.Live) int64 {
 	if live.Grant != nil {
 		return live.Grant.Token
 	}
@@ -166,7 +166,7 @@ func lastIssued(lease *v1.Lease, live etcdstore.Live) int64 {
 }
 
 // highestRecorded is the highest token the Lease's status records.
-func highestRecorded(lease *v1.Lease) int64 {
+func highestRecorded(lease *fencerv1.Lease) int64 {
 	top := lease.Status.Token
 	for _, t := range lease.Status.History {
 		top = max(top, t.Token)
@@ -174,15 +174,15 @@ func highestRecorded(lease *v1.Lease) int64 {
 	return top
 }
 
-func checkPolicy(f facts, lease *v1.Lease, offered int64) *Denial {
+func checkPolicy(f facts, lease *fencerv1.Lease, offered int64) *Denial {
 	g := f.live.Grant
 	switch {
-	case g == nil && lease.Spec.Policy == v1.PolicyMonotonic:
+	case g == nil && lease.Spec.Policy == fencerv1.PolicyMonotonic:
 		return nil // nothing newer exists to be protected from; the object check above still applies
 	case g == nil:
-		return f.deny(v1.DenialNoHolder, "lease %s has no holder, so no token is current; token %d is refused until the lease is granted again", f.w.leaseRef, offered)
+		return f.deny(fencerv1.DenialNoHolder, "lease %s has no holder, so no token is current; token %d is refused until the lease is granted again", f.w.leaseRef, offered)
 	case offered < g.Token:
-		return f.deny(v1.DenialBelowLive, "stale token %d for lease %s: current token is %d (holder %s)", offered, f.w.leaseRef, g.Token, g.Holder)
+		return f.deny(fencerv1.DenialBelowLive, "stale token %d for lease %s: current token is %d (holder %s)", offered, f.w.leaseRef, g.Token, g.Holder)
 	}
 	return nil
 }
@@ -190,15 +190,15 @@ func checkPolicy(f facts, lease *v1.Lease, offered int64) *Denial {
 // decideTokenless is the one rule for writes that cannot carry a token:
 // under bindIdentity the holder pod's own identity may make them; nobody
 // else may (exempt lifecycle identities never get here).
-func decideTokenless(f facts, lease *v1.Lease) *Denial {
+func decideTokenless(f facts, lease *fencerv1.Lease) *Denial {
 	if lease.Spec.BindIdentity && checkIdentity(f) == nil {
 		return nil
 	}
-	return f.deny(v1.DenialTokenless, "%s cannot carry a fencing token, so it is refused on an object fenced by lease %s: first unfence the object with a write that sends the live token in %s and removes the label %s, then repeat this request%s",
-		f.w.tokenless, f.w.leaseRef, v1.TokenAnnotation, v1.LeaseLabel, bindHint(lease))
+	return f.deny(fencerv1.DenialTokenless, "%s cannot carry a fencing token, so it is refused on an object fenced by lease %s: first unfence the object with a write that sends the live token in %s and removes the label %s, then repeat this request%s",
+		f.w.tokenless, f.w.leaseRef, fencerv1.TokenAnnotation, fencerv1.LeaseLabel, bindHint(lease))
 }
 
-func bindHint(lease *v1.Lease) string {
+func bindHint(lease *fencerv1.Lease) string {
 	if lease.Spec.BindIdentity {
 		return ", or send it from the holder pod's own service-account token"
 	}
@@ -210,7 +210,7 @@ func bindHint(lease *v1.Lease) string {
 func checkIdentity(f facts) *Denial {
 	g := f.live.Grant
 	if g == nil {
-		return f.deny(v1.DenialNoHolder, "lease %s binds writes to its holder pod's identity, and it has no holder", f.w.leaseRef)
+		return f.deny(fencerv1.DenialNoHolder, "lease %s binds writes to its holder pod's identity, and it has no holder", f.w.leaseRef)
 	}
 	pod := first(f.w.user.Extra[podNameExtra])
 	uid := first(f.w.user.Extra[podUIDExtra])
@@ -222,7 +222,7 @@ func checkIdentity(f facts) *Denial {
 		if pod != "" {
 			from += " (pod " + pod + ")"
 		}
-		return f.deny(v1.DenialIdentity, "lease %s binds writes to its holder pod %s (bindIdentity); this request comes from %s", f.w.leaseRef, g.Holder, from)
+		return f.deny(fencerv1.DenialIdentity, "lease %s binds writes to its holder pod %s (bindIdentity); this request comes from %s", f.w.leaseRef, g.Holder, from)
 	}
 	return nil
 }

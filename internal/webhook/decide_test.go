@@ -7,14 +7,14 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
-func testLease(policy v1.FencingPolicy, bind bool) *v1.Lease {
-	return &v1.Lease{
+func testLease(policy fencerv1.FencingPolicy, bind bool) *fencerv1.Lease {
+	return &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: "default"},
-		Spec:       v1.LeaseSpec{Policy: policy, BindIdentity: bind},
+		Spec:       fencerv1.LeaseSpec{Policy: policy, BindIdentity: bind},
 	}
 }
 
@@ -27,13 +27,13 @@ func held(tok, rev int64) etcdstore.Live {
 var unheld = etcdstore.Live{Revision: 100}
 
 // leaseIssued is a Lease whose status records token as its last grant.
-func leaseIssued(policy v1.FencingPolicy, token int64) *v1.Lease {
+func leaseIssued(policy fencerv1.FencingPolicy, token int64) *fencerv1.Lease {
 	l := testLease(policy, false)
-	l.Status.History = []v1.Tenure{{Token: token}}
+	l.Status.History = []fencerv1.Tenure{{Token: token}}
 	return l
 }
 
-func bound(l *v1.Lease) *v1.Lease {
+func bound(l *fencerv1.Lease) *fencerv1.Lease {
 	l.Spec.BindIdentity = true
 	return l
 }
@@ -53,54 +53,54 @@ func TestDecide(t *testing.T) {
 	cases := []struct {
 		name   string
 		w      write
-		lease  *v1.Lease
+		lease  *fencerv1.Lease
 		live   etcdstore.Live
 		reason Reason // "" means allowed
 		msg    string
 	}{
-		{"live token passes", write{offered: "42"}, testLease(v1.PolicyCurrent, false), held(42, 50), "", ""},
-		{"missing token", write{}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMissingToken,
+		{"live token passes", write{offered: "42"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), "", ""},
+		{"missing token", write{}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialMissingToken,
 			"fencer: this write sends no fencing token for lease default/report: every write to a fenced object must set the annotation fencer.io/token to the holder's token itself"},
-		{"missing token names the facts", write{recorded: "42", hasRecord: true}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMissingToken,
+		{"missing token names the facts", write{recorded: "42", hasRecord: true}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialMissingToken,
 			`[lease default/report; offered token none; recorded token "42"; current token 42; holder reporter-b]`},
-		{"missing token, no holder", write{}, testLease(v1.PolicyCurrent, false), unheld, v1.DenialMissingToken, "current token 0; holder none]"},
-		{"malformed token", write{offered: "4 2"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed,
+		{"missing token, no holder", write{}, testLease(fencerv1.PolicyCurrent, false), unheld, fencerv1.DenialMissingToken, "current token 0; holder none]"},
+		{"malformed token", write{offered: "4 2"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialMalformed,
 			`fencer: malformed fencing token "4 2": character ' ' at offset 1; only decimal digits are allowed for lease default/report`},
-		{"negative token", write{offered: "-42"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed, "only decimal digits"},
-		{"overflowing token", write{offered: "99999999999999999999"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialMalformed, "does not fit a 64-bit integer"},
-		{"forged future token", write{offered: "43"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialForged,
+		{"negative token", write{offered: "-42"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialMalformed, "only decimal digits"},
+		{"overflowing token", write{offered: "99999999999999999999"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialMalformed, "does not fit a 64-bit integer"},
+		{"forged future token", write{offered: "43"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialForged,
 			"fencer: forged token 43 for lease default/report: no token above 42 has been issued for it"},
-		{"forged even under Monotonic", write{offered: "45"}, testLease(v1.PolicyMonotonic, false), held(42, 50), v1.DenialForged, "forged token 45"},
-		{"forged under Monotonic with no holder", write{offered: "45"}, leaseIssued(v1.PolicyMonotonic, 42), unheld, v1.DenialForged, "no token above 42 has been issued"},
-		{"forged under Monotonic, never granted", write{offered: "1"}, testLease(v1.PolicyMonotonic, false), unheld, v1.DenialForged, "no token above 0 has been issued"},
-		{"last issued token under Monotonic with no holder", write{offered: "42"}, leaseIssued(v1.PolicyMonotonic, 42), unheld, "", ""},
-		{"stale token under Current", write{offered: "41"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialBelowLive,
+		{"forged even under Monotonic", write{offered: "45"}, testLease(fencerv1.PolicyMonotonic, false), held(42, 50), fencerv1.DenialForged, "forged token 45"},
+		{"forged under Monotonic with no holder", write{offered: "45"}, leaseIssued(fencerv1.PolicyMonotonic, 42), unheld, fencerv1.DenialForged, "no token above 42 has been issued"},
+		{"forged under Monotonic, never granted", write{offered: "1"}, testLease(fencerv1.PolicyMonotonic, false), unheld, fencerv1.DenialForged, "no token above 0 has been issued"},
+		{"last issued token under Monotonic with no holder", write{offered: "42"}, leaseIssued(fencerv1.PolicyMonotonic, 42), unheld, "", ""},
+		{"stale token under Current", write{offered: "41"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialBelowLive,
 			"fencer: stale token 41 for lease default/report: current token is 42 (holder reporter-b)"},
-		{"stale token under Monotonic", write{offered: "41"}, testLease(v1.PolicyMonotonic, false), held(42, 50), v1.DenialBelowLive, "stale token 41"},
-		{"below the object's token", write{offered: "40", recorded: "41", hasRecord: true}, leaseIssued(v1.PolicyMonotonic, 42), unheld, v1.DenialBelowObject,
+		{"stale token under Monotonic", write{offered: "41"}, testLease(fencerv1.PolicyMonotonic, false), held(42, 50), fencerv1.DenialBelowLive, "stale token 41"},
+		{"below the object's token", write{offered: "40", recorded: "41", hasRecord: true}, leaseIssued(fencerv1.PolicyMonotonic, 42), unheld, fencerv1.DenialBelowObject,
 			"fencer: stale token 40 for lease default/report: the object was last written under token 41, by a newer holder"},
-		{"equal to the object's token", write{offered: "42", recorded: "42", hasRecord: true}, testLease(v1.PolicyCurrent, false), held(42, 50), "", ""},
-		{"a malformed record refuses (never switches the object check off)", write{offered: "42", recorded: "junk", hasRecord: true}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialBelowObject, `malformed fencing token "junk"`},
-		{"no holder under Current", write{offered: "42"}, leaseIssued(v1.PolicyCurrent, 42), unheld, v1.DenialNoHolder,
+		{"equal to the object's token", write{offered: "42", recorded: "42", hasRecord: true}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), "", ""},
+		{"a malformed record refuses (never switches the object check off)", write{offered: "42", recorded: "junk", hasRecord: true}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialBelowObject, `malformed fencing token "junk"`},
+		{"no holder under Current", write{offered: "42"}, leaseIssued(fencerv1.PolicyCurrent, 42), unheld, fencerv1.DenialNoHolder,
 			"fencer: lease default/report has no holder, so no token is current; token 42 is refused until the lease is granted again"},
-		{"bindIdentity: the holder pod", write{offered: "42", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, true), held(42, 50), "", ""},
-		{"bindIdentity: another pod", write{offered: "42", user: podUser("reporter-a", "uid-a")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity,
+		{"bindIdentity: the holder pod", write{offered: "42", user: podUser("reporter-b", "uid-b")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), "", ""},
+		{"bindIdentity: another pod", write{offered: "42", user: podUser("reporter-a", "uid-a")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialIdentity,
 			"fencer: lease default/report binds writes to its holder pod reporter-b (bindIdentity); this request comes from system:serviceaccount:default:reporter (pod reporter-a)"},
-		{"bindIdentity: a recreated pod of the same name", write{offered: "42", user: podUser("reporter-b", "uid-old")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "binds writes to its holder pod"},
-		{"bindIdentity: no pod claim", write{offered: "42", user: authenticationv1.UserInfo{Username: "alice"}}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "this request comes from alice"},
-		{"bindIdentity: no holder", write{offered: "42", user: podUser("reporter-b", "uid-b")}, bound(leaseIssued(v1.PolicyMonotonic, 42)), unheld, v1.DenialNoHolder, "has no holder"},
-		{"a restored grant below an issued token", write{offered: "30"}, leaseIssued(v1.PolicyCurrent, 42), held(30, 50), v1.DenialRegressed,
+		{"bindIdentity: a recreated pod of the same name", write{offered: "42", user: podUser("reporter-b", "uid-old")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialIdentity, "binds writes to its holder pod"},
+		{"bindIdentity: no pod claim", write{offered: "42", user: authenticationv1.UserInfo{Username: "alice"}}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialIdentity, "this request comes from alice"},
+		{"bindIdentity: no holder", write{offered: "42", user: podUser("reporter-b", "uid-b")}, bound(leaseIssued(fencerv1.PolicyMonotonic, 42)), unheld, fencerv1.DenialNoHolder, "has no holder"},
+		{"a restored grant below an issued token", write{offered: "30"}, leaseIssued(fencerv1.PolicyCurrent, 42), held(30, 50), fencerv1.DenialRegressed,
 			"etcd's grant (token 30) is below token 42 this Lease already issued"},
-		{"token 0 is never issued", write{offered: "0"}, leaseIssued(v1.PolicyMonotonic, 0), unheld, v1.DenialMalformed, "a fencing token is positive"},
-		{"a damaged record refuses every write", write{offered: "42", recorded: "", hasRecord: true}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialBelowObject, "annotation is damaged"},
-		{"bindIdentity: the pod-uid claim is required", write{offered: "42", user: podUser("reporter-b", "")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "binds writes to its holder pod"},
+		{"token 0 is never issued", write{offered: "0"}, leaseIssued(fencerv1.PolicyMonotonic, 0), unheld, fencerv1.DenialMalformed, "a fencing token is positive"},
+		{"a damaged record refuses every write", write{offered: "42", recorded: "", hasRecord: true}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialBelowObject, "annotation is damaged"},
+		{"bindIdentity: the pod-uid claim is required", write{offered: "42", user: podUser("reporter-b", "")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialIdentity, "binds writes to its holder pod"},
 		{"bindIdentity: a service account of another namespace", write{offered: "42", user: authenticationv1.UserInfo{Username: "system:serviceaccount:other:reporter",
-			Extra: map[string]authenticationv1.ExtraValue{podNameExtra: {"reporter-b"}, podUIDExtra: {"uid-b"}}}}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialIdentity, "binds writes to its holder pod"},
-		{"tokenless write refused", write{tokenless: "a DELETE"}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless,
+			Extra: map[string]authenticationv1.ExtraValue{podNameExtra: {"reporter-b"}, podUIDExtra: {"uid-b"}}}}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialIdentity, "binds writes to its holder pod"},
+		{"tokenless write refused", write{tokenless: "a DELETE"}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialTokenless,
 			"fencer: a DELETE cannot carry a fencing token, so it is refused on an object fenced by lease default/report: first unfence the object with a write that sends the live token in fencer.io/token and removes the label fencer.io/lease, then repeat this request ["},
-		{"tokenless write with the live token's holder name but no bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, false), held(42, 50), v1.DenialTokenless, "cannot carry"},
-		{"tokenless write from the holder under bindIdentity", write{tokenless: "a UPDATE of the status subresource", user: podUser("reporter-b", "uid-b")}, testLease(v1.PolicyCurrent, true), held(42, 50), "", ""},
-		{"tokenless write from another pod under bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-a", "uid-a")}, testLease(v1.PolicyCurrent, true), held(42, 50), v1.DenialTokenless,
+		{"tokenless write with the live token's holder name but no bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialTokenless, "cannot carry"},
+		{"tokenless write from the holder under bindIdentity", write{tokenless: "a UPDATE of the status subresource", user: podUser("reporter-b", "uid-b")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), "", ""},
+		{"tokenless write from another pod under bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-a", "uid-a")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialTokenless,
 			"or send it from the holder pod's own service-account token"},
 	}
 	for _, tc := range cases {
@@ -117,7 +117,7 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("allowed; want %s", tc.reason)
 			}
 			code := int32(409)
-			if tc.reason == v1.DenialTokenless {
+			if tc.reason == fencerv1.DenialTokenless {
 				code = 403 // no token could make it pass: not a conflict to retry
 			}
 			if d.Reason != tc.reason || d.Code != code || !strings.Contains(d.Message, tc.msg) {

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
 )
@@ -148,8 +148,8 @@ func (f *Fence) judge(ctx context.Context, req admission.Request, w write, lease
 
 // lease fetches the fencing Lease, from the cache or, if the cache has not
 // seen it, from the apiserver.
-func (f *Fence) lease(ctx context.Context, namespace, name string, w write) (*v1.Lease, *Denial) {
-	lease := &v1.Lease{}
+func (f *Fence) lease(ctx context.Context, namespace, name string, w write) (*fencerv1.Lease, *Denial) {
+	lease := &fencerv1.Lease{}
 	key := client.ObjectKey{Namespace: namespace, Name: name}
 	err := f.Leases.Get(ctx, key, lease)
 	if apierrors.IsNotFound(err) && f.APIReader != nil {
@@ -157,8 +157,8 @@ func (f *Fence) lease(ctx context.Context, namespace, name string, w write) (*v1
 	}
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, facts{w: w}.deny(v1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
-			w.leaseRef, v1.LeaseLabel, name)
+		return nil, facts{w: w}.deny(fencerv1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
+			w.leaseRef, fencerv1.LeaseLabel, name)
 	case err != nil:
 		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Message: fmt.Sprintf("fencer: cannot read lease %s: %v", w.leaseRef, err)}
 	}
@@ -181,8 +181,8 @@ func parseWrite(req admission.Request) (w write, leaseName string, obj, old *obj
 	}
 	newLease, oldLease := labelOf(obj), labelOf(old)
 	if newLease != "" && oldLease != "" && newLease != oldLease {
-		return w, "", nil, nil, facts{w: w}.deny(v1.DenialLabelChange, "%s cannot change from %q to %q in one write: remove the label (with a token of lease %s), then add the new one",
-			v1.LeaseLabel, oldLease, newLease, oldLease)
+		return w, "", nil, nil, facts{w: w}.deny(fencerv1.DenialLabelChange, "%s cannot change from %q to %q in one write: remove the label (with a token of lease %s), then add the new one",
+			fencerv1.LeaseLabel, oldLease, newLease, oldLease)
 	}
 	// Removing the label is a write under the old lease.
 	leaseName = firstOf(newLease, oldLease)
@@ -199,8 +199,8 @@ func parseWrite(req admission.Request) (w write, leaseName string, obj, old *obj
 // fencer kept records) was not sent by this write, whatever a merge patch
 // or an apply left in the merged object.
 func offerOf(obj, old *objectMeta) string {
-	offer := obj.Metadata.Annotations[v1.TokenAnnotation]
-	if old != nil && old.Metadata.Annotations[v1.TokenAnnotation] == offer {
+	offer := obj.Metadata.Annotations[fencerv1.TokenAnnotation]
+	if old != nil && old.Metadata.Annotations[fencerv1.TokenAnnotation] == offer {
 		return ""
 	}
 	return offer
@@ -225,8 +225,8 @@ func parseTokenless(req admission.Request) (write, string, *Denial) {
 			// Some status strategies keep metadata changes: a subresource
 			// write must never unfence, refence or rewrite the record.
 			w.leaseRef = req.Namespace + "/" + lease
-			return w, lease, facts{w: w}.deny(v1.DenialLabelChange, "%s may not change the label %s or the annotations %s and %s; write the object itself, with a token",
-				w.tokenless, v1.LeaseLabel, v1.TokenAnnotation, v1.WrittenTokenAnnotation)
+			return w, lease, facts{w: w}.deny(fencerv1.DenialLabelChange, "%s may not change the label %s or the annotations %s and %s; write the object itself, with a token",
+				w.tokenless, fencerv1.LeaseLabel, fencerv1.TokenAnnotation, fencerv1.WrittenTokenAnnotation)
 		}
 	case req.Operation == admissionv1.Delete:
 		if old == nil {
@@ -265,8 +265,8 @@ func lifecycleOnly(req admission.Request) bool {
 		}
 		// The record is restored from the old object either way.
 		if ann, _ := meta["annotations"].(map[string]any); ann != nil {
-			delete(ann, v1.TokenAnnotation)
-			delete(ann, v1.WrittenTokenAnnotation)
+			delete(ann, fencerv1.TokenAnnotation)
+			delete(ann, fencerv1.WrittenTokenAnnotation)
 			if len(ann) == 0 {
 				delete(meta, "annotations")
 			}
@@ -284,7 +284,7 @@ func changesFence(obj, old *objectMeta) bool {
 	if labelOf(obj) != labelOf(old) {
 		return true
 	}
-	for _, k := range []string{v1.TokenAnnotation, v1.WrittenTokenAnnotation} {
+	for _, k := range []string{fencerv1.TokenAnnotation, fencerv1.WrittenTokenAnnotation} {
 		a, okA := obj.Metadata.Annotations[k]
 		b, okB := old.Metadata.Annotations[k]
 		if a != b || okA != okB {
@@ -327,7 +327,7 @@ func labelOf(m *objectMeta) string {
 	if m == nil {
 		return ""
 	}
-	return m.Metadata.Labels[v1.LeaseLabel]
+	return m.Metadata.Labels[fencerv1.LeaseLabel]
 }
 
 // recordOf is the token of old's last accepted write: its record, or, for
@@ -344,11 +344,11 @@ func recordOf(old *objectMeta, lease string) (record string, ok bool) {
 		return "", false
 	}
 	ann := old.Metadata.Annotations
-	if r, ok := ann[v1.WrittenTokenAnnotation]; ok {
+	if r, ok := ann[fencerv1.WrittenTokenAnnotation]; ok {
 		return r, true
 	}
 	if labelOf(old) != "" {
-		r, ok := ann[v1.TokenAnnotation]
+		r, ok := ann[fencerv1.TokenAnnotation]
 		return r, ok
 	}
 	return "", false
@@ -359,18 +359,18 @@ func recordOf(old *objectMeta, lease string) (record string, ok bool) {
 func recordPatch(obj *objectMeta, record string) []jsonpatch.JsonPatchOperation {
 	ann := obj.Metadata.Annotations
 	var ops []jsonpatch.JsonPatchOperation
-	if _, ok := ann[v1.TokenAnnotation]; ok {
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(v1.TokenAnnotation)})
+	if _, ok := ann[fencerv1.TokenAnnotation]; ok {
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(fencerv1.TokenAnnotation)})
 	}
-	cur, has := ann[v1.WrittenTokenAnnotation]
+	cur, has := ann[fencerv1.WrittenTokenAnnotation]
 	switch {
 	case record == "" && has:
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(v1.WrittenTokenAnnotation)})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(fencerv1.WrittenTokenAnnotation)})
 	case record != "" && ann == nil:
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{v1.WrittenTokenAnnotation: record}})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{fencerv1.WrittenTokenAnnotation: record}})
 	case record != "" && (!has || cur != record):
 		// "add" replaces an existing member (RFC 6902).
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(v1.WrittenTokenAnnotation), Value: record})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(fencerv1.WrittenTokenAnnotation), Value: record})
 	}
 	return ops
 }
@@ -393,14 +393,14 @@ func denied(d *Denial) admission.Response {
 	resp := admission.Denied(d.Message)
 	resp.Result.Code = d.Code
 	resp.Result.Reason = statusReasons[d.Code]
-	causes := []metav1.StatusCause{{Type: v1.CauseReason, Message: string(d.Reason)}}
+	causes := []metav1.StatusCause{{Type: fencerv1.CauseReason, Message: string(d.Reason)}}
 	if d.Lease != "" {
 		causes = append(causes,
-			metav1.StatusCause{Type: v1.CauseLease, Message: d.Lease},
-			metav1.StatusCause{Type: v1.CauseOfferedToken, Message: d.Offered},
-			metav1.StatusCause{Type: v1.CauseRecordedToken, Message: d.Recorded},
-			metav1.StatusCause{Type: v1.CauseCurrentToken, Message: v1.FormatToken(d.Current)},
-			metav1.StatusCause{Type: v1.CauseHolder, Message: d.Holder})
+			metav1.StatusCause{Type: fencerv1.CauseLease, Message: d.Lease},
+			metav1.StatusCause{Type: fencerv1.CauseOfferedToken, Message: d.Offered},
+			metav1.StatusCause{Type: fencerv1.CauseRecordedToken, Message: d.Recorded},
+			metav1.StatusCause{Type: fencerv1.CauseCurrentToken, Message: fencerv1.FormatToken(d.Current)},
+			metav1.StatusCause{Type: fencerv1.CauseHolder, Message: d.Holder})
 	}
 	resp.Result.Details = &metav1.StatusDetails{Causes: causes}
 	return resp

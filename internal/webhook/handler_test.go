@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
@@ -36,8 +36,8 @@ func (f fakeLive) Lookup(context.Context, string, string) (etcdstore.Live, error
 func newFence(t testing.TB, live LiveLookup) *Fence {
 	t.Helper()
 	s := runtime.NewScheme()
-	utilruntime.Must(v1.AddToScheme(s))
-	return &Fence{Leases: leaseClient(testLease(v1.PolicyCurrent, false)), Live: live, Exempt: NewExempt(DefaultExemptUsers, nil)}
+	utilruntime.Must(fencerv1.AddToScheme(s))
+	return &Fence{Leases: leaseClient(testLease(fencerv1.PolicyCurrent, false)), Live: live, Exempt: NewExempt(DefaultExemptUsers, nil)}
 }
 
 // obj is a ConfigMap as a write sends it: labeled by lease, offering tok.
@@ -47,13 +47,13 @@ func obj(lease, tok string) []byte { return stored(lease, tok, "") }
 func stored(lease, offer, record string) []byte {
 	m := metav1.ObjectMeta{Name: "cm", Namespace: "default", Labels: map[string]string{}, Annotations: map[string]string{}}
 	if lease != "" {
-		m.Labels[v1.LeaseLabel] = lease
+		m.Labels[fencerv1.LeaseLabel] = lease
 	}
 	if offer != "" {
-		m.Annotations[v1.TokenAnnotation] = offer
+		m.Annotations[fencerv1.TokenAnnotation] = offer
 	}
 	if record != "" {
-		m.Annotations[v1.WrittenTokenAnnotation] = record
+		m.Annotations[fencerv1.WrittenTokenAnnotation] = record
 	}
 	raw, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": m})
 	return raw
@@ -127,7 +127,7 @@ func TestRecord(t *testing.T) {
 	}
 	// The Monotonic case above must fail on the record, not the policy.
 	mono := newFence(t, fakeLive{live: unheld})
-	mono.Leases = leaseClient(leaseIssued(v1.PolicyMonotonic, 42))
+	mono.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42))
 	resp := mono.Record(context.Background(), request(admissionv1.Update, stored("", "40", "42"), stored("report", "", "42")))
 	check(t, resp, 409, "last written under token 42")
 }
@@ -167,12 +167,12 @@ func TestDenialCauses(t *testing.T) {
 	f := newFence(t, fakeLive{live: held(42, 50)})
 	resp := f.Record(context.Background(), request(admissionv1.Update, obj("report", "41"), stored("report", "", "40")))
 	want := []metav1.StatusCause{
-		{Type: v1.CauseReason, Message: "BelowLiveToken"},
-		{Type: v1.CauseLease, Message: "default/report"},
-		{Type: v1.CauseOfferedToken, Message: "41"},
-		{Type: v1.CauseRecordedToken, Message: "40"},
-		{Type: v1.CauseCurrentToken, Message: "42"},
-		{Type: v1.CauseHolder, Message: "reporter-b"},
+		{Type: fencerv1.CauseReason, Message: "BelowLiveToken"},
+		{Type: fencerv1.CauseLease, Message: "default/report"},
+		{Type: fencerv1.CauseOfferedToken, Message: "41"},
+		{Type: fencerv1.CauseRecordedToken, Message: "40"},
+		{Type: fencerv1.CauseCurrentToken, Message: "42"},
+		{Type: fencerv1.CauseHolder, Message: "reporter-b"},
 	}
 	if resp.Result.Details == nil || !reflect.DeepEqual(resp.Result.Details.Causes, want) {
 		t.Fatalf("causes %+v\nwant %+v", resp.Result.Details, want)
@@ -191,9 +191,9 @@ func as(r admission.Request, user string) admission.Request {
 	return r
 }
 
-func leaseClient(l *v1.Lease) client.Reader {
+func leaseClient(l *fencerv1.Lease) client.Reader {
 	s := runtime.NewScheme()
-	utilruntime.Must(v1.AddToScheme(s))
+	utilruntime.Must(fencerv1.AddToScheme(s))
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(l).Build()
 }
 
@@ -259,8 +259,8 @@ func FuzzServeHTTP(f *testing.F) {
 	f.Add(bytes.Repeat([]byte(`[`), 100000))
 	fence := &Fence{Live: fakeLive{live: held(42, 50)}}
 	s := runtime.NewScheme()
-	utilruntime.Must(v1.AddToScheme(s))
-	fence.Leases = fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(v1.PolicyCurrent, false)).Build()
+	utilruntime.Must(fencerv1.AddToScheme(s))
+	fence.Leases = fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(fencerv1.PolicyCurrent, false)).Build()
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := serve(t, fence, body)
 		if rec.Code == 0 {

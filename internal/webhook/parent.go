@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // +kubebuilder:rbac:groups=apps,resources=deployments;replicasets;statefulsets,verbs=get
@@ -54,7 +54,7 @@ func (p *Parent) parse(ctx context.Context, req admission.Request) (write, strin
 		return w, "", &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed,
 			Message: fmt.Sprintf("fencer: cannot read %s %s/%s to learn whether it is fenced: %v; retry", req.Resource.Resource, req.Namespace, req.Name, err)}
 	}
-	lease := labels[v1.LeaseLabel]
+	lease := labels[fencerv1.LeaseLabel]
 	if lease != "" {
 		w.leaseRef = req.Namespace + "/" + lease
 	}

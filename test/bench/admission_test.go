@@ -23,7 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // heldLease creates a Lease held by a fresh Ready pod and returns its
@@ -33,8 +33,8 @@ func heldLease(t *testing.T, name string) (string, int64) {
 	ctx := context.Background()
 	ns := fx.Namespace(t)
 	fx.ReadyPod(t, ns, name+"-0", name, "")
-	l := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1.LeaseSpec{TTLSeconds: 30, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}}}
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 30, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}}}
 	if err := fx.Client.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // trials is how many failovers each system gets at each TTL. They run at
@@ -76,15 +76,15 @@ func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
 	for i := range n {
 		app := fmt.Sprintf("f%d", i)
 		fx.ReadyPod(t, ns, app+"-b", app, "")
-		l := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: ns},
-			Spec: v1.LeaseSpec{TTLSeconds: int32(ttl / time.Second), HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}}
+		l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: ns},
+			Spec: fencerv1.LeaseSpec{TTLSeconds: int32(ttl / time.Second), HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}}
 		if err := fx.Client.Create(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
 	old := make([]int64, n)
 	waitAll(t, 60*time.Second, func() (int, error) {
-		var list v1.LeaseList
+		var list fencerv1.LeaseList
 		if err := fx.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return 0, err
 		}

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/test/framework"
@@ -109,12 +109,12 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	defer mgr.stop()
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
-		return f.Client.Create(ctx, &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
-			Spec: v1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
+		return f.Client.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
+			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
 	})
 	created := time.Since(start)
 	waitAll(t, 15*time.Minute, func() (int, error) {
-		var list v1.LeaseList
+		var list fencerv1.LeaseList
 		if err := f.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return 0, err
 		}
@@ -128,7 +128,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	}, n)
 	allHeld := time.Since(start)
 	if os.Getenv("SCALE_DEBUG") != "" {
-		var list v1.LeaseList
+		var list fencerv1.LeaseList
 		_ = f.Client.List(ctx, &list, client.InNamespace(ns))
 		for _, l := range list.Items {
 			t.Logf("%s created %s acquired %s", l.Name, l.CreationTimestamp.Format("15:04:05.000"), l.Status.AcquireTime.Format("15:04:05.000"))
@@ -171,8 +171,8 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 
 	if n == 1000 && len(run.flags) > 0 {
 		idStart := time.Now()
-		if err := f.Client.Create(ctx, &v1.IDRange{ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns},
-			Spec: v1.IDRangeSpec{Mode: v1.ModeBlocks, Min: 0, Max: 1 << 62, BlockSize: ptr.To[int64](1000),
+		if err := f.Client.Create(ctx, &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns},
+			Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeBlocks, Min: 0, Max: 1 << 62, BlockSize: ptr.To[int64](1000),
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "scale"}}}}); err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
 
@@ -349,7 +349,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	tool(t, "kubectl", "get", "clusterrole", "fencer-manager")
 	tool(t, "kubectl", "get", "clusterrolebinding", "fencer-manager")
 
-	lease := &v1.Lease{}
+	lease := &fencerv1.Lease{}
 	lease.Name, lease.Namespace = "kept", "fencer-system"
 	lease.Spec.HolderSelector.MatchLabels = map[string]string{"app": "x"}
 	if err := cl.Create(ctx, lease); err != nil {
@@ -367,7 +367,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
 	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io")
-	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), &v1.Lease{}); err != nil {
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), &fencerv1.Lease{}); err != nil {
 		t.Fatalf("the Lease did not survive uninstall: %v", err)
 	}
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {

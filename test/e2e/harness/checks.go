@@ -14,12 +14,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 func (h *Harness) holderOf(ctx context.Context, lease string) (string, error) {
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := h.cl.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: lease}, l); err != nil {
 		return "", err
 	}
@@ -55,11 +55,11 @@ func (h *Harness) WaitHeld(ctx context.Context, bound time.Duration) (map[string
 // held checks lease is held by a Ready pod, with the same token in etcd and
 // in its status.
 func (h *Harness) held(ctx context.Context, name string) error {
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := h.cl.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, l); err != nil {
 		return err
 	}
-	if c := meta.FindStatusCondition(l.Status.Conditions, v1.ConditionHeld); c == nil || c.Status != metav1.ConditionTrue {
+	if c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionHeld); c == nil || c.Status != metav1.ConditionTrue {
 		return fmt.Errorf("Held condition %+v", c)
 	}
 	resp, err := h.etcd.Get(ctx, etcdkeys.LeaseKey(h.Prefix(), Namespace, name))
@@ -112,7 +112,7 @@ func (h *Harness) SecurityChecks(ctx context.Context) error {
 }
 
 func (h *Harness) impostorRefused(ctx context.Context) error {
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := h.cl.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "beta"}, l); err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func (h *Harness) statusForgeryRefused(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "alpha", Namespace: Namespace}}
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "alpha", Namespace: Namespace}}
 	patch := []byte(`{"status":{"holder":"` + h.pods[0].Name + `","token":999999999}}`)
 	err = cl.Status().Patch(ctx, l, client.RawPatch(types.MergePatchType, patch))
 	if err == nil {

@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/faultproxy"
 	"github.com/fencer-io/fencer/internal/testenv"
@@ -49,11 +49,11 @@ const systemNamespace = "fencer-system"
 // Leases the workers compete for: alpha is held by the oldest Ready worker
 // of all; beta, among the "b" workers, binds writes to its holder's
 // identity. TTLs are short so that faults move them often.
-var Leases = []*v1.Lease{
+var Leases = []*fencerv1.Lease{
 	{ObjectMeta: metav1.ObjectMeta{Name: "alpha", Namespace: Namespace},
-		Spec: v1.LeaseSpec{TTLSeconds: 3, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "worker"}}}},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 3, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "worker"}}}},
 	{ObjectMeta: metav1.ObjectMeta{Name: "beta", Namespace: Namespace},
-		Spec: v1.LeaseSpec{TTLSeconds: 2, BindIdentity: true, Policy: v1.PolicyMonotonic,
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 2, BindIdentity: true, Policy: fencerv1.PolicyMonotonic,
 			HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"group": "b"}}}},
 }
 
@@ -328,12 +328,12 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 			return err
 		}
 	}
-	ranges := []*v1.IDRange{
+	ranges := []*fencerv1.IDRange{
 		{ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: Namespace},
-			Spec: v1.IDRangeSpec{Mode: v1.ModeBlocks, Min: 0, Max: 1 << 62, BlockSize: ptr.To[int64](1000),
+			Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeBlocks, Min: 0, Max: 1 << 62, BlockSize: ptr.To[int64](1000),
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "worker"}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "slots", Namespace: Namespace},
-			Spec: v1.IDRangeSpec{Mode: v1.ModeSlots, Min: 0, Max: 7, SlotTTLSeconds: ptr.To[int32](3),
+			Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: 0, Max: 7, SlotTTLSeconds: ptr.To[int32](3),
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "worker"}}}},
 	}
 	for _, r := range ranges {

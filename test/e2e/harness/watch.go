@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/test/e2e/history"
 )
 
@@ -43,15 +43,15 @@ func (h *Harness) startWatches(context.Context) error {
 				return nil
 			}
 			// The record of the accepted write; the offer never stays on the object.
-			tok, _ := strconv.ParseInt(cm.Annotations[v1.WrittenTokenAnnotation], 10, 64)
+			tok, _ := strconv.ParseInt(cm.Annotations[fencerv1.WrittenTokenAnnotation], 10, 64)
 			seq, _ := strconv.ParseInt(cm.Data["seq"], 10, 64)
 			return h.objects.Add(history.ObjectEvent{Name: cm.Name, ResourceVersion: rvOf(cm), Type: string(typ),
 				Token: tok, Writer: cm.Data["writer"], Seq: seq})
 		})
 	})
 	h.watchers.Go(func() {
-		h.follow(ctx, wc, &v1.LeaseList{}, func(obj client.Object, _ watch.EventType) error {
-			l := obj.(*v1.Lease)
+		h.follow(ctx, wc, &fencerv1.LeaseList{}, func(obj client.Object, _ watch.EventType) error {
+			l := obj.(*fencerv1.Lease)
 			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder})
 		})
 	})

@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/test/e2e/history"
 )
 
@@ -92,7 +92,7 @@ func (w *worker) hostile(ctx context.Context, mode string) {
 	case "merge-no-token":
 		err = patch(types.MergePatchType, fmt.Sprintf(`{"data":{"writer":"hostile-%s"}}`, w.pod))
 	case "apply-no-token":
-		err = w.kube.Apply(hctx, corev1ac.ConfigMap(cm, w.namespace).WithLabels(map[string]string{v1.LeaseLabel: hostileLease}).
+		err = w.kube.Apply(hctx, corev1ac.ConfigMap(cm, w.namespace).WithLabels(map[string]string{fencerv1.LeaseLabel: hostileLease}).
 			WithData(map[string]string{"writer": "hostile-" + w.pod}), client.FieldOwner("hostile"), client.ForceOwnership)
 	case "label-remove":
 		err = patch(types.StrategicMergePatchType, `{"metadata":{"labels":{"fencer.io/lease":null}}}`)
@@ -157,8 +157,8 @@ func (w *worker) ensureDeployment(ctx context.Context) {
 	labels := map[string]string{"app": "hostile-target"}
 	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.namespace,
-			Labels:      map[string]string{v1.LeaseLabel: hostileLease},
-			Annotations: map[string]string{v1.TokenAnnotation: v1.FormatToken(seen[len(seen)-1])}},
+			Labels:      map[string]string{fencerv1.LeaseLabel: hostileLease},
+			Annotations: map[string]string{fencerv1.TokenAnnotation: fencerv1.FormatToken(seen[len(seen)-1])}},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To[int32](1),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},

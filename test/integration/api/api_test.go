@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/testenv"
 )
 
@@ -52,30 +52,30 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-func lease(name string) *v1.Lease {
-	return &v1.Lease{
+func lease(name string) *fencerv1.Lease {
+	return &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: v1.LeaseSpec{
+		Spec: fencerv1.LeaseSpec{
 			HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}},
 		},
 	}
 }
 
-func blocks(name string) *v1.IDRange {
-	return &v1.IDRange{
+func blocks(name string) *fencerv1.IDRange {
+	return &fencerv1.IDRange{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: v1.IDRangeSpec{
-			Mode: v1.ModeBlocks, Min: 1, Max: 1000, BlockSize: ptr.To[int64](10),
+		Spec: fencerv1.IDRangeSpec{
+			Mode: fencerv1.ModeBlocks, Min: 1, Max: 1000, BlockSize: ptr.To[int64](10),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}},
 		},
 	}
 }
 
-func slots(name string) *v1.IDRange {
-	return &v1.IDRange{
+func slots(name string) *fencerv1.IDRange {
+	return &fencerv1.IDRange{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: v1.IDRangeSpec{
-			Mode: v1.ModeSlots, Min: 0, Max: 1023, SlotTTLSeconds: ptr.To[int32](15),
+		Spec: fencerv1.IDRangeSpec{
+			Mode: fencerv1.ModeSlots, Min: 0, Max: 1023, SlotTTLSeconds: ptr.To[int32](15),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}},
 		},
 	}
@@ -101,7 +101,7 @@ func TestLeaseDefaults(t *testing.T) {
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	if l.Spec.TTLSeconds != 15 || l.Spec.Renewal != v1.RenewalPodReady || l.Spec.Policy != v1.PolicyCurrent {
+	if l.Spec.TTLSeconds != 15 || l.Spec.Renewal != fencerv1.RenewalPodReady || l.Spec.Policy != fencerv1.PolicyCurrent {
 		t.Fatalf("defaults not applied: ttlSeconds=%d renewal=%q policy=%q", l.Spec.TTLSeconds, l.Spec.Renewal, l.Spec.Policy)
 	}
 	if l.Spec.Suspend || l.Spec.BindIdentity {
@@ -113,24 +113,24 @@ func TestLeaseRefusals(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name   string
-		mutate func(*v1.Lease)
+		mutate func(*fencerv1.Lease)
 		want   string
 	}{
-		{"ttl negative", func(l *v1.Lease) { l.Spec.TTLSeconds = -1 }, "spec.ttlSeconds in body should be greater than or equal to 1"},
-		{"ttl too long", func(l *v1.Lease) { l.Spec.TTLSeconds = 3601 }, "spec.ttlSeconds in body should be less than or equal to 3600"},
-		{"name of 64 characters", func(l *v1.Lease) { l.Name = strings.Repeat("a", 64) }, "Lease names are limited to 63 characters"},
-		{"unknown renewal", func(l *v1.Lease) { l.Spec.Renewal = "Sometimes" }, `spec.renewal: Unsupported value: "Sometimes"`},
-		{"unknown policy", func(l *v1.Lease) { l.Spec.Policy = "Latest" }, `spec.policy: Unsupported value: "Latest"`},
-		{"bad selector", func(l *v1.Lease) {
+		{"ttl negative", func(l *fencerv1.Lease) { l.Spec.TTLSeconds = -1 }, "spec.ttlSeconds in body should be greater than or equal to 1"},
+		{"ttl too long", func(l *fencerv1.Lease) { l.Spec.TTLSeconds = 3601 }, "spec.ttlSeconds in body should be less than or equal to 3600"},
+		{"name of 64 characters", func(l *fencerv1.Lease) { l.Name = strings.Repeat("a", 64) }, "Lease names are limited to 63 characters"},
+		{"unknown renewal", func(l *fencerv1.Lease) { l.Spec.Renewal = "Sometimes" }, `spec.renewal: Unsupported value: "Sometimes"`},
+		{"unknown policy", func(l *fencerv1.Lease) { l.Spec.Policy = "Latest" }, `spec.policy: Unsupported value: "Latest"`},
+		{"bad selector", func(l *fencerv1.Lease) {
 			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Near"}}}
 		}, "spec.holderSelector.matchExpressions: operator must be one of In, NotIn, Exists, DoesNotExist"},
-		{"In without values", func(l *v1.Lease) {
+		{"In without values", func(l *fencerv1.Lease) {
 			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "In"}}}
 		}, "spec.holderSelector.matchExpressions: values must be set for In and NotIn"},
-		{"Exists with values", func(l *v1.Lease) {
+		{"Exists with values", func(l *fencerv1.Lease) {
 			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Exists", Values: []string{"a"}}}}
 		}, "empty for Exists and DoesNotExist"},
-		{"empty selector", func(l *v1.Lease) { l.Spec.HolderSelector = metav1.LabelSelector{} }, "spec.holderSelector must select something"},
+		{"empty selector", func(l *fencerv1.Lease) { l.Spec.HolderSelector = metav1.LabelSelector{} }, "spec.holderSelector must select something"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,20 +160,20 @@ func TestIDRangeCreateRefusals(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name string
-		obj  func() *v1.IDRange
+		obj  func() *fencerv1.IDRange
 		want string
 	}{
-		{"min above max", func() *v1.IDRange { r := blocks("a"); r.Spec.Min = 5; r.Spec.Max = 4; return r }, "spec.min must be less than or equal to spec.max"},
-		{"blocks without blockSize", func() *v1.IDRange { r := blocks("b"); r.Spec.BlockSize = nil; return r }, "spec.blockSize is required when spec.mode is Blocks"},
-		{"blocks with slotTTLSeconds", func() *v1.IDRange { r := blocks("c"); r.Spec.SlotTTLSeconds = ptr.To[int32](5); return r }, "spec.slotTTLSeconds applies only to mode Slots"},
-		{"slots with blockSize", func() *v1.IDRange { r := slots("d"); r.Spec.BlockSize = ptr.To[int64](5); return r }, "spec.blockSize applies only to mode Blocks"},
-		{"slots without slotTTLSeconds", func() *v1.IDRange { r := slots("e"); r.Spec.SlotTTLSeconds = nil; return r }, "spec.slotTTLSeconds is required when spec.mode is Slots"},
-		{"zero blockSize", func() *v1.IDRange { r := blocks("f"); r.Spec.BlockSize = ptr.To[int64](0); return r }, "spec.blockSize in body should be greater than or equal to 1"},
-		{"slot TTL too long", func() *v1.IDRange { r := slots("g"); r.Spec.SlotTTLSeconds = ptr.To[int32](3601); return r }, "spec.slotTTLSeconds in body should be less than or equal to 3600"},
-		{"empty pod selector", func() *v1.IDRange { r := blocks("i"); r.Spec.PodSelector = metav1.LabelSelector{}; return r }, "spec.podSelector must select something"},
-		{"name of 64 characters", func() *v1.IDRange { r := blocks(strings.Repeat("i", 64)); return r }, "IDRange names are limited to 63 characters"},
-		{"max at MaxInt64", func() *v1.IDRange { r := blocks("j"); r.Spec.Max = 1<<63 - 1; return r }, "spec.max must be below 9223372036854775807"},
-		{"unknown mode", func() *v1.IDRange { r := blocks("h"); r.Spec.Mode = "Ranges"; return r }, `spec.mode: Unsupported value: "Ranges"`},
+		{"min above max", func() *fencerv1.IDRange { r := blocks("a"); r.Spec.Min = 5; r.Spec.Max = 4; return r }, "spec.min must be less than or equal to spec.max"},
+		{"blocks without blockSize", func() *fencerv1.IDRange { r := blocks("b"); r.Spec.BlockSize = nil; return r }, "spec.blockSize is required when spec.mode is Blocks"},
+		{"blocks with slotTTLSeconds", func() *fencerv1.IDRange { r := blocks("c"); r.Spec.SlotTTLSeconds = ptr.To[int32](5); return r }, "spec.slotTTLSeconds applies only to mode Slots"},
+		{"slots with blockSize", func() *fencerv1.IDRange { r := slots("d"); r.Spec.BlockSize = ptr.To[int64](5); return r }, "spec.blockSize applies only to mode Blocks"},
+		{"slots without slotTTLSeconds", func() *fencerv1.IDRange { r := slots("e"); r.Spec.SlotTTLSeconds = nil; return r }, "spec.slotTTLSeconds is required when spec.mode is Slots"},
+		{"zero blockSize", func() *fencerv1.IDRange { r := blocks("f"); r.Spec.BlockSize = ptr.To[int64](0); return r }, "spec.blockSize in body should be greater than or equal to 1"},
+		{"slot TTL too long", func() *fencerv1.IDRange { r := slots("g"); r.Spec.SlotTTLSeconds = ptr.To[int32](3601); return r }, "spec.slotTTLSeconds in body should be less than or equal to 3600"},
+		{"empty pod selector", func() *fencerv1.IDRange { r := blocks("i"); r.Spec.PodSelector = metav1.LabelSelector{}; return r }, "spec.podSelector must select something"},
+		{"name of 64 characters", func() *fencerv1.IDRange { r := blocks(strings.Repeat("i", 64)); return r }, "IDRange names are limited to 63 characters"},
+		{"max at MaxInt64", func() *fencerv1.IDRange { r := blocks("j"); r.Spec.Max = 1<<63 - 1; return r }, "spec.max must be below 9223372036854775807"},
+		{"unknown mode", func() *fencerv1.IDRange { r := blocks("h"); r.Spec.Mode = "Ranges"; return r }, `spec.mode: Unsupported value: "Ranges"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -188,25 +188,25 @@ func TestIDRangeUpdateRules(t *testing.T) {
 	if err := cl.Create(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	update := func(mutate func(*v1.IDRange)) error {
-		cur := &v1.IDRange{}
+	update := func(mutate func(*fencerv1.IDRange)) error {
+		cur := &fencerv1.IDRange{}
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(r), cur); err != nil {
 			t.Fatal(err)
 		}
 		mutate(cur)
 		return cl.Update(ctx, cur)
 	}
-	mustBeRefused(t, update(func(r *v1.IDRange) { r.Spec.Max = 999 }), "spec.max may only grow")
-	mustBeRefused(t, update(func(r *v1.IDRange) { r.Spec.Min = 2 }), "spec.min is immutable")
-	mustBeRefused(t, update(func(r *v1.IDRange) {
-		r.Spec.Mode = v1.ModeSlots
+	mustBeRefused(t, update(func(r *fencerv1.IDRange) { r.Spec.Max = 999 }), "spec.max may only grow")
+	mustBeRefused(t, update(func(r *fencerv1.IDRange) { r.Spec.Min = 2 }), "spec.min is immutable")
+	mustBeRefused(t, update(func(r *fencerv1.IDRange) {
+		r.Spec.Mode = fencerv1.ModeSlots
 		r.Spec.BlockSize = nil
 		r.Spec.SlotTTLSeconds = ptr.To[int32](5)
 	}), "spec.mode is immutable")
-	if err := update(func(r *v1.IDRange) { r.Spec.Max = 2000 }); err != nil {
+	if err := update(func(r *fencerv1.IDRange) { r.Spec.Max = 2000 }); err != nil {
 		t.Fatalf("growing max must be accepted: %v", err)
 	}
-	if err := update(func(r *v1.IDRange) { r.Spec.BlockSize = ptr.To[int64](50) }); err != nil {
+	if err := update(func(r *fencerv1.IDRange) { r.Spec.BlockSize = ptr.To[int64](50) }); err != nil {
 		t.Fatalf("changing blockSize must be accepted: %v", err)
 	}
 }
@@ -231,7 +231,7 @@ func TestExamplesAreAccepted(t *testing.T) {
 	created := 0
 	for _, f := range files {
 		for _, obj := range readObjects(t, f) {
-			if obj.GroupVersionKind().Group != v1.GroupVersion.Group {
+			if obj.GroupVersionKind().Group != fencerv1.GroupVersion.Group {
 				continue
 			}
 			obj.SetNamespace(ns)

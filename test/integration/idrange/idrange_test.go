@@ -21,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -39,18 +39,18 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func blocksRange(ns string, min, max, size int64) *v1.IDRange {
-	return &v1.IDRange{
+func blocksRange(ns string, min, max, size int64) *fencerv1.IDRange {
+	return &fencerv1.IDRange{
 		ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns},
-		Spec: v1.IDRangeSpec{Mode: v1.ModeBlocks, Min: min, Max: max, BlockSize: ptr.To(size),
+		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeBlocks, Min: min, Max: max, BlockSize: ptr.To(size),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
 	}
 }
 
-func slotsRange(ns string, min, max int64, ttl int32) *v1.IDRange {
-	return &v1.IDRange{
+func slotsRange(ns string, min, max int64, ttl int32) *fencerv1.IDRange {
+	return &fencerv1.IDRange{
 		ObjectMeta: metav1.ObjectMeta{Name: "workers", Namespace: ns},
-		Spec: v1.IDRangeSpec{Mode: v1.ModeSlots, Min: min, Max: max, SlotTTLSeconds: ptr.To(ttl),
+		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: min, Max: max, SlotTTLSeconds: ptr.To(ttl),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
 	}
 }
@@ -139,9 +139,9 @@ func waitBlocks(t *testing.T, ns string, want int, timeout time.Duration) {
 	})
 }
 
-func getRange(t *testing.T, ns, name string) *v1.IDRange {
+func getRange(t *testing.T, ns, name string) *fencerv1.IDRange {
 	t.Helper()
-	r := &v1.IDRange{}
+	r := &fencerv1.IDRange{}
 	if err := fx.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, r); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestExhaustion(t *testing.T) {
 	}
 	framework.Eventually(t, 60*time.Second, "exhausted", func() error {
 		r := getRange(t, ns, "ids")
-		c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionExhausted)
+		c := meta.FindStatusCondition(r.Status.Conditions, fencerv1.ConditionExhausted)
 		if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "waiting: w-003") {
 			return fmt.Errorf("conditions %+v", r.Status.Conditions)
 		}
@@ -190,7 +190,7 @@ func TestExhaustion(t *testing.T) {
 		t.Fatalf("blocks %s: want 1-10, 11-20 and the short final block 21-25", got)
 	}
 	r := getRange(t, ns, "ids")
-	if r.Status.Remaining != 0 || meta.FindStatusCondition(r.Status.Conditions, v1.ConditionLow).Status != metav1.ConditionTrue {
+	if r.Status.Remaining != 0 || meta.FindStatusCondition(r.Status.Conditions, fencerv1.ConditionLow).Status != metav1.ConditionTrue {
 		t.Fatalf("status %+v", r.Status)
 	}
 	// Growing max serves the waiting pod from where the range stopped.
@@ -240,7 +240,7 @@ func TestSlotsAreUniqueAndReusedOnlyAfterTTL(t *testing.T) {
 	framework.Eventually(t, 60*time.Second, "3 slots leased, the 4th pod waits", func() error {
 		ann = annotations(t, ns, "workers")
 		r := getRange(t, ns, "workers")
-		c := meta.FindStatusCondition(r.Status.Conditions, v1.ConditionExhausted)
+		c := meta.FindStatusCondition(r.Status.Conditions, fencerv1.ConditionExhausted)
 		if len(ann) != 3 || c == nil || c.Status != metav1.ConditionTrue || r.Status.SlotsInUse != 3 {
 			return fmt.Errorf("annotations %v, status %+v", ann, r.Status)
 		}
@@ -343,7 +343,7 @@ func TestDeleteReleasesSlotsAndKeepsNext(t *testing.T) {
 	})
 	framework.Eventually(t, 30*time.Second, "both ranges gone", func() error {
 		for _, o := range []client.Object{slots, blocks} {
-			if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(o), &v1.IDRange{}); !apierrors.IsNotFound(err) {
+			if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(o), &fencerv1.IDRange{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("%s: %v", o.GetName(), err)
 			}
 		}
@@ -427,8 +427,8 @@ func TestNextRegressionRefusesClaims(t *testing.T) {
 	}
 	pods(t, ns, 3, 4)
 	framework.Eventually(t, 60*time.Second, "NextRegressed", func() error {
-		c := meta.FindStatusCondition(getRange(t, ns, "ids").Status.Conditions, v1.ConditionReady)
-		if c == nil || c.Reason != v1.ReasonNextRegressed {
+		c := meta.FindStatusCondition(getRange(t, ns, "ids").Status.Conditions, fencerv1.ConditionReady)
+		if c == nil || c.Reason != fencerv1.ReasonNextRegressed {
 			return fmt.Errorf("Ready condition %+v", c)
 		}
 		return nil

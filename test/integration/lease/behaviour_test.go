@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
@@ -76,7 +76,7 @@ func TestFailoverWhenHolderGoesNotReady(t *testing.T) {
 		}
 		return nil
 	})
-	if second.Transitions != 1 || len(second.History) != 2 || second.History[1].EndReason != v1.TenureHolderNotReady || second.History[1].Token != first.Token {
+	if second.Transitions != 1 || len(second.History) != 2 || second.History[1].EndReason != fencerv1.TenureHolderNotReady || second.History[1].Token != first.Token {
 		t.Fatalf("history/transitions not recorded: %+v", second)
 	}
 }
@@ -96,7 +96,7 @@ func TestFailoverWhenHolderIsDeleted(t *testing.T) {
 	if second.Token <= first.Token {
 		t.Fatalf("token %d not above %d", second.Token, first.Token)
 	}
-	if second.History[1].EndReason != v1.TenureHolderGone {
+	if second.History[1].EndReason != fencerv1.TenureHolderGone {
 		t.Fatalf("end reason %q, want HolderGone", second.History[1].EndReason)
 	}
 }
@@ -111,7 +111,7 @@ func TestSuspend(t *testing.T) {
 	patchSuspend(t, ns, "job", true)
 	eventually(t, 30*time.Second, "suspended", func() error {
 		l := getLease(t, ns, "job")
-		if heldReason(l) != v1.ReasonSuspended || l.Status.Holder != "" || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
+		if heldReason(l) != fencerv1.ReasonSuspended || l.Status.Holder != "" || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
 			return fmt.Errorf("reason %q holder %q key %d annotation %q", heldReason(l), l.Status.Holder, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
 		}
 		return nil
@@ -139,7 +139,7 @@ func TestNoCandidates(t *testing.T) {
 	ns := namespace(t)
 	create(t, newLease(ns, "job", "nobody", 15))
 	eventually(t, 30*time.Second, "NoCandidates", func() error {
-		if r := heldReason(getLease(t, ns, "job")); r != v1.ReasonNoCandidates {
+		if r := heldReason(getLease(t, ns, "job")); r != fencerv1.ReasonNoCandidates {
 			return fmt.Errorf("reason %q", r)
 		}
 		return nil
@@ -161,7 +161,7 @@ func TestDeletingALeaseReleasesItsKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "lease gone, key released, annotation removed", func() error {
-		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(l), &v1.Lease{})
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(l), &fencerv1.Lease{})
 		if !apierrors.IsNotFound(err) || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
 			return fmt.Errorf("get: %v, key %d, annotation %q", err, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
 		}
@@ -211,7 +211,7 @@ func TestEtcdUnavailable(t *testing.T) {
 	// Any change to the Lease makes the controller look at etcd at once.
 	touch(t, ns, "job")
 	eventually(t, 60*time.Second, "EtcdUnavailable", func() error {
-		if r := heldReason(getLease(t, ns, "job")); r != v1.ReasonEtcdUnavailable {
+		if r := heldReason(getLease(t, ns, "job")); r != fencerv1.ReasonEtcdUnavailable {
 			return fmt.Errorf("reason %q", r)
 		}
 		return nil
@@ -223,7 +223,7 @@ func TestEtcdUnavailable(t *testing.T) {
 	restarted = true
 	eventually(t, 60*time.Second, "held again", func() error {
 		l := getLease(t, ns, "job")
-		if heldReason(l) != v1.ReasonGranted || l.Status.Token != etcdToken(t, ns, "job") {
+		if heldReason(l) != fencerv1.ReasonGranted || l.Status.Token != etcdToken(t, ns, "job") {
 			return fmt.Errorf("reason %q token %d etcd %d", heldReason(l), l.Status.Token, etcdToken(t, ns, "job"))
 		}
 		return nil
@@ -255,13 +255,13 @@ func TestManyLeases(t *testing.T) {
 		create(t, newLease(ns, fmt.Sprintf("l-%03d", i), "many", 30))
 	}
 	eventually(t, 120*time.Second, "all 200 held", func() error {
-		var list v1.LeaseList
+		var list fencerv1.LeaseList
 		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return err
 		}
 		held := 0
 		for _, l := range list.Items {
-			if heldReason(&l) == v1.ReasonGranted && l.Status.Token != 0 {
+			if heldReason(&l) == fencerv1.ReasonGranted && l.Status.Token != 0 {
 				held++
 			}
 		}
@@ -270,7 +270,7 @@ func TestManyLeases(t *testing.T) {
 		}
 		return nil
 	})
-	var list v1.LeaseList
+	var list fencerv1.LeaseList
 	if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestDirectRenewalExpiresWithoutTheHolder(t *testing.T) {
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
 	l := newLease(ns, "job", "w", 2)
-	l.Spec.Renewal = v1.RenewalDirect
+	l.Spec.Renewal = fencerv1.RenewalDirect
 	create(t, l)
 	first := heldBy(t, ns, "job")
 	eventually(t, 30*time.Second, "lease ID annotation", func() error {
@@ -331,7 +331,7 @@ func TestDirectRenewalExpiresWithoutTheHolder(t *testing.T) {
 		if st.Token <= first.Token || len(st.History) < 2 {
 			return fmt.Errorf("token %d, history %d", st.Token, len(st.History))
 		}
-		if st.History[1].EndReason != v1.TenureExpired {
+		if st.History[1].EndReason != fencerv1.TenureExpired {
 			return fmt.Errorf("previous tenure ended %q, want Expired", st.History[1].EndReason)
 		}
 		return nil
@@ -370,7 +370,7 @@ func TestDirectHolderRenewsWithHold(t *testing.T) {
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
 	l := newLease(ns, "job", "w", 2)
-	l.Spec.Renewal = v1.RenewalDirect
+	l.Spec.Renewal = fencerv1.RenewalDirect
 	create(t, l)
 	heldBy(t, ns, "job")
 	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0"}
@@ -412,7 +412,7 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	touch(t, ns, "job")
 	eventually(t, 60*time.Second, "EtcdRevisionRegressed", func() error {
 		l := getLease(t, ns, "job")
-		if r := heldReason(l); r != v1.ReasonEtcdRevisionRegressed {
+		if r := heldReason(l); r != fencerv1.ReasonEtcdRevisionRegressed {
 			return fmt.Errorf("reason %q, token %d", r, l.Status.Token)
 		}
 		return nil
@@ -422,7 +422,7 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "a Warning Event naming the regression", func() error {
 		reasons, err := eventReasons(ns, "job")
-		if err == nil && reasons[v1.ReasonEtcdRevisionRegressed] == 0 {
+		if err == nil && reasons[fencerv1.ReasonEtcdRevisionRegressed] == 0 {
 			err = fmt.Errorf("events by reason: %v", reasons)
 		}
 		return err
@@ -441,7 +441,7 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	touch(t, ns, "job")
 	eventually(t, 60*time.Second, "held again above the old token", func() error {
 		l := getLease(t, ns, "job")
-		if heldReason(l) != v1.ReasonGranted || l.Status.Token <= old {
+		if heldReason(l) != fencerv1.ReasonGranted || l.Status.Token <= old {
 			return fmt.Errorf("reason %q token %d, old %d", heldReason(l), l.Status.Token, old)
 		}
 		return nil
@@ -515,7 +515,7 @@ func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
 	touch(t, ns, "job")
 	eventually(t, 60*time.Second, "the restored grant refused and deleted", func() error {
 		l := getLease(t, ns, "job")
-		if r := heldReason(l); r != v1.ReasonEtcdRevisionRegressed {
+		if r := heldReason(l); r != fencerv1.ReasonEtcdRevisionRegressed {
 			return fmt.Errorf("reason %q, token %d", r, l.Status.Token)
 		}
 		if tok := etcdToken(t, ns, "job"); tok != 0 {

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -65,10 +65,10 @@ func eventually(t *testing.T, timeout time.Duration, what string, check func() e
 	framework.Eventually(t, timeout, what, check)
 }
 
-func newLease(ns, name, app string, ttl int32) *v1.Lease {
-	return &v1.Lease{
+func newLease(ns, name, app string, ttl int32) *fencerv1.Lease {
+	return &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1.LeaseSpec{
+		Spec: fencerv1.LeaseSpec{
 			TTLSeconds:     ttl,
 			HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
 		},
@@ -82,9 +82,9 @@ func create(t *testing.T, obj client.Object) {
 	}
 }
 
-func getLease(t *testing.T, ns, name string) *v1.Lease {
+func getLease(t *testing.T, ns, name string) *fencerv1.Lease {
 	t.Helper()
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, l); err != nil {
 		t.Fatal(err)
 	}
@@ -93,12 +93,12 @@ func getLease(t *testing.T, ns, name string) *v1.Lease {
 
 // heldBy waits until the Lease is Held by a pod other than any in notBy, and
 // returns its status.
-func heldBy(t *testing.T, ns, name string, notBy ...string) v1.LeaseStatus {
+func heldBy(t *testing.T, ns, name string, notBy ...string) fencerv1.LeaseStatus {
 	t.Helper()
-	var st v1.LeaseStatus
+	var st fencerv1.LeaseStatus
 	eventually(t, 60*time.Second, fmt.Sprintf("lease %s/%s held by a new pod", ns, name), func() error {
 		st = getLease(t, ns, name).Status
-		c := meta.FindStatusCondition(st.Conditions, v1.ConditionHeld)
+		c := meta.FindStatusCondition(st.Conditions, fencerv1.ConditionHeld)
 		if c == nil || c.Status != metav1.ConditionTrue || st.Holder == "" {
 			return fmt.Errorf("status %+v", st)
 		}
@@ -135,11 +135,11 @@ func annotation(t *testing.T, ns, pod, lease string) string {
 		}
 		t.Fatal(err)
 	}
-	return p.Annotations[v1.HolderTokenAnnotationPrefix+lease]
+	return p.Annotations[fencerv1.HolderTokenAnnotationPrefix+lease]
 }
 
-func heldReason(l *v1.Lease) string {
-	if c := meta.FindStatusCondition(l.Status.Conditions, v1.ConditionHeld); c != nil {
+func heldReason(l *fencerv1.Lease) string {
+	if c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionHeld); c != nil {
 		return c.Reason
 	}
 	return ""

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -57,9 +57,9 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	readyPod(t, cl, "w-0", "crash")
 	// The smallest ttlSeconds docs/operations.md promises survives a crash.
 	const ttl = 10
-	lease := &v1.Lease{
+	lease := &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "crash", Namespace: "default"},
-		Spec:       v1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
+		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
 	}
 	if err := cl.Create(ctx, lease); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != token {
 		t.Fatalf("after the crash the key is %v, want CreateRevision %d kept", resp.Kvs, token)
 	}
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), l); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func waitToken(t *testing.T, cl client.Client, not int64) int64 {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		l := &v1.Lease{}
+		l := &fencerv1.Lease{}
 		if err := cl.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "crash"}, l); err == nil && l.Status.Token != 0 && l.Status.Token != not {
 			return l.Status.Token
 		}

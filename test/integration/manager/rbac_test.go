@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -71,14 +71,14 @@ func TestGeneratedRBACIsEnough(t *testing.T) {
 	waitStatus(t, r.probeURL+"/readyz", http.StatusOK)
 
 	pod := readyPod(t, cl, "rbac-w", "rbac")
-	lease := &v1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac", Namespace: "default"},
-		Spec: v1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "rbac"}}}}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac", Namespace: "default"},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "rbac"}}}}
 	if err := cl.Create(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		l, p := &v1.Lease{}, &corev1.Pod{}
+		l, p := &fencerv1.Lease{}, &corev1.Pod{}
 		_ = cl.Get(ctx, client.ObjectKeyFromObject(lease), l)
 		_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
 		if l.Status.Token != 0 && p.Annotations["lease.fencer.io/rbac"] != "" {

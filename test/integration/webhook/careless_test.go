@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/fence"
 	"github.com/fencer-io/fencer/test/framework"
 )
@@ -25,7 +25,7 @@ import (
 
 // fencedOut creates the fenced ConfigMap "out" with the live token and
 // returns the namespace and that token.
-func fencedOut(t *testing.T, mutate func(*v1.Lease)) (string, int64) {
+func fencedOut(t *testing.T, mutate func(*fencerv1.Lease)) (string, int64) {
 	t.Helper()
 	ns, _, tok := setup(t, mutate)
 	if err := fx.Client.Create(context.Background(), configMap(ns, "report", itoa(tok))); err != nil {
@@ -52,8 +52,8 @@ func rawPatch(t *testing.T, ns string, pt types.PatchType, body string) error {
 func TestAcceptedWriteLeavesNoOffer(t *testing.T) {
 	ns, tok := fencedOut(t, nil)
 	cm := getOut(t, ns)
-	if _, ok := cm.Annotations[v1.TokenAnnotation]; ok || cm.Annotations[v1.WrittenTokenAnnotation] != itoa(tok) {
-		t.Fatalf("stored annotations %v: want no %s and %s=%d", cm.Annotations, v1.TokenAnnotation, v1.WrittenTokenAnnotation, tok)
+	if _, ok := cm.Annotations[fencerv1.TokenAnnotation]; ok || cm.Annotations[fencerv1.WrittenTokenAnnotation] != itoa(tok) {
+		t.Fatalf("stored annotations %v: want no %s and %s=%d", cm.Annotations, fencerv1.TokenAnnotation, fencerv1.WrittenTokenAnnotation, tok)
 	}
 }
 
@@ -68,17 +68,17 @@ func TestWritesThatSendNoToken(t *testing.T) {
 		"kubectl patch --type=merge":     rawPatch(t, ns, types.MergePatchType, `{"data":{"v":"x"}}`),
 		"kubectl label fencer.io/lease-": rawPatch(t, ns, types.StrategicMergePatchType, `{"metadata":{"labels":{"fencer.io/lease":null}}}`),
 		"kubectl annotate":               rawPatch(t, ns, types.StrategicMergePatchType, `{"metadata":{"annotations":{"note":"x"}}}`),
-		"forged record":                  rawPatch(t, ns, types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}},"data":{"v":"x"}}`, v1.WrittenTokenAnnotation, tok)),
-		"server-side apply": fx.Client.Apply(ctx, corev1ac.ConfigMap("out", ns).WithLabels(map[string]string{v1.LeaseLabel: "report"}).WithData(map[string]string{"v": "applied"}),
+		"forged record":                  rawPatch(t, ns, types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}},"data":{"v":"x"}}`, fencerv1.WrittenTokenAnnotation, tok)),
+		"server-side apply": fx.Client.Apply(ctx, corev1ac.ConfigMap("out", ns).WithLabels(map[string]string{fencerv1.LeaseLabel: "report"}).WithData(map[string]string{"v": "applied"}),
 			client.FieldOwner("careless"), client.ForceOwnership),
 		"update of the object as read": fx.Client.Update(ctx, getOut(t, ns)),
 	} {
 		t.Run(name, func(t *testing.T) {
-			refusedAs(t, err, v1.DenialMissingToken, "this write sends no fencing token")
+			refusedAs(t, err, fencerv1.DenialMissingToken, "this write sends no fencing token")
 		})
 	}
 	cm := getOut(t, ns)
-	if cm.Labels[v1.LeaseLabel] != "report" || cm.Data["v"] != "" || cm.Annotations["note"] != "" {
+	if cm.Labels[fencerv1.LeaseLabel] != "report" || cm.Data["v"] != "" || cm.Annotations["note"] != "" {
 		t.Fatalf("a refused write changed the object: %+v", cm.ObjectMeta)
 	}
 	// The same patch sending the live token passes.
@@ -90,8 +90,8 @@ func TestWritesThatSendNoToken(t *testing.T) {
 // TestForgedTokenUnderMonotonic: a token never issued is refused under
 // Monotonic too, so one forged write cannot lock the holder out.
 func TestForgedTokenUnderMonotonic(t *testing.T) {
-	ns, tok := fencedOut(t, func(l *v1.Lease) { l.Spec.Policy = v1.PolicyMonotonic })
-	refusedAs(t, write(fx.Client, ns, tok+3, "forged"), v1.DenialForged, fmt.Sprintf("forged token %d", tok+3))
+	ns, tok := fencedOut(t, func(l *fencerv1.Lease) { l.Spec.Policy = fencerv1.PolicyMonotonic })
+	refusedAs(t, write(fx.Client, ns, tok+3, "forged"), fencerv1.DenialForged, fmt.Sprintf("forged token %d", tok+3))
 	if err := write(fx.Client, ns, tok, "holder"); err != nil {
 		t.Fatalf("the holder was locked out after a forged write: %v", err)
 	}
@@ -104,8 +104,8 @@ func TestTokenlessWrites(t *testing.T) {
 	ns, tok := fencedOut(t, nil)
 	ctx := context.Background()
 	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "fenced", Namespace: ns, Labels: map[string]string{v1.LeaseLabel: "report"},
-			Annotations: map[string]string{v1.TokenAnnotation: itoa(tok)}},
+		ObjectMeta: metav1.ObjectMeta{Name: "fenced", Namespace: ns, Labels: map[string]string{fencerv1.LeaseLabel: "report"},
+			Annotations: map[string]string{fencerv1.TokenAnnotation: itoa(tok)}},
 		Spec: appsv1.DeploymentSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "d"}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "d"}},
@@ -116,10 +116,10 @@ func TestTokenlessWrites(t *testing.T) {
 		t.Fatalf("create the fenced Deployment: %v", err)
 	}
 	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
-	refusedAs(t, fx.Client.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(scale)), v1.DenialTokenless, "a UPDATE of the scale subresource cannot carry a fencing token")
+	refusedAs(t, fx.Client.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(scale)), fencerv1.DenialTokenless, "a UPDATE of the scale subresource cannot carry a fencing token")
 	dep.Status.ObservedGeneration = 7
-	refusedAs(t, fx.Client.Status().Update(ctx, dep), v1.DenialTokenless, "a UPDATE of the status subresource cannot carry a fencing token")
-	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), v1.DenialTokenless, "a DELETE cannot carry a fencing token")
+	refusedAs(t, fx.Client.Status().Update(ctx, dep), fencerv1.DenialTokenless, "a UPDATE of the status subresource cannot carry a fencing token")
+	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), fencerv1.DenialTokenless, "a DELETE cannot carry a fencing token")
 	got := &appsv1.Deployment{}
 	if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(dep), got); err != nil || got.Spec.Replicas == nil || *got.Spec.Replicas != 1 {
 		t.Fatalf("the refused scale changed replicas: %v %v", got.Spec.Replicas, err)
@@ -142,17 +142,17 @@ func TestTokenlessWrites(t *testing.T) {
 func TestLifecycleDeletesPass(t *testing.T) {
 	ns, _ := fencedOut(t, nil)
 	ctx := context.Background()
-	if err := fx.Client.Delete(ctx, &v1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "report"}}); err != nil {
+	if err := fx.Client.Delete(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "report"}}); err != nil {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, 30e9, "Lease gone", func() error {
-		err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, &v1.Lease{})
+		err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, &fencerv1.Lease{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("still there: %v", err)
 	})
-	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), v1.DenialUnknownLease, "does not exist")
+	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), fencerv1.DenialUnknownLease, "does not exist")
 	nsController := impersonate(t, "system:serviceaccount:kube-system:namespace-controller")
 	if err := nsController.Delete(ctx, configMap(ns, "", "")); err != nil {
 		t.Fatalf("the namespace controller could not delete a fenced object: %v", err)
@@ -163,7 +163,7 @@ func TestLifecycleDeletesPass(t *testing.T) {
 // write under the old lease, so a token below the object's record is
 // refused even when the policy alone would pass it.
 func TestMonotonicLabelRemovalKeepsTheObjectCheck(t *testing.T) {
-	ns, holder, tok1 := setup(t, func(l *v1.Lease) { l.Spec.Policy = v1.PolicyMonotonic })
+	ns, holder, tok1 := setup(t, func(l *fencerv1.Lease) { l.Spec.Policy = fencerv1.PolicyMonotonic })
 	ctx := context.Background()
 	if err := fx.Client.Create(ctx, configMap(ns, "report", itoa(tok1))); err != nil {
 		t.Fatal(err)
@@ -179,16 +179,16 @@ func TestMonotonicLabelRemovalKeepsTheObjectCheck(t *testing.T) {
 	}
 	suspend(t, ns)
 	cm := getOut(t, ns)
-	delete(cm.Labels, v1.LeaseLabel)
-	cm.Annotations[v1.TokenAnnotation] = itoa(tok1)
-	refusedAs(t, fx.Client.Update(ctx, cm), v1.DenialBelowObject, fmt.Sprintf("last written under token %d", tok2))
+	delete(cm.Labels, fencerv1.LeaseLabel)
+	cm.Annotations[fencerv1.TokenAnnotation] = itoa(tok1)
+	refusedAs(t, fx.Client.Update(ctx, cm), fencerv1.DenialBelowObject, fmt.Sprintf("last written under token %d", tok2))
 }
 
 // suspend suspends the Lease and waits until nobody holds it.
 func suspend(t *testing.T, ns string) {
 	t.Helper()
 	ctx := context.Background()
-	l := &v1.Lease{}
+	l := &fencerv1.Lease{}
 	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, l); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestSDKWritesCarryTheTenureToken(t *testing.T) {
 	}
 	stale := fence.NewClient(fx.Client, fence.Token{Lease: "report", Value: tok - 1})
 	err := stale.Patch(ctx, configMap(ns, "", ""), client.RawPatch(types.MergePatchType, []byte(`{"data":{"v":"stale"}}`)))
-	st := refusedAs(t, err, v1.DenialBelowObject, "stale token")
+	st := refusedAs(t, err, fencerv1.DenialBelowObject, "stale token")
 	if st.Offered != tok-1 || st.Current != tok || st.Recorded != tok || st.Holder != holder || st.Lease != ns+"/report" {
 		t.Fatalf("causes %+v", st)
 	}

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1 "github.com/fencer-io/fencer/api/v1alpha1"
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/fence"
 	"github.com/fencer-io/fencer/test/framework"
@@ -45,15 +45,15 @@ func TestMain(m *testing.M) {
 
 // setup starts a controller, two Ready candidates and a Lease, and returns
 // the namespace and the first grant's holder and token.
-func setup(t *testing.T, mutate func(*v1.Lease)) (ns, holder string, tok int64) {
+func setup(t *testing.T, mutate func(*fencerv1.Lease)) (ns, holder string, tok int64) {
 	t.Helper()
 	fx.StartController(t, "c1")
 	ns = fx.Namespace(t)
 	fx.ReadyPod(t, ns, "w-0", "w", "")
 	fx.ReadyPod(t, ns, "w-1", "w", "")
-	l := &v1.Lease{
+	l := &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: ns},
-		Spec:       v1.LeaseSpec{TTLSeconds: 2, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
+		Spec:       fencerv1.LeaseSpec{TTLSeconds: 2, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
 	}
 	if mutate != nil {
 		mutate(l)
@@ -68,7 +68,7 @@ func setup(t *testing.T, mutate func(*v1.Lease)) (ns, holder string, tok int64) 
 // held waits until the Lease is held by someone other than not.
 func held(t *testing.T, ns, not string) (string, int64) {
 	t.Helper()
-	var l v1.Lease
+	var l fencerv1.Lease
 	framework.Eventually(t, 60*time.Second, "lease held", func() error {
 		if err := fx.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "report"}, &l); err != nil {
 			return err
@@ -116,9 +116,9 @@ func refused(t *testing.T, err error, want string) {
 
 // refusedAs checks err is fencer's 409 whose causes name reason, read as
 // the SDK reads them, and whose message carries want.
-func refusedAs(t *testing.T, err error, reason v1.DenialReason, want string) *fence.StaleTokenError {
+func refusedAs(t *testing.T, err error, reason fencerv1.DenialReason, want string) *fence.StaleTokenError {
 	t.Helper()
-	if reason == v1.DenialTokenless {
+	if reason == fencerv1.DenialTokenless {
 		// No token could make it pass: 403, so kubectl does not retry it.
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
 			t.Fatalf("want a 403 containing %q, got %v", want, err)
@@ -171,7 +171,7 @@ func TestLiveTokenPassesStaleIsRefusedAfterFailover(t *testing.T) {
 	cm.Annotations["fencer.io/token"] = itoa(tok)
 	refused(t, fx.Client.Update(ctx, cm), "stale token")
 	// A DELETE cannot carry a token: even the live holder must unfence first.
-	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), v1.DenialTokenless, "a DELETE cannot carry a fencing token")
+	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), fencerv1.DenialTokenless, "a DELETE cannot carry a fencing token")
 	if err := fence.NewClient(fx.Client, fence.Token{Lease: "report", Value: tok2}).Unfence(ctx, configMap(ns, "", "")); err != nil {
 		t.Fatalf("unfencing with the live token: %v", err)
 	}
@@ -264,9 +264,9 @@ func TestBindIdentity(t *testing.T) {
 	grantConfigMaps(t, ns, "worker")
 	fx.ReadyPod(t, ns, "w-0", "w", "worker")
 	fx.ReadyPod(t, ns, "w-1", "w", "worker")
-	l := &v1.Lease{
+	l := &fencerv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: ns},
-		Spec: v1.LeaseSpec{TTLSeconds: 15, BindIdentity: true,
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 15, BindIdentity: true,
 			HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}}},
 	}
 	if err := fx.Client.Create(ctx, l); err != nil {
@@ -357,7 +357,7 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 	rogue := podClient(t, ns, "rogue")
 	var err error
 	for { // the controller writes status too: retry the apiserver's own conflicts
-		l := &v1.Lease{}
+		l := &fencerv1.Lease{}
 		if err := rogue.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, l); err != nil {
 			t.Fatal(err)
 		}
