@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -194,39 +193,18 @@ func (b *Blocks) adapt(used *segment) {
 	}
 }
 
-// claim takes the next block with Txn(If ModRevision(next)==seen) Then
-// Put(next, last+1): the transaction the controller uses, without its
-// election fence, which concerns only the controller.
+// claim takes the next block with the shared Claim transaction, without the
+// controller's election fence, which concerns only the controller.
 func (b *Blocks) claim(ctx context.Context, size int64) (*segment, error) {
+	c := Claim{Cli: b.cli, Key: b.key, Min: b.opts.Min, Max: b.opts.Max, Size: size}
 	for {
-		resp, err := b.cli.Get(ctx, b.key)
+		blk, claimed, _, err := c.Try(ctx)
 		if err != nil {
 			return nil, err
 		}
-		next, modRev := b.opts.Min, int64(0)
-		if len(resp.Kvs) > 0 {
-			if next, err = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err != nil {
-				return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a decimal ID", b.key, resp.Kvs[0].Value)
-			}
-			next, modRev = max(next, b.opts.Min), resp.Kvs[0].ModRevision
-		}
-		if next > b.opts.Max {
-			return nil, ErrExhausted
-		}
-		last := b.opts.Max
-		if b.opts.Max-next >= size-1 {
-			last = next + size - 1
-		}
-		txn, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(b.key), "=", modRev)).
-			Then(clientv3.OpPut(b.key, strconv.FormatInt(last+1, 10))).
-			Commit()
-		if err != nil {
-			return nil, err
-		}
-		if txn.Succeeded {
-			s := &segment{last: last, prefetchAt: next + (last-next+1)/10, claimedAt: time.Now()}
-			s.next.Store(next)
+		if claimed {
+			s := &segment{last: blk.Last, prefetchAt: blk.First + (blk.Last-blk.First+1)/10, claimedAt: time.Now()}
+			s.next.Store(blk.First)
 			return s, nil
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -65,7 +64,7 @@ func TestManyAllocatorsNeverDuplicate(t *testing.T) {
 	var dups, outside atomic.Int64
 	var wg sync.WaitGroup
 	stopController := make(chan struct{})
-	var controllerBlocks []etcdstore.Block
+	var controllerBlocks []Block
 	go func() { // the controller's Blocks mode claims from the same key
 		for {
 			select {
@@ -137,16 +136,16 @@ func TestManyAllocatorsNeverDuplicate(t *testing.T) {
 
 // controllerClaim is the controller's block claim (etcdstore.Store.ClaimBlock
 // without its election fence, which needs a controller term).
-func controllerClaim(ctx context.Context, cli *clientv3.Client, min, max, size int64) (etcdstore.Block, error) {
+func controllerClaim(ctx context.Context, cli *clientv3.Client, min, max, size int64) (Block, error) {
 	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "ids", Min: min, Max: max, BlockSize: size})
 	if err != nil {
-		return etcdstore.Block{}, err
+		return Block{}, err
 	}
 	s, err := a.claim(ctx, size)
 	if err != nil {
-		return etcdstore.Block{}, err
+		return Block{}, err
 	}
-	return etcdstore.Block{First: s.next.Load(), Last: s.last}, nil
+	return Block{First: s.next.Load(), Last: s.last}, nil
 }
 
 func TestExhaustionAndShortFinalBlock(t *testing.T) {
