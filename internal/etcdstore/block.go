@@ -30,7 +30,7 @@ func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max
 		if err != nil {
 			return Block{}, 0, err
 		}
-		c.Guard, c.OrElse = []clientv3.Cmp{term.cmp()}, []clientv3.Op{clientv3.OpGet(term.Key)}
+		c.Guard, c.OrElse = []clientv3.Cmp{term.cmp()}, term.orElse()
 		b, claimed, resp, err := c.Try(ctx)
 		switch {
 		case errors.Is(err, ErrExhausted):

@@ -31,11 +31,31 @@ func (t Term) cmp() clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(t.Key), "=", t.Rev)
 }
 
-// heldIn reports whether a failed transaction whose first Else op read the
-// leader key saw this term still in force.
+// orElse is the Else branch of every fenced transaction: it reads the
+// leader key, so a failed transaction tells a lost term from a failed
+// comparison (heldIn).
+func (t Term) orElse() []clientv3.Op { return []clientv3.Op{clientv3.OpGet(t.Key)} }
+
+// heldIn reports whether a failed transaction whose Else branch is orElse
+// saw this term still in force.
 func (t Term) heldIn(resp *clientv3.TxnResponse) bool {
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev
+}
+
+// commit runs the one shape of every controller write:
+// Txn(If term && cmps...) Then(ops) Else(orElse). ok is false when a
+// comparison failed while this term still holds; the error is ErrNotLeader
+// when the term itself is gone.
+func (t Term) commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.Cmp, ops ...clientv3.Op) (resp *clientv3.TxnResponse, ok bool, err error) {
+	resp, err = cli.Txn(ctx).If(append([]clientv3.Cmp{t.cmp()}, cmps...)...).Then(ops...).Else(t.orElse()...).Commit()
+	if err != nil {
+		return nil, false, err
+	}
+	if !resp.Succeeded && !t.heldIn(resp) {
+		return resp, false, ErrNotLeader
+	}
+	return resp, resp.Succeeded, nil
 }
 
 // Elector campaigns for <prefix>/controller/leader with a short session TTL,

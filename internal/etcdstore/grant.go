@@ -130,7 +130,7 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	}
 	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
 	var val GrantValue
-	resp, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
+	resp, ok, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
 		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
 		raw, err := json.Marshal(val)
 		return string(raw), err
@@ -138,10 +138,7 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	if err != nil {
 		return nil, err
 	}
-	if !resp.Succeeded {
-		if !term.heldIn(resp) {
-			return nil, ErrNotLeader
-		}
+	if !ok {
 		return nil, ErrHeld
 	}
 	return &Grant{Token: resp.Header.Revision, LeaseID: leaseID, GrantValue: val}, nil
@@ -149,31 +146,25 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 
 // createLeased is the write behind every grant and slot: it takes a new etcd
 // lease of ttl and, in one transaction fenced by term, creates key with the
-// value made for that lease, only if key is absent. The Else branch reads the
-// leader key, for Term.heldIn. The etcd lease is revoked unless the key was
-// created, so a failed attempt leaves nothing behind.
-func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error)) (*clientv3.TxnResponse, clientv3.LeaseID, error) {
+// value made for that lease, only if key is absent (ok false: it exists).
+// The etcd lease is revoked unless the key was created, so a failed attempt
+// leaves nothing behind.
+func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error)) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
 	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
-		return nil, 0, err
+		return nil, false, 0, err
 	}
 	val, err := value(lease)
 	if err != nil {
 		s.revoke(lease.ID)
-		return nil, 0, err
+		return nil, false, 0, err
 	}
-	resp, err := s.cli.Txn(ctx).
-		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, val, clientv3.WithLease(lease.ID))).
-		Else(clientv3.OpGet(term.Key)).
-		Commit()
-	if err != nil || !resp.Succeeded {
+	resp, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		clientv3.OpPut(key, val, clientv3.WithLease(lease.ID)))
+	if !ok {
 		s.revoke(lease.ID)
 	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return resp, lease.ID, nil
+	return resp, ok, lease.ID, err
 }
 
 // Release deletes the lease key only if it still holds the grant with token,
@@ -188,18 +179,11 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 		return err
 	}
 	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
-	resp, err := s.cli.Txn(ctx).
-		If(term.cmp(), clientv3.Compare(clientv3.CreateRevision(key), "=", g.Token)).
-		Then(clientv3.OpDelete(key)).
-		Else(clientv3.OpGet(term.Key)).
-		Commit()
+	_, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", g.Token)}, clientv3.OpDelete(key))
 	if err != nil {
 		return err
 	}
-	if !resp.Succeeded {
-		if !term.heldIn(resp) {
-			return ErrNotLeader
-		}
+	if !ok {
 		return ErrTokenMismatch
 	}
 	s.revoke(g.LeaseID)

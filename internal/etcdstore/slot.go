@@ -75,16 +75,13 @@ func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max 
 		if err != nil {
 			return nil, err
 		}
-		resp, leaseID, err := s.createLeased(ctx, term, etcdkeys.SlotKey(s.prefix, namespace, name, n), ttl,
+		resp, ok, leaseID, err := s.createLeased(ctx, term, etcdkeys.SlotKey(s.prefix, namespace, name, n), ttl,
 			func(*clientv3.LeaseGrantResponse) (string, error) { return string(val), nil })
 		if err != nil {
 			return nil, err
 		}
-		if resp.Succeeded {
+		if ok {
 			return &Slot{N: n, Token: resp.Header.Revision, LeaseID: leaseID, SlotValue: SlotValue{Pod: pod, PodUID: podUID}}, nil
-		}
-		if !term.heldIn(resp) {
-			return nil, ErrNotLeader
 		}
 		// Slot n was taken meanwhile (its key still lives): try the next.
 	}
