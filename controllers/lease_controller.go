@@ -319,16 +319,25 @@ func (r *LeaseReconciler) clearEnd(key string) {
 
 // release ends a tenure with the conditional delete.
 func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, why fencerv1.TenureEndReason, now time.Time, out *outcome) error {
+	if err := r.endGrant(ctx, lease, g); err != nil {
+		return err
+	}
+	r.markDeleted(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name), r.Clock.Now())
+	closeTenure(lease, now, why)
+	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
+	out.event(corev1.EventTypeNormal, "Released", "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
+	return nil
+}
+
+// endGrant stops renewing g and deletes it with the conditional release: a
+// newer grant under the key is left alone.
+func (r *LeaseReconciler) endGrant(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) error {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
 		return err
 	}
 	r.clearEnd(key)
-	r.markDeleted(key, r.Clock.Now())
-	closeTenure(lease, now, why)
-	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-	out.event(corev1.EventTypeNormal, "Released", "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
 	return nil
 }
 
@@ -401,8 +410,6 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 // conditional release (only that grant). New grants then wait in
 // revisionRegressed until etcd's revision passes the highest token.
 func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
-	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
-	r.Renewer.Stop(key)
 	floor := highestToken(lease)
 	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
 		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
@@ -411,7 +418,7 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
 	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
-	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
+	if err := r.endGrant(ctx, lease, g); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
 	}
 	return nil
@@ -456,12 +463,9 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 		return ctrl.Result{}, err
 	}
 	if g != nil {
-		key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
-		r.Renewer.Stop(key)
-		if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
+		if err := r.endGrant(ctx, lease, g); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.clearEnd(key)
 		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
 	}
 	pods, err := r.candidates(ctx, lease)
