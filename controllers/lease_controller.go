@@ -158,7 +158,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
-	if grant != nil && grant.Token < highestToken(lease) {
+	if grant != nil && isBelowIssued(lease, grant.Token) {
 		// A grant below a token already issued came back with an etcd
 		// restored from an old snapshot: adopting it would reissue a token.
 		return out, r.dropRegressed(ctx, lease, grant, &out)
@@ -230,16 +230,16 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	pod := findPod(pods, g.Holder, g.HolderUID)
 	showGrant(lease, g)
 
-	if lease.Spec.Suspend {
+	switch decideTenure(lease, pod) {
+	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
-	}
-	if lease.Spec.Renewal == fencerv1.RenewalDirect {
+	case keepDirect:
 		// The holder renews through the SDK; etcd expiry ends the tenure.
+		r.Renewer.Stop(key) // renewal may have just been switched from PodReady
 		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID))
 		out.result.RequeueAfter = r.refreshInterval(ttl)
 		return false, nil
-	}
-	if holder.Qualifies(pod) {
+	case keepRenewing:
 		r.clearEnd(key)
 		if !r.Renewer.Renewing(key, g.LeaseID) {
 			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
@@ -276,21 +276,55 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 	if known {
 		return end, nil
 	}
-	if last, ok := r.Renewer.Stop(key); ok {
-		end = last.Add(time.Duration(g.TTL) * time.Second)
-	} else {
-		remaining, err := r.Store.RemainingTTL(ctx, g.LeaseID)
-		if err != nil {
+	last, renewedHere := r.Renewer.Stop(key)
+	var remaining time.Duration
+	if !renewedHere {
+		var err error
+		if remaining, err = r.Store.RemainingTTL(ctx, g.LeaseID); err != nil {
 			return time.Time{}, err
 		}
-		// etcd reports whole seconds, rounded down: a second more never
-		// ends a tenure before etcd would.
-		end = now.Add(remaining + time.Second)
 	}
+	end = tenureEndFrom(last, renewedHere, time.Duration(g.TTL)*time.Second, remaining, now)
 	r.mu.Lock()
 	r.endAt[key] = end
 	r.mu.Unlock()
 	return end, nil
+}
+
+// tenureAction is what happens to a live grant.
+type tenureAction int
+
+const (
+	endSuspended tenureAction = iota // spec.suspend: release now
+	keepDirect                       // renewal Direct: the holder renews, etcd expiry ends it
+	keepRenewing                     // a qualifying PodReady holder: the controller renews
+	endUnrenewed                     // a PodReady holder that stopped qualifying: end one TTL after its last renewal
+)
+
+// decideTenure is keepOrEnd's decision, from the Lease and the holder pod
+// (nil when gone).
+func decideTenure(lease *fencerv1.Lease, pod *corev1.Pod) tenureAction {
+	switch {
+	case lease.Spec.Suspend:
+		return endSuspended
+	case lease.Spec.Renewal == fencerv1.RenewalDirect:
+		return keepDirect
+	case holder.Qualifies(pod):
+		return keepRenewing
+	}
+	return endUnrenewed
+}
+
+// tenureEndFrom is when a grant no longer renewed ends: one TTL after its
+// last renewal when this replica renewed it; otherwise (adopted from another
+// replica) etcd's remaining TTL from now, plus a second, since etcd reports
+// whole seconds rounded down and the tenure must never end before etcd
+// would end it.
+func tenureEndFrom(last time.Time, renewedHere bool, ttl, remaining time.Duration, now time.Time) time.Time {
+	if renewedHere {
+		return last.Add(ttl)
+	}
+	return now.Add(remaining + time.Second)
 }
 
 // whyNotQualified names why a holder no longer qualifies: gone (deleted, or
@@ -392,8 +426,8 @@ func (r *LeaseReconciler) markDeleted(key string, at time.Time) {
 // token issued; while etcd's revision (at the read that found no grant) is
 // below it, nothing is granted.
 func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, out *outcome) bool {
-	floor := highestToken(lease)
-	if rev >= floor {
+	floor, regressed := belowIssued(lease, rev)
+	if !regressed {
 		return false
 	}
 	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
@@ -422,6 +456,18 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
 	}
 	return nil
+}
+
+// belowIssued reports whether rev (etcd's revision, or a grant's token) is
+// below floor, the highest token the Lease's status records.
+func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
+	floor = highestToken(lease)
+	return floor, rev < floor
+}
+
+func isBelowIssued(lease *fencerv1.Lease, rev int64) bool {
+	_, below := belowIssued(lease, rev)
+	return below
 }
 
 // highestToken is the largest token the Lease's status records.

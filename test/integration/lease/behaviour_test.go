@@ -530,3 +530,26 @@ func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
 		t.Fatalf("the holder pod was given the restored token %s", ann)
 	}
 }
+
+// TestSwitchingToDirectStopsControllerRenewals: after renewal changes from
+// PodReady to Direct the holder must renew itself; the controller stops, so
+// a holder that does not renew loses the grant within its TTL.
+func TestSwitchingToDirectStopsControllerRenewals(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 2))
+	tok := heldBy(t, ns, "job").Token
+	l := getLease(t, ns, "job")
+	patch := client.MergeFrom(l.DeepCopy())
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	if err := k8s.Patch(context.Background(), l, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the PodReady grant expired once nobody renewed it", func() error {
+		if got := etcdToken(t, ns, "job"); got == tok {
+			return fmt.Errorf("token %d still live: the controller keeps renewing a Direct lease", tok)
+		}
+		return nil
+	})
+}

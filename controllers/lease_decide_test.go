@@ -1,0 +1,95 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+func pod(ready bool, deleting bool) *corev1.Pod {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	p := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}}}
+	if deleting {
+		now := metav1.Now()
+		p.DeletionTimestamp = &now
+	}
+	return p
+}
+
+func lease(renewal fencerv1.RenewalMode, suspend bool) *fencerv1.Lease {
+	return &fencerv1.Lease{Spec: fencerv1.LeaseSpec{Renewal: renewal, Suspend: suspend}}
+}
+
+func TestDecideTenure(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lease *fencerv1.Lease
+		pod   *corev1.Pod
+		want  tenureAction
+	}{
+		{"suspended ends now, even with a Ready holder", lease(fencerv1.RenewalPodReady, true), pod(true, false), endSuspended},
+		{"suspended Direct ends now", lease(fencerv1.RenewalDirect, true), pod(true, false), endSuspended},
+		{"Direct is the holder's to renew, Ready or not", lease(fencerv1.RenewalDirect, false), pod(false, false), keepDirect},
+		{"Direct with the holder gone: etcd expiry ends it", lease(fencerv1.RenewalDirect, false), nil, keepDirect},
+		{"PodReady, Ready holder: renew", lease(fencerv1.RenewalPodReady, false), pod(true, false), keepRenewing},
+		{"PodReady, holder not Ready: end after a TTL", lease(fencerv1.RenewalPodReady, false), pod(false, false), endUnrenewed},
+		{"PodReady, holder being deleted", lease(fencerv1.RenewalPodReady, false), pod(true, true), endUnrenewed},
+		{"PodReady, holder gone", lease(fencerv1.RenewalPodReady, false), nil, endUnrenewed},
+	} {
+		if got := decideTenure(tc.lease, tc.pod); got != tc.want {
+			t.Errorf("%s: got %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestTenureEndFrom(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	lastRenew := clk.Now()
+	clk.Step(1500 * time.Millisecond) // the holder went not Ready 1.5 s after the last renewal
+	now := clk.Now()
+	ttl := 5 * time.Second
+	if got, want := tenureEndFrom(lastRenew, true, ttl, 0, now), lastRenew.Add(ttl); !got.Equal(want) {
+		t.Errorf("renewed here: ends %s, want one TTL after the last renewal, %s", got, want)
+	}
+	// Adopted: etcd says 3 s remain (rounded down from up to 3.999 s), so
+	// the tenure must not end before now+4 s.
+	if got, want := tenureEndFrom(time.Time{}, false, ttl, 3*time.Second, now), now.Add(4*time.Second); !got.Equal(want) {
+		t.Errorf("adopted: ends %s, want %s", got, want)
+	}
+}
+
+func TestBelowIssued(t *testing.T) {
+	l := &fencerv1.Lease{Status: fencerv1.LeaseStatus{Token: 40, History: []fencerv1.Tenure{{Token: 40}, {Token: 55}, {Token: 12}}}}
+	for rev, want := range map[int64]bool{0: true, 54: true, 55: false, 56: false} {
+		floor, below := belowIssued(l, rev)
+		if floor != 55 || below != want {
+			t.Errorf("rev %d: floor %d below %v, want 55 %v", rev, floor, below, want)
+		}
+	}
+	if _, below := belowIssued(&fencerv1.Lease{}, 1); below {
+		t.Error("a Lease that never issued a token has no floor")
+	}
+}
+
+func TestWhyNotQualified(t *testing.T) {
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want fencerv1.TenureEndReason
+	}{
+		{nil, fencerv1.TenureHolderGone},
+		{pod(true, true), fencerv1.TenureHolderGone},
+		{pod(false, false), fencerv1.TenureHolderNotReady},
+	} {
+		if got := whyNotQualified(tc.pod); got != tc.want {
+			t.Errorf("got %s, want %s", got, tc.want)
+		}
+	}
+}
