@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -94,7 +95,10 @@ type Harness struct {
 	stopWatch       context.CancelFunc
 	watchers        sync.WaitGroup
 	watchErr        chan error
-	supervise       context.CancelFunc
+	// seenCM and seenLease are the newest resourceVersions the history
+	// watches delivered.
+	seenCM, seenLease atomic.Int64
+	supervise         context.CancelFunc
 }
 
 // Start brings everything up and starts the workload. Close it.
@@ -434,13 +438,16 @@ func (h *Harness) Close() {
 }
 
 // StopWorkload stops the workers (SIGTERM: they flush their last IDs), then
-// the history watches, after a moment for the last events to arrive.
+// the history watches, once they have delivered the newest versions.
 func (h *Harness) StopWorkload() error {
 	for _, w := range h.workers {
 		w.stop(10 * time.Second)
 	}
-	time.Sleep(2 * time.Second)
+	caught := h.caughtUp(context.Background())
 	h.stopWatches()
+	if caught != nil {
+		return caught
+	}
 	select {
 	case err := <-h.watchErr:
 		return fmt.Errorf("a history watch failed, so the history is incomplete: %w", err)

@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,7 +41,7 @@ func (h *Harness) startWatches(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.stopWatch = cancel
 	h.watchers.Go(func() {
-		h.follow(ctx, wc, &corev1.ConfigMapList{}, func(obj client.Object, typ watch.EventType) error {
+		h.follow(ctx, wc, &corev1.ConfigMapList{}, &h.seenCM, func(obj client.Object, typ watch.EventType) error {
 			cm := obj.(*corev1.ConfigMap)
 			if cm.Labels["fencer.io/lease"] == "" {
 				return nil
@@ -50,11 +54,39 @@ func (h *Harness) startWatches(context.Context) error {
 		})
 	})
 	h.watchers.Go(func() {
-		h.follow(ctx, wc, &fencerv1.LeaseList{}, func(obj client.Object, _ watch.EventType) error {
+		h.follow(ctx, wc, &fencerv1.LeaseList{}, &h.seenLease, func(obj client.Object, _ watch.EventType) error {
 			l := obj.(*fencerv1.Lease)
 			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder})
 		})
 	})
+	return nil
+}
+
+// caughtUp waits until each history watch has delivered the newest version
+// of every object it follows, so the histories are complete.
+func (h *Harness) caughtUp(ctx context.Context) error {
+	for _, f := range []struct {
+		list client.ObjectList
+		seen *atomic.Int64
+	}{{&corev1.ConfigMapList{}, &h.seenCM}, {&fencerv1.LeaseList{}, &h.seenLease}} {
+		if err := h.cl.List(ctx, f.list, client.InNamespace(Namespace)); err != nil {
+			return err
+		}
+		var newest int64
+		if err := meta.EachListItem(f.list, func(o runtime.Object) error {
+			newest = max(newest, rvOf(o.(client.Object)))
+			return nil
+		}); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for f.seen.Load() < newest {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the watch of %T delivered resourceVersion %d, but the newest object is at %d: the history is incomplete", f.list, f.seen.Load(), newest)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	return nil
 }
 
@@ -73,7 +105,7 @@ func (h *Harness) stopWatches() {
 
 // follow lists, then watches from the list's resourceVersion, resuming each
 // broken watch at the last version seen.
-func (h *Harness) follow(ctx context.Context, wc client.WithWatch, list client.ObjectList, emit func(client.Object, watch.EventType) error) {
+func (h *Harness) follow(ctx context.Context, wc client.WithWatch, list client.ObjectList, seen *atomic.Int64, emit func(client.Object, watch.EventType) error) {
 	fail := func(err error) {
 		if ctx.Err() == nil {
 			h.watchErr <- err
@@ -109,6 +141,7 @@ func (h *Harness) follow(ctx context.Context, wc client.WithWatch, list client.O
 			}
 			if obj, ok := ev.Object.(client.Object); ok && obj.GetResourceVersion() != "" {
 				rv = obj.GetResourceVersion()
+				seen.Store(rvOf(obj))
 			}
 		}
 		w.Stop()

@@ -1,14 +1,13 @@
 package manager
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"strings"
+	"net/http"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -17,30 +16,33 @@ import (
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
-// wonAt returns when the replica logged winning the etcd election, if it did.
-func (r *replica) wonAt() (time.Time, bool) {
-	f, err := os.Open(r.log)
+// leaders follows the controller's etcd election (concurrency.Election's
+// Observe) and sends each new leader's identity with the time it was seen.
+func leaders(t *testing.T, cli *clientv3.Client) <-chan leader {
+	t.Helper()
+	session, err := concurrency.NewSession(cli)
 	if err != nil {
-		return time.Time{}, false
+		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.Contains(line, "won the etcd election") {
-			continue
-		}
-		// fencer logs "ts" as RFC3339 with nanoseconds.
-		if i := strings.Index(line, `"ts":"`); i >= 0 {
-			if end := strings.IndexByte(line[i+6:], '"'); end > 0 {
-				if ts, err := time.Parse(time.RFC3339Nano, line[i+6:i+6+end]); err == nil {
-					return ts, true
-				}
+	t.Cleanup(func() { session.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	out := make(chan leader, 16)
+	go func() {
+		last := ""
+		for resp := range concurrency.NewElection(session, etcdkeys.LeaderKey(etcdkeys.DefaultPrefix)).Observe(ctx) {
+			if len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) != last {
+				last = string(resp.Kvs[0].Value)
+				out <- leader{identity: last, at: time.Now()}
 			}
 		}
-		return time.Now(), true
-	}
-	return time.Time{}, false
+	}()
+	return out
+}
+
+type leader struct {
+	identity string
+	at       time.Time
 }
 
 // TestControllerCrashKeepsToken: kill -9 the active replica mid-tenure; the
@@ -54,6 +56,12 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcdCli.Close()
+	elected := leaders(t, etcdCli)
 	readyPod(t, cl, "w-0", "crash")
 	// The smallest ttlSeconds docs/operations.md promises survives a crash.
 	const ttl = 10
@@ -67,34 +75,35 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 
 	a := startFencer(t, "a", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
 	token := waitToken(t, cl, 0)
+	first := next(t, elected, "replica a never won the etcd election")
 	b := startFencer(t, "b", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
-	if _, won := a.wonAt(); !won {
-		t.Fatal("replica a granted without logging its etcd election win")
-	}
-	time.Sleep(2 * time.Second) // let b's caches sync, as a standby's would have
+	waitStatus(t, b.probeURL+"/readyz", http.StatusOK) // b's caches synced, as a standby's would be
+	key := etcdkeys.LeaseKey(etcdkeys.DefaultPrefix, "default", "crash")
+	watch := etcdCli.Watch(clientv3.WithRequireLeader(ctx), key)
 	killed := time.Now()
 	if err := a.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	won := next(t, elected, "standby never won the etcd election")
+	if won.identity == first.identity {
+		t.Fatalf("the same identity %s led again", won.identity)
+	}
+	t.Logf("takeover: standby won the etcd election %s after the leader was killed", won.at.Sub(killed).Round(time.Millisecond))
 
-	var won time.Time
-	deadline := time.Now().Add(60 * time.Second)
-	for ok := false; !ok; won, ok = b.wonAt() {
-		if time.Now().After(deadline) {
-			t.Fatal("standby never won the etcd election")
+	// For a full TTL after the crash, and 2 s more, the key must never be
+	// deleted or re-granted: it survives only if b renews it.
+	until := time.After(time.Until(killed.Add((ttl + 2) * time.Second)))
+	for done := false; !done; {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				t.Fatalf("the grant changed after the crash: %s at revision %d", ev.Type, ev.Kv.ModRevision)
+			}
+		case <-until:
+			done = true
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("takeover: standby won the etcd election %s after the leader was killed", won.Sub(killed).Round(time.Millisecond))
-
-	// Past a full TTL after the crash, the key survives only if b renews it.
-	time.Sleep(time.Until(killed.Add((ttl + 2) * time.Second)))
-	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcdCli.Close()
-	resp, err := etcdCli.Get(ctx, etcdkeys.LeaseKey(etcdkeys.DefaultPrefix, "default", "crash"))
+	resp, err := etcdCli.Get(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +116,18 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	}
 	if l.Status.Token != token || l.Status.Transitions != 0 {
 		t.Fatalf("status token %d transitions %d, want %d and 0", l.Status.Token, l.Status.Transitions, token)
+	}
+}
+
+// next waits for the election's next leader.
+func next(t *testing.T, elected <-chan leader, failure string) leader {
+	t.Helper()
+	select {
+	case l := <-elected:
+		return l
+	case <-time.After(60 * time.Second):
+		t.Fatal(failure)
+		return leader{}
 	}
 }
 

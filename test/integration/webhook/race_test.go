@@ -2,7 +2,9 @@ package webhook
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/test/framework"
 )
 
 // TestRaceAcrossFailover: writers hammer one fenced ConfigMap with the old
@@ -36,17 +40,28 @@ func TestRaceAcrossFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var history []int64
+	var (
+		mu      sync.Mutex
+		history []int64
+		lastRV  string
+	)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		for ev := range w.ResultChan() {
 			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
 				n, _ := strconv.ParseInt(cm.Annotations["fencer.io/written-token"], 10, 64)
-				history = append(history, n)
+				mu.Lock()
+				history, lastRV = append(history, n), cm.ResourceVersion
+				mu.Unlock()
 			}
 		}
 	}()
+	written := func(tok int64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(history, tok)
+	}
 
 	var newTok atomic.Int64 // 0 until the failover is seen
 	var accepted, refusedN atomic.Int64
@@ -81,7 +96,12 @@ func TestRaceAcrossFailover(t *testing.T) {
 		}()
 	}
 
-	time.Sleep(time.Second)
+	framework.Eventually(t, 30*time.Second, "writers running", func() error {
+		if accepted.Load() < 20 {
+			return fmt.Errorf("%d writes accepted", accepted.Load())
+		}
+		return nil
+	})
 	pod := &corev1.Pod{}
 	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
 		t.Fatal(err)
@@ -89,10 +109,29 @@ func TestRaceAcrossFailover(t *testing.T) {
 	fx.SetReady(t, pod, false)
 	_, nt := held(t, ns, holder)
 	newTok.Store(nt)
-	time.Sleep(2 * time.Second)
+	before := refusedN.Load()
+	framework.Eventually(t, 30*time.Second, "both tokens in play after the failover", func() error {
+		if !written(nt) || refusedN.Load() < before+20 {
+			return fmt.Errorf("new token written %v, refusals since %d", written(nt), refusedN.Load()-before)
+		}
+		return nil
+	})
 	close(stop)
 	wg.Wait()
-	time.Sleep(500 * time.Millisecond) // let the watch deliver the last events
+	// The history is complete once the watch has delivered the object's
+	// final version.
+	final := &corev1.ConfigMap{}
+	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "out"}, final); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 30*time.Second, "the watch caught up", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if lastRV != final.ResourceVersion {
+			return fmt.Errorf("watch at %s, object at %s", lastRV, final.ResourceVersion)
+		}
+		return nil
+	})
 	w.Stop()
 	<-watched
 
