@@ -82,7 +82,7 @@ test-integration: tools ## envtest integration tests against the kube-apiserver 
 
 .PHONY: test-chart
 test-chart: tools ## helm lint/template/install/upgrade/uninstall of charts/fencer against a real apiserver.
-	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./test/chart/...
+	cd test/chart && go vet ./... && FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-image
 test-image: image ## make image, then read the tarball back, run its binary, and crane push it to a loopback registry.
