@@ -30,12 +30,6 @@ import (
 )
 
 const (
-	// IDRangeFinalizer makes the controller release slots before an IDRange goes.
-	IDRangeFinalizer = "fencer.io/release-slots"
-	// DeleteNextAnnotation, set to "true" on an IDRange, deletes its next-ID
-	// key with it. Without it the key is kept, so a range recreated under the
-	// same name continues where the old one stopped and reissues nothing.
-	DeleteNextAnnotation = "fencer.io/delete-next-on-delete"
 	// repairInterval is how often a range is compared with etcd even when
 	// nothing changes, to fix drift.
 	repairInterval = 30 * time.Second
@@ -84,7 +78,7 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if !rng.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, rng)
 	}
-	if controllerutil.AddFinalizer(rng, IDRangeFinalizer) {
+	if controllerutil.AddFinalizer(rng, fencerv1.IDRangeFinalizer) {
 		if err := r.Update(ctx, rng); err != nil {
 			return requeueOnConflict(err)
 		}
@@ -315,7 +309,7 @@ func (r *IDRangeReconciler) pods(ctx context.Context, rng *fencerv1.IDRange) ([]
 // finalize releases the range's slots (their generators are fenced off at
 // once) and, only on opt-in, its next-ID key.
 func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(rng, IDRangeFinalizer) {
+	if !controllerutil.ContainsFinalizer(rng, fencerv1.IDRangeFinalizer) {
 		return ctrl.Result{}, nil
 	}
 	if _, err := r.Elector.Term(); err != nil {
@@ -331,7 +325,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if err := r.Store.ReleaseSlots(ctx, slots); err != nil {
 		return ctrl.Result{}, err
 	}
-	if rng.Annotations[DeleteNextAnnotation] == "true" {
+	if rng.Annotations[fencerv1.DeleteNextAnnotation] == "true" {
 		if err := r.Store.DeleteNext(ctx, rng.Namespace, rng.Name); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -347,7 +341,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	}
 	metrics.IDRangeRemaining.DeleteLabelValues(rng.Namespace, rng.Name)
 	metrics.IDRangeSlotsInUse.DeleteLabelValues(rng.Namespace, rng.Name)
-	controllerutil.RemoveFinalizer(rng, IDRangeFinalizer)
+	controllerutil.RemoveFinalizer(rng, fencerv1.IDRangeFinalizer)
 	return ctrl.Result{}, r.Update(ctx, rng)
 }
 

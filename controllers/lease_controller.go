@@ -33,10 +33,6 @@ import (
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
-// LeaseFinalizer makes the controller release a Lease's etcd key before the
-// Lease goes away.
-const LeaseFinalizer = "fencer.io/release"
-
 // statusRefresh is how often a held Lease's status (renewTime, expireTime)
 // is refreshed while nothing else changes. Renewals themselves happen in
 // etcd every TTL/3; writing each to the apiserver would cost more than it
@@ -119,7 +115,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if !lease.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, lease)
 	}
-	if controllerutil.AddFinalizer(lease, LeaseFinalizer) {
+	if controllerutil.AddFinalizer(lease, fencerv1.LeaseFinalizer) {
 		if err := r.Update(ctx, lease); err != nil {
 			return requeueOnConflict(err)
 		}
@@ -498,7 +494,7 @@ func (r *LeaseReconciler) candidates(ctx context.Context, lease *fencerv1.Lease)
 // finalize releases the Lease's grant and its pod annotations, then lets
 // the Lease go.
 func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(lease, LeaseFinalizer) {
+	if !controllerutil.ContainsFinalizer(lease, fencerv1.LeaseFinalizer) {
 		return ctrl.Result{}, nil
 	}
 	if _, err := r.Elector.Term(); err != nil {
@@ -521,7 +517,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if err := r.publish(ctx, lease, pods, nil); err != nil {
 		return ctrl.Result{}, err
 	}
-	controllerutil.RemoveFinalizer(lease, LeaseFinalizer)
+	controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer)
 	return ctrl.Result{}, r.Update(ctx, lease)
 }
 
@@ -541,9 +537,6 @@ var notStatusOnly = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 }}
 
 func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := addLeaseIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
-		return err
-	}
 	if err := mgr.Add(leaderRunnable(r.watchEtcd)); err != nil {
 		return err
 	}

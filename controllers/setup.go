@@ -25,7 +25,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
-	if err := addPodIndex(context.Background(), mgr.GetFieldIndexer()); err != nil {
+	if err := SetupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)

@@ -29,6 +29,17 @@ const (
 
 	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
 	IDRangeAnnotationPrefix = "idrange.fencer.io/"
+
+	// LeaseFinalizer makes the controller release a Lease's etcd key before
+	// the Lease goes away.
+	LeaseFinalizer = "fencer.io/release"
+	// IDRangeFinalizer makes the controller release slots before an IDRange
+	// goes.
+	IDRangeFinalizer = "fencer.io/release-slots"
+	// DeleteNextAnnotation, set to "true" on an IDRange, deletes its next-ID
+	// key with it. Without it the key is kept, so a range recreated under the
+	// same name continues where the old one stopped and reissues nothing.
+	DeleteNextAnnotation = "fencer.io/delete-next-on-delete"
 )
 
 // Cause types of the StatusCauses in a denial by fencer's webhook. A denial

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,8 +23,14 @@ const (
 	indexHolder = "fencer.io/holder"
 )
 
+// The index functions check what they are given, as Kueue's do: a wrong
+// object yields no index values, never a panic in the cache.
+
 func selectorLabelValues(obj client.Object) []string {
-	l := obj.(*fencerv1.Lease)
+	l, ok := obj.(*fencerv1.Lease)
+	if !ok {
+		return nil
+	}
 	if len(l.Spec.HolderSelector.MatchLabels) == 0 {
 		return []string{indexAnyLabel}
 	}
@@ -35,18 +42,10 @@ func selectorLabelValues(obj client.Object) []string {
 }
 
 func holderValues(obj client.Object) []string {
-	if h := obj.(*fencerv1.Lease).Status.Holder; h != "" {
-		return []string{h}
+	if l, ok := obj.(*fencerv1.Lease); ok && l.Status.Holder != "" {
+		return []string{l.Status.Holder}
 	}
 	return nil
-}
-
-// addLeaseIndexes registers the indexes with the manager's cache.
-func addLeaseIndexes(ctx context.Context, idx client.FieldIndexer) error {
-	if err := idx.IndexField(ctx, &fencerv1.Lease{}, indexSelectorLabel, selectorLabelValues); err != nil {
-		return err
-	}
-	return idx.IndexField(ctx, &fencerv1.Lease{}, indexHolder, holderValues)
 }
 
 // indexPodLabel holds "key=value" for each label of a pod, so that the pods
@@ -55,6 +54,9 @@ func addLeaseIndexes(ctx context.Context, idx client.FieldIndexer) error {
 const indexPodLabel = "fencer.io/pod-label"
 
 func podLabelValues(obj client.Object) []string {
+	if _, ok := obj.(*corev1.Pod); !ok {
+		return nil
+	}
 	out := make([]string, 0, len(obj.GetLabels()))
 	for k, v := range obj.GetLabels() {
 		out = append(out, k+"="+v)
@@ -62,7 +64,21 @@ func podLabelValues(obj client.Object) []string {
 	return out
 }
 
-// addPodIndex registers the pod label index with the manager's cache.
-func addPodIndex(ctx context.Context, idx client.FieldIndexer) error {
-	return idx.IndexField(ctx, &corev1.Pod{}, indexPodLabel, podLabelValues)
+// SetupIndexes registers every index the controllers read, in one place,
+// before any controller starts.
+func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
+	for _, ix := range []struct {
+		obj   client.Object
+		field string
+		fn    client.IndexerFunc
+	}{
+		{&fencerv1.Lease{}, indexSelectorLabel, selectorLabelValues},
+		{&fencerv1.Lease{}, indexHolder, holderValues},
+		{&corev1.Pod{}, indexPodLabel, podLabelValues},
+	} {
+		if err := idx.IndexField(ctx, ix.obj, ix.field, ix.fn); err != nil {
+			return fmt.Errorf("indexing %T by %s: %w", ix.obj, ix.field, err)
+		}
+	}
+	return nil
 }
