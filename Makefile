@@ -55,7 +55,7 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 ##@ Test
 
 .PHONY: test
-test: tools verify-generated fmt hygiene vet test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
+test: tools verify-generated fmt hygiene vet lint test-unit test-integration test-chart test-image test-dev-smoke ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
 
 .PHONY: fmt
 fmt: ## Fail when a Go file is not gofmt-ed (lists them).
@@ -67,6 +67,12 @@ hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/) or a
 	if [ -n "$$big" ]; then echo "tracked files over 1 MB:"; echo "$$big"; exit 1; fi
 	@out=$$(grep -rlE '\]\((\.\./)+shared/' README.md docs || true); \
 	if [ -n "$$out" ]; then echo "docs link outside the repository:"; echo "$$out"; exit 1; fi
+
+# Every Go module of the repository (the tool modules only build tools).
+LINT_MODULES := . hack/tools/bench hack/tools/image test/chart
+.PHONY: lint
+lint: tools ## golangci-lint (built from its module into bin/) over every module, with .golangci.yml.
+	@for m in $(LINT_MODULES); do echo "lint: $$m"; (cd $$m && $(BIN)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done
 
 .PHONY: vet
 vet: ## go vet every package.

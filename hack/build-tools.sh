@@ -17,11 +17,11 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd etcdctl kwok helm controller-gen)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd etcdctl kwok helm controller-gen golangci-lint)
 
 stamp_of() {
   cat "$tools/go.mod" "$tools/go.sum" "$tools/tools.go" "$tools/etcd/go.mod" "$tools/etcd/go.sum" \
-      "$tools"/etcd/cmd/*/main.go "$0" | sha256sum | cut -d' ' -f1
+      "$tools"/etcd/cmd/*/main.go "$tools/lint/go.mod" "$tools/lint/go.sum" "$tools/lint/tools.go" "$0" | sha256sum | cut -d' ' -f1
   go version
 }
 
@@ -62,6 +62,7 @@ build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etc
 build "$tools" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}" kwok sigs.k8s.io/kwok/cmd/kwok
 build "$tools" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37" helm helm.sh/helm/v3/cmd/helm
 build "$tools" "" controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+build "$tools/lint" "" golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 "$bin/kube-apiserver" --version | grep -q "$KUBE_VERSION" || fail "kube-apiserver does not report $KUBE_VERSION"
 "$bin/etcd" --version | grep -q "${ETCD_VERSION#v}" || fail "etcd does not report $ETCD_VERSION"

@@ -135,7 +135,3 @@ type IDRangeList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []IDRange `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&IDRange{}, &IDRangeList{})
-}

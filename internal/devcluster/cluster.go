@@ -473,5 +473,5 @@ func waitHTTP(ctx context.Context, p *proc, hc *http.Client, url string, timeout
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%s not healthy after %s (last: %v); see %s", p.name, timeout, last, p.log)
+	return fmt.Errorf("%s not healthy after %s (last: %w); see %s", p.name, timeout, last, p.log)
 }

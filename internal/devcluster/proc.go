@@ -51,7 +51,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 func (p *proc) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited early (%v); see %s", p.name, p.err, p.log)
+		return fmt.Errorf("%s exited early (%w); see %s", p.name, p.err, p.log)
 	default:
 		return nil
 	}

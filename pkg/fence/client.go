@@ -68,7 +68,8 @@ func (e *StaleTokenError) Unwrap() error { return e.Err }
 // token (retry those).
 func AsStaleToken(err error) error {
 	var status apierrors.APIStatus
-	if err == nil || !(apierrors.IsConflict(err) || apierrors.IsForbidden(err)) || !errors.As(err, &status) || status.Status().Details == nil {
+	fencerCode := apierrors.IsConflict(err) || apierrors.IsForbidden(err)
+	if err == nil || !fencerCode || !errors.As(err, &status) || status.Status().Details == nil {
 		return err
 	}
 	e := &StaleTokenError{Message: err.Error(), Err: err}

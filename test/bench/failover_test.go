@@ -91,7 +91,9 @@ func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
 		held := 0
 		for _, l := range list.Items {
 			var i int
-			fmt.Sscanf(l.Name, "f%d", &i)
+			if _, err := fmt.Sscanf(l.Name, "f%d", &i); err != nil {
+				return 0, fmt.Errorf("lease %s: %w", l.Name, err)
+			}
 			if l.Status.Holder == l.Name+"-a" && l.Status.Token != 0 {
 				old[i] = l.Status.Token
 				held++

@@ -50,7 +50,7 @@ func run(m *testing.M) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer env.Stop()
+	defer func() { _ = env.Stop() }()
 	if cl, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
 		return fail(err)
 	}

@@ -60,7 +60,7 @@ func (h *Harness) held(ctx context.Context, name string) error {
 		return err
 	}
 	if c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionHeld); c == nil || c.Status != metav1.ConditionTrue {
-		return fmt.Errorf("Held condition %+v", c)
+		return fmt.Errorf("held condition %+v", c)
 	}
 	resp, err := h.etcd.Get(ctx, etcdkeys.LeaseKey(h.Prefix(), Namespace, name))
 	if err != nil {
@@ -133,7 +133,7 @@ func (h *Harness) impostorRefused(ctx context.Context) error {
 		return fmt.Errorf("%s wrote cm-beta with %s's live token %d under bindIdentity", impostor, l.Status.Holder, l.Status.Token)
 	}
 	if !strings.Contains(err.Error(), "bindIdentity") && !strings.Contains(err.Error(), "stale token") {
-		return fmt.Errorf("%s's write with %s's token was refused, but not for its identity: %v", impostor, l.Status.Holder, err)
+		return fmt.Errorf("%s's write with %s's token was refused, but not for its identity: %w", impostor, l.Status.Holder, err)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (h *Harness) statusForgeryRefused(ctx context.Context) error {
 		return fmt.Errorf("worker %s rewrote Lease alpha's status", h.pods[0].Name)
 	}
 	if !strings.Contains(err.Error(), "fencer") {
-		return fmt.Errorf("worker %s's status write was refused, but not by fencer's webhook (RBAC allows it): %v", h.pods[0].Name, err)
+		return fmt.Errorf("worker %s's status write was refused, but not by fencer's webhook (RBAC allows it): %w", h.pods[0].Name, err)
 	}
 	return nil
 }

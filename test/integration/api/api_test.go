@@ -43,7 +43,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "starting envtest:", err)
 		return 1
 	}
-	defer env.Stop()
+	defer func() { _ = env.Stop() }()
 	cl, err = client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -271,12 +271,20 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 // TestKubectlExplain checks that `kubectl explain` documents every spec field,
 // so users can learn the API from the cluster.
 func TestKubectlExplain(t *testing.T) {
+	admin, err := env.ControlPlane.AddUser(envtest.User{Name: "explain", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl, err := admin.Kubectl()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for resource, fields := range map[string][]string{
 		"leases.fencer.io.spec":   {"ttlSeconds", "holderSelector", "renewal", "policy", "bindIdentity", "suspend"},
 		"idranges.fencer.io.spec": {"mode", "min", "max", "blockSize", "podSelector", "slotTTLSeconds"},
 		"leases.fencer.io.status": {"holder", "holderUID", "token", "leaseID", "acquireTime", "renewTime", "expireTime", "transitions", "history", "observedGeneration", "conditions"},
 	} {
-		out, stderr, err := env.ControlPlane.KubeCtl().Run("explain", resource)
+		out, stderr, err := kubectl.Run("explain", resource)
 		if err != nil {
 			t.Fatalf("kubectl explain %s: %v: %s", resource, err, readAll(stderr))
 		}

@@ -337,14 +337,14 @@ func TestDeleteReleasesSlotsAndKeepsNext(t *testing.T) {
 	framework.Eventually(t, 30*time.Second, "slot keys gone at once", func() error {
 		resp, err := fx.EtcdCli.Get(ctx, etcdkeys.IDRangeSlotsPrefix(etcdkeys.DefaultPrefix, ns, "workers"), clientv3.WithPrefix())
 		if err != nil || resp.Count != 0 {
-			return fmt.Errorf("%d slot keys left (%v)", resp.Count, err)
+			return fmt.Errorf("%d slot keys left (%w)", resp.Count, err)
 		}
 		return nil
 	})
 	framework.Eventually(t, 30*time.Second, "both ranges gone", func() error {
 		for _, o := range []client.Object{slots, blocks} {
 			if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(o), &fencerv1.IDRange{}); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("%s: %v", o.GetName(), err)
+				return fmt.Errorf("%s: %w", o.GetName(), err)
 			}
 		}
 		return nil

@@ -163,7 +163,7 @@ func TestDeletingALeaseReleasesItsKey(t *testing.T) {
 	eventually(t, 30*time.Second, "lease gone, key released, annotation removed", func() error {
 		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(l), &fencerv1.Lease{})
 		if !apierrors.IsNotFound(err) || etcdToken(t, ns, "job") != 0 || annotation(t, ns, "w-0", "job") != "" {
-			return fmt.Errorf("get: %v, key %d, annotation %q", err, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
+			return fmt.Errorf("get: %w, key %d, annotation %q", err, etcdToken(t, ns, "job"), annotation(t, ns, "w-0", "job"))
 		}
 		return nil
 	})

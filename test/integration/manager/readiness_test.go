@@ -55,7 +55,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "starting envtest:", err)
 		return 1
 	}
-	defer env.Stop()
+	defer func() { _ = env.Stop() }()
 	admin, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -83,7 +83,7 @@ func buildFencer(dir string) (string, error) {
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/fencer")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building fencer: %v\n%s", err, b)
+		return "", fmt.Errorf("building fencer: %w\n%s", err, b)
 	}
 	return out, nil
 }

@@ -150,7 +150,7 @@ func TestLifecycleDeletesPass(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there: %v", err)
+		return fmt.Errorf("still there: %w", err)
 	})
 	refusedAs(t, fx.Client.Delete(ctx, configMap(ns, "", "")), fencerv1.DenialUnknownLease, "does not exist")
 	nsController := impersonate(t, "system:serviceaccount:kube-system:namespace-controller")
@@ -200,7 +200,7 @@ func suspend(t *testing.T, ns string) {
 	framework.Eventually(t, 30e9, "lease released", func() error {
 		resp, err := fx.EtcdCli.Get(ctx, "/fencer/leases/"+ns+"/report")
 		if err != nil || len(resp.Kvs) > 0 {
-			return fmt.Errorf("key still there: %v", err)
+			return fmt.Errorf("key still there: %w", err)
 		}
 		return nil
 	})

@@ -116,7 +116,7 @@ func refused(t *testing.T, err error, want string) {
 
 // refusedAs checks err is fencer's 409 whose causes name reason, read as
 // the SDK reads them, and whose message carries want.
-func refusedAs(t *testing.T, err error, reason fencerv1.DenialReason, want string) *fence.StaleTokenError {
+func refusedAs(t *testing.T, err error, reason fencerv1.DenialReason, want string) fence.StaleTokenError {
 	t.Helper()
 	if reason == fencerv1.DenialTokenless {
 		// No token could make it pass: 403, so kubectl does not retry it.
@@ -130,7 +130,7 @@ func refusedAs(t *testing.T, err error, reason fencerv1.DenialReason, want strin
 	if !errors.As(fence.AsStaleToken(err), &st) || st.Reason != reason {
 		t.Fatalf("want causes with reason %s, got %+v from %v", reason, st, err)
 	}
-	return st
+	return *st
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
