@@ -17,10 +17,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -43,24 +41,17 @@ type IDRangeReconciler struct {
 	Renewer  *renew.Renewer
 	Recorder events.EventRecorder
 	Clock    clock.Clock
-	wake     chan event.GenericEvent
+	wake     waker[fencerv1.IDRange, *fencerv1.IDRange]
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
 func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *IDRangeReconciler {
-	r := &IDRangeReconciler{Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk, wake: make(chan event.GenericEvent, 1024)}
-	r.Renewer = renew.New(store.Client(), clk, func(key string) {
-		if ns, name, _, ok := etcdkeys.ParseSlotKey(store.Prefix(), key); ok {
-			r.enqueue(ns, name)
-		}
+	r := &IDRangeReconciler{Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk, wake: newWaker[fencerv1.IDRange]()}
+	r.Renewer = renewerWaking(store, clk, r.wake, func(key string) (string, string, bool) {
+		ns, name, _, ok := etcdkeys.ParseSlotKey(store.Prefix(), key)
+		return ns, name, ok
 	})
 	return r
-}
-
-func (r *IDRangeReconciler) enqueue(namespace, name string) {
-	o := &fencerv1.IDRange{}
-	o.Namespace, o.Name = namespace, name
-	r.wake <- event.GenericEvent{Object: o}
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=idranges,verbs=get;list;watch;update;patch
@@ -353,7 +344,7 @@ func (r *IDRangeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&fencerv1.IDRange{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.rangesForPod)).
-		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.wake.source()).
 		Named("idrange").
 		Complete(r)
 }
@@ -365,7 +356,7 @@ func (r *IDRangeReconciler) enqueueAll(ctx context.Context) {
 		return
 	}
 	for _, o := range list.Items {
-		r.enqueue(o.Namespace, o.Name)
+		r.wake.wake(o.Namespace, o.Name)
 	}
 }
 

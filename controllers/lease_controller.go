@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -66,7 +65,7 @@ type LeaseReconciler struct {
 
 	// wake carries Leases to reconcile from outside the informers: etcd
 	// watch events, lost keepalives and a new election term.
-	wake chan event.GenericEvent
+	wake waker[fencerv1.Lease, *fencerv1.Lease]
 
 	mu sync.Mutex
 	// endAt is when a PodReady tenure whose holder stopped qualifying ends:
@@ -81,22 +80,14 @@ type LeaseReconciler struct {
 func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdstore.Elector, rec events.EventRecorder, clk clock.Clock) *LeaseReconciler {
 	r := &LeaseReconciler{
 		Client: c, Store: store, Elector: elector, Recorder: rec, Clock: clk,
-		wake:      make(chan event.GenericEvent, 1024),
+		wake:      newWaker[fencerv1.Lease](),
 		endAt:     map[string]time.Time{},
 		deletedAt: map[string]time.Time{},
 	}
-	r.Renewer = renew.New(store.Client(), clk, func(key string) {
-		if ns, name, ok := etcdkeys.ParseLeaseKey(store.Prefix(), key); ok {
-			r.enqueue(ns, name)
-		}
+	r.Renewer = renewerWaking(store, clk, r.wake, func(key string) (string, string, bool) {
+		return etcdkeys.ParseLeaseKey(store.Prefix(), key)
 	})
 	return r
-}
-
-func (r *LeaseReconciler) enqueue(namespace, name string) {
-	l := &fencerv1.Lease{}
-	l.Namespace, l.Name = namespace, name
-	r.wake <- event.GenericEvent{Object: l}
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=get;list;watch;update;patch
@@ -546,7 +537,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&fencerv1.Lease{}, builder.WithPredicates(notStatusOnly)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
-		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.wake.source()).
 		Named("lease").
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Complete(r)
@@ -558,7 +549,7 @@ func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 		if ev.Deleted {
 			r.markDeleted(etcdkeys.LeaseKey(r.Store.Prefix(), ev.Namespace, ev.Name), ev.At)
 		}
-		r.enqueue(ev.Namespace, ev.Name)
+		r.wake.wake(ev.Namespace, ev.Name)
 	}, func() { r.enqueueAll(ctx) })
 	return nil
 }
@@ -570,7 +561,7 @@ func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
 		return
 	}
 	for _, l := range leases.Items {
-		r.enqueue(l.Namespace, l.Name)
+		r.wake.wake(l.Namespace, l.Name)
 	}
 }
 
