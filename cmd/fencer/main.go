@@ -241,11 +241,13 @@ func run(ctx context.Context, o *options) error {
 func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
 	host, _ := os.Hostname()
 	elector := etcdstore.NewElector(etcd, o.etcd.Prefix, fmt.Sprintf("%s_%s", host, uuid.NewUUID()), o.electionTTL)
+	elector.Log = ctrl.Log.WithName("elector")
 	if err := mgr.Add(elector); err != nil {
 		return err
 	}
 	store := etcdstore.NewStore(etcd, o.etcd.Prefix, elector, metrics.ObserveEtcd)
 	store.Timeout = o.etcd.RequestTimeout
+	store.Log = ctrl.Log.WithName("etcd")
 	if err := controllers.Setup(mgr, store, elector, controllers.Options{LeaseWorkers: o.leaseWorkers}); err != nil {
 		return err
 	}

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -63,6 +63,8 @@ func (t Term) commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.
 // Runnable that runs only on the replica that won Kubernetes leader election,
 // so campaigns rarely contend; the etcd election is what fences.
 type Elector struct {
+	// Log receives the election's progress; NewElector discards it.
+	Log        logr.Logger
 	cli        *clientv3.Client
 	prefix     string
 	identity   string
@@ -79,7 +81,7 @@ func NewElector(cli *clientv3.Client, prefix, identity string, sessionTTL time.D
 	if ttl < 1 {
 		ttl = 1
 	}
-	return &Elector{cli: cli, prefix: prefix, identity: identity, sessionTTL: ttl, changed: make(chan struct{})}
+	return &Elector{Log: logr.Discard(), cli: cli, prefix: prefix, identity: identity, sessionTTL: ttl, changed: make(chan struct{})}
 }
 
 // Term returns the current term, or ErrNotLeader.
@@ -113,7 +115,7 @@ func (e *Elector) NeedLeaderElection() bool { return true }
 // Start campaigns until ctx ends, resigning on the way out so a successor
 // does not wait for the session to expire.
 func (e *Elector) Start(ctx context.Context) error {
-	log := ctrl.LoggerFrom(ctx).WithName("elector").WithValues("key", etcdkeys.LeaderKey(e.prefix), "identity", e.identity)
+	log := e.Log.WithValues("key", etcdkeys.LeaderKey(e.prefix), "identity", e.identity)
 	for ctx.Err() == nil {
 		if err := e.campaign(ctx); err != nil && ctx.Err() == nil {
 			log.Error(err, "etcd election lost or failed; campaigning again")
@@ -144,7 +146,7 @@ func (e *Elector) campaign(ctx context.Context) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	e.setTerm(&Term{Key: election.Key(), Rev: election.Rev()})
-	ctrl.LoggerFrom(ctx).WithName("elector").Info("won the etcd election", "key", election.Key(), "rev", election.Rev())
+	e.Log.Info("won the etcd election", "key", election.Key(), "rev", election.Rev())
 	defer e.setTerm(nil)
 	select {
 	case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -48,6 +49,8 @@ type Store struct {
 	observe func(op string, d time.Duration, err error)
 	// Timeout bounds each request; zero means DefaultRequestTimeout.
 	Timeout time.Duration
+	// Log receives the watch's progress; NewStore discards it.
+	Log logr.Logger
 }
 
 // DefaultRequestTimeout bounds a Store request when no timeout is set.
@@ -55,7 +58,7 @@ const DefaultRequestTimeout = 3 * time.Second
 
 // NewStore returns a Store. observe may be nil.
 func NewStore(cli *clientv3.Client, prefix string, elector *Elector, observe func(op string, d time.Duration, err error)) *Store {
-	return &Store{cli: cli, prefix: prefix, elector: elector, observe: observe}
+	return &Store{cli: cli, prefix: prefix, elector: elector, observe: observe, Log: logr.Discard()}
 }
 
 // bound gives ctx the store's request timeout.

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -24,7 +23,7 @@ type LeaseEvent struct {
 // After each re-establishment it calls resync, since events may have been
 // missed in between.
 func (s *Store) WatchLeases(ctx context.Context, fn func(LeaseEvent), resync func()) {
-	log := ctrl.LoggerFrom(ctx).WithName("lease-watch")
+	log := s.Log.WithName("lease-watch")
 	prefix := etcdkeys.LeasesPrefix(s.prefix)
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))

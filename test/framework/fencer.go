@@ -147,10 +147,12 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 		t.Fatal(err)
 	}
 	elector := etcdstore.NewElector(cli, etcdkeys.DefaultPrefix, identity, time.Second)
+	elector.Log = ctrl.Log.WithName("elector")
 	if err := mgr.Add(elector); err != nil {
 		t.Fatal(err)
 	}
 	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, metrics.ObserveEtcd)
+	store.Log = ctrl.Log.WithName("etcd")
 	if err := controllers.Setup(mgr, store, elector, controllers.Options{}); err != nil {
 		t.Fatal(err)
 	}
