@@ -12,7 +12,7 @@ import (
 // (decode, Lease from a cache, decision, encode), with the etcd lookup
 // replaced by a constant: the webhook's own cost, not etcd's.
 func BenchmarkServeHTTP(b *testing.B) {
-	f := newFence(b, fakeLive{live: held(42, 50)})
+	f := newChecker(b, fakeLive{live: held(42, 50)})
 	review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}}
 	r := request(admissionv1.Update, obj("report", "42"), obj("report", "42"))
 	review.Request = &r.AdmissionRequest

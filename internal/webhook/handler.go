@@ -41,8 +41,9 @@ type LiveLookup interface {
 	Lookup(ctx context.Context, namespace, name string) (etcdstore.Live, error)
 }
 
-// Fence is the validating admission handler for fenced objects.
-type Fence struct {
+// Checker judges writes to fenced objects: Record is the mutating webhook,
+// Validate the validating one.
+type Checker struct {
 	// Leases reads Lease objects (the manager's cache).
 	Leases client.Reader
 	// APIReader double-checks a Lease the cache has not seen yet.
@@ -59,7 +60,7 @@ type objectMeta struct {
 
 // Record is the mutating webhook (RecordPath): it judges a CREATE or UPDATE
 // of a fenced object and records the token it sent.
-func (f *Fence) Record(ctx context.Context, req admission.Request) admission.Response {
+func (f *Checker) Record(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	reason, resp := f.record(ctx, req)
 	observe(req, reason, resp, start)
@@ -69,7 +70,7 @@ func (f *Fence) Record(ctx context.Context, req admission.Request) admission.Res
 // Validate is the validating webhook (Path): it judges the writes that
 // cannot carry a token. CREATEs and UPDATEs of the object itself were judged
 // by Record; the configuration's matchConditions do not send them here.
-func (f *Fence) Validate(ctx context.Context, req admission.Request) admission.Response {
+func (f *Checker) Validate(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	w, leaseName, d := parseTokenless(req)
 	reason, resp := f.judge(ctx, req, w, leaseName, d)
@@ -83,7 +84,7 @@ func (f *Fence) Validate(ctx context.Context, req admission.Request) admission.R
 // later write that sends none has none. The apiserver runs mutating
 // admission inside its optimistic-concurrency loop, against the exact object
 // being replaced, so the per-object check and the write are one step.
-func (f *Fence) record(ctx context.Context, req admission.Request) (Reason, admission.Response) {
+func (f *Checker) record(ctx context.Context, req admission.Request) (Reason, admission.Response) {
 	if req.SubResource != "" || (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) {
 		return ReasonNotFenced, admission.Allowed("not a write of the object itself")
 	}
@@ -117,7 +118,7 @@ func resultOf(resp admission.Response) string {
 // judge decides a parsed write: for tokenless writes, exempt identities
 // first (they may delete objects whose Lease is already gone); then the
 // Lease and its live token.
-func (f *Fence) judge(ctx context.Context, req admission.Request, w write, leaseName string, d *Denial) (Reason, admission.Response) {
+func (f *Checker) judge(ctx context.Context, req admission.Request, w write, leaseName string, d *Denial) (Reason, admission.Response) {
 	if d != nil {
 		return d.Reason, denied(d)
 	}
@@ -148,7 +149,7 @@ func (f *Fence) judge(ctx context.Context, req admission.Request, w write, lease
 
 // lease fetches the fencing Lease, from the cache or, if the cache has not
 // seen it, from the apiserver.
-func (f *Fence) lease(ctx context.Context, namespace, name string, w write) (*fencerv1.Lease, *Denial) {
+func (f *Checker) lease(ctx context.Context, namespace, name string, w write) (*fencerv1.Lease, *Denial) {
 	lease := &fencerv1.Lease{}
 	key := client.ObjectKey{Namespace: namespace, Name: name}
 	err := f.Leases.Get(ctx, key, lease)

@@ -33,11 +33,11 @@ func (f fakeLive) Lookup(context.Context, string, string) (etcdstore.Live, error
 	return f.live, f.err
 }
 
-func newFence(t testing.TB, live LiveLookup) *Fence {
+func newChecker(t testing.TB, live LiveLookup) *Checker {
 	t.Helper()
 	s := runtime.NewScheme()
 	utilruntime.Must(fencerv1.AddToScheme(s))
-	return &Fence{Leases: leaseClient(testLease(fencerv1.PolicyCurrent, false)), Live: live, Exempt: NewExempt(DefaultExemptUsers, nil)}
+	return &Checker{Leases: leaseClient(testLease(fencerv1.PolicyCurrent, false)), Live: live, Exempt: NewExempt(DefaultExemptUsers, nil)}
 }
 
 // obj is a ConfigMap as a write sends it: labeled by lease, offering tok.
@@ -76,7 +76,7 @@ func request(op admissionv1.Operation, object, old []byte) admission.Request {
 }
 
 func TestRecord(t *testing.T) {
-	f := newFence(t, fakeLive{live: held(42, 50)})
+	f := newChecker(t, fakeLive{live: held(42, 50)})
 	record := func(v string) []jsonpatch.JsonPatchOperation {
 		return []jsonpatch.JsonPatchOperation{
 			{Operation: "remove", Path: "/metadata/annotations/fencer.io~1token"},
@@ -126,14 +126,14 @@ func TestRecord(t *testing.T) {
 		})
 	}
 	// The Monotonic case above must fail on the record, not the policy.
-	mono := newFence(t, fakeLive{live: unheld})
+	mono := newChecker(t, fakeLive{live: unheld})
 	mono.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42))
 	resp := mono.Record(context.Background(), request(admissionv1.Update, stored("", "40", "42"), stored("report", "", "42")))
 	check(t, resp, 409, "last written under token 42")
 }
 
 func TestValidateTokenless(t *testing.T) {
-	f := newFence(t, fakeLive{live: held(42, 50)})
+	f := newChecker(t, fakeLive{live: held(42, 50)})
 	status := request(admissionv1.Update, stored("report", "", "42"), stored("report", "", "42"))
 	status.SubResource = "status"
 	cases := []struct {
@@ -158,13 +158,13 @@ func TestValidateTokenless(t *testing.T) {
 }
 
 func TestExemptDeleteNeedsNoLease(t *testing.T) {
-	f := newFence(t, fakeLive{err: errors.New("etcd down")})
+	f := newChecker(t, fakeLive{err: errors.New("etcd down")})
 	req := as(request(admissionv1.Delete, nil, stored("ghost", "", "42")), "system:serviceaccount:kube-system:namespace-controller")
 	check(t, f.Validate(context.Background(), req), 0, "")
 }
 
 func TestDenialCauses(t *testing.T) {
-	f := newFence(t, fakeLive{live: held(42, 50)})
+	f := newChecker(t, fakeLive{live: held(42, 50)})
 	resp := f.Record(context.Background(), request(admissionv1.Update, obj("report", "41"), stored("report", "", "40")))
 	want := []metav1.StatusCause{
 		{Type: fencerv1.CauseReason, Message: "BelowLiveToken"},
@@ -212,7 +212,7 @@ func check(t *testing.T, resp admission.Response, code int32, msg string) {
 }
 
 func TestLookupFailureRefusesWith503(t *testing.T) {
-	f := newFence(t, fakeLive{err: errors.New("context deadline exceeded")})
+	f := newChecker(t, fakeLive{err: errors.New("context deadline exceeded")})
 	resp := f.Record(context.Background(), request(admissionv1.Create, obj("report", "42"), nil))
 	if resp.Allowed || resp.Result.Code != 503 || !strings.Contains(resp.Result.Message, "cannot read the live token of lease default/report from etcd (context deadline exceeded)") {
 		t.Fatalf("got %+v", resp.Result)
@@ -220,7 +220,7 @@ func TestLookupFailureRefusesWith503(t *testing.T) {
 }
 
 // serve posts body to the webhook over HTTP, as the apiserver would.
-func serve(t testing.TB, f *Fence, body []byte) *httptest.ResponseRecorder {
+func serve(t testing.TB, f *Checker, body []byte) *httptest.ResponseRecorder {
 	wh := &admission.Webhook{Handler: admission.HandlerFunc(f.Record)}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
@@ -230,7 +230,7 @@ func serve(t testing.TB, f *Fence, body []byte) *httptest.ResponseRecorder {
 }
 
 func TestServeHTTPAnswersEveryBody(t *testing.T) {
-	f := newFence(t, fakeLive{live: held(42, 50)})
+	f := newChecker(t, fakeLive{live: held(42, 50)})
 	review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}}
 	r := request(admissionv1.Create, obj("report", "41"), nil)
 	review.Request = &r.AdmissionRequest
@@ -257,7 +257,7 @@ func FuzzServeHTTP(f *testing.F) {
 	f.Add([]byte(`{"kind":"Pod"}`))
 	f.Add([]byte(`{`))
 	f.Add(bytes.Repeat([]byte(`[`), 100000))
-	fence := &Fence{Live: fakeLive{live: held(42, 50)}}
+	fence := &Checker{Live: fakeLive{live: held(42, 50)}}
 	s := runtime.NewScheme()
 	utilruntime.Must(fencerv1.AddToScheme(s))
 	fence.Leases = fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(fencerv1.PolicyCurrent, false)).Build()

@@ -25,7 +25,7 @@ import (
 // labels to learn whether it is fenced. Its rules name the resources (the
 // manager may read only those), see config/webhook.
 type Parent struct {
-	Fence *Fence
+	Checker *Checker
 	// Reader reads the parent's metadata, uncached: a label added a moment
 	// ago must count.
 	Reader client.Reader
@@ -36,7 +36,7 @@ type Parent struct {
 func (p *Parent) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	w, leaseName, d := p.parse(ctx, req)
-	reason, resp := p.Fence.judge(ctx, req, w, leaseName, d)
+	reason, resp := p.Checker.judge(ctx, req, w, leaseName, d)
 	observe(req, reason, resp, start)
 	return resp
 }

@@ -20,7 +20,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	if err != nil {
 		return err
 	}
-	f := &Fence{
+	f := &Checker{
 		Leases:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
@@ -29,7 +29,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	srv := mgr.GetWebhookServer()
 	srv.Register(RecordPath, &admission.Webhook{Handler: admission.HandlerFunc(f.Record)})
 	srv.Register(Path, &admission.Webhook{Handler: admission.HandlerFunc(f.Validate)})
-	srv.Register(ParentPath, &admission.Webhook{Handler: &Parent{Fence: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
+	srv.Register(ParentPath, &admission.Webhook{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
 	srv.Register(LeaseStatusPath, &admission.Webhook{Handler: &LeaseStatusGuard{Controller: me}})
 	return nil
 }
