@@ -71,6 +71,9 @@ const (
 	DenialForged       DenialReason = "ForgedToken"
 	DenialBelowObject  DenialReason = "BelowObjectToken"
 	DenialBelowLive    DenialReason = "BelowLiveToken"
+	// DenialNotNewest: a write that fences an object (CREATE, or adding the
+	// label) must send the newest token issued for the lease.
+	DenialNotNewest    DenialReason = "NotNewestToken"
 	DenialNoHolder     DenialReason = "NoHolder"
 	DenialIdentity     DenialReason = "NotHolderIdentity"
 	DenialUnknownLease DenialReason = "UnknownLease"

@@ -66,7 +66,10 @@ type write struct {
 	// none; hasRecord tells an empty record (damaged) from none.
 	recorded  string
 	hasRecord bool
-	user      authenticationv1.UserInfo
+	// fencing is a write that makes the object fenced by this lease (a
+	// CREATE, or adding the label): it has no trusted record to compare.
+	fencing bool
+	user    authenticationv1.UserInfo
 }
 
 // facts fills a Denial with what the decision knew.
@@ -131,7 +134,8 @@ func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
 			w.leaseRef, g.Token, highestRecorded(lease))
 	}
-	if issued := lastIssued(lease, live); offered > issued {
+	issued := lastIssued(lease, live)
+	if offered > issued {
 		return f.deny(fencerv1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
 	if w.hasRecord {
@@ -148,6 +152,13 @@ func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	}
 	if d := checkPolicy(f, lease, offered); d != nil {
 		return d
+	}
+	if w.fencing && offered < issued {
+		// Only the newest token may fence an object, so an object unfenced
+		// under a newer token cannot be fenced again under an older one,
+		// whatever record it carries.
+		return f.deny(fencerv1.DenialNotNewest, "stale token %d for lease %s: a write that fences an object (a CREATE, or adding the label %s) must send the newest token issued for the lease, %d",
+			offered, w.leaseRef, fencerv1.LeaseLabel, issued)
 	}
 	if lease.Spec.BindIdentity {
 		return checkIdentity(f)

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -92,12 +93,12 @@ func (f *Checker) record(ctx context.Context, req admission.Request) (Reason, ad
 	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) && lifecycleOnly(req) {
 		// A lifecycle write (a finalizer or ownerReference removed) sends
 		// no token and must not erase the record either.
-		record, _ := recordOf(old, leaseName)
-		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, record)...)
+		record, ok := recordOf(old, leaseName)
+		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, record, ok)...)
 	}
 	reason, resp := f.judge(ctx, req, w, leaseName, d)
 	if resp.Allowed && leaseName != "" {
-		resp = admission.Patched("", recordPatch(obj, w.offered)...)
+		resp = admission.Patched("", recordPatch(obj, w.offered, true)...)
 	}
 	return reason, resp
 }
@@ -191,6 +192,7 @@ func parseWrite(req admission.Request) (w write, leaseName string, obj, old *obj
 		w.leaseRef = req.Namespace + "/" + leaseName
 		w.offered = offerOf(obj, old)
 		w.recorded, w.hasRecord = recordOf(old, leaseName)
+		w.fencing = labelOf(old) != leaseName
 	}
 	return w, leaseName, obj, old, nil
 }
@@ -255,8 +257,9 @@ func lifecycleOnly(req admission.Request) bool {
 	if req.Operation != admissionv1.Update {
 		return false
 	}
-	var obj, old map[string]any
-	if json.Unmarshal(req.Object.Raw, &obj) != nil || json.Unmarshal(req.OldObject.Raw, &old) != nil {
+	obj, errNew := decodeExact(req.Object.Raw)
+	old, errOld := decodeExact(req.OldObject.Raw)
+	if errNew != nil || errOld != nil {
 		return false
 	}
 	for _, m := range []map[string]any{obj, old} {
@@ -274,6 +277,15 @@ func lifecycleOnly(req admission.Request) bool {
 		}
 	}
 	return reflect.DeepEqual(obj, old)
+}
+
+// decodeExact decodes a JSON object keeping numbers as written, so two
+// int64s that round to one float64 never compare equal.
+func decodeExact(raw []byte) (map[string]any, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var m map[string]any
+	return m, d.Decode(&m)
 }
 
 // changesFence says whether a subresource write changes what fencing rests
@@ -331,33 +343,28 @@ func labelOf(m *objectMeta) string {
 	return m.Metadata.Labels[fencerv1.LeaseLabel]
 }
 
-// recordOf is the token of old's last accepted write: its record, or, for
-// an object written before fencer kept records, the token it still carries.
-// An unfenced old object's record counts too: an object unfenced under
-// token t' must not be re-fenced under a lower t. ok is false when there is
-// no record (and for an object fenced by another lease, whose label change
-// is refused anyway).
+// recordOf is the token of old's last accepted write under lease: its
+// record, or, for an object written before fencer kept records, the token it
+// still carries. ok is false when old was not fenced by lease: the record of
+// an unfenced object is not trusted (anyone may have written it while the
+// webhook was not looking), so a write that fences an object must instead
+// send the newest token issued (decide).
 func recordOf(old *objectMeta, lease string) (record string, ok bool) {
-	if old == nil {
-		return "", false
-	}
-	if l := labelOf(old); l != "" && l != lease {
+	if old == nil || labelOf(old) != lease {
 		return "", false
 	}
 	ann := old.Metadata.Annotations
 	if r, ok := ann[fencerv1.WrittenTokenAnnotation]; ok {
 		return r, true
 	}
-	if labelOf(old) != "" {
-		r, ok := ann[fencerv1.TokenAnnotation]
-		return r, ok
-	}
-	return "", false
+	r, ok := ann[fencerv1.TokenAnnotation]
+	return r, ok
 }
 
 // recordPatch makes obj's annotations hold record as the last accepted
-// write's token ("" removes the record) and no offer.
-func recordPatch(obj *objectMeta, record string) []jsonpatch.JsonPatchOperation {
+// write's token, exactly (an empty or damaged record is kept as it is), or
+// no record when keep is false; and no offer.
+func recordPatch(obj *objectMeta, record string, keep bool) []jsonpatch.JsonPatchOperation {
 	ann := obj.Metadata.Annotations
 	var ops []jsonpatch.JsonPatchOperation
 	if _, ok := ann[fencerv1.TokenAnnotation]; ok {
@@ -365,11 +372,11 @@ func recordPatch(obj *objectMeta, record string) []jsonpatch.JsonPatchOperation 
 	}
 	cur, has := ann[fencerv1.WrittenTokenAnnotation]
 	switch {
-	case record == "" && has:
+	case !keep && has:
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(fencerv1.WrittenTokenAnnotation)})
-	case record != "" && ann == nil:
+	case keep && ann == nil:
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{fencerv1.WrittenTokenAnnotation: record}})
-	case record != "" && (!has || cur != record):
+	case keep && (!has || cur != record):
 		// "add" replaces an existing member (RFC 6902).
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(fencerv1.WrittenTokenAnnotation), Value: record})
 	}

@@ -105,7 +105,7 @@ func TestRecord(t *testing.T) {
 		{"label removal without a token", request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42")), 409, "this write sends no fencing token for lease default/report", nil},
 		{"label removal with the live token", request(admissionv1.Update, stored("", "42", "42"), stored("report", "", "42")), 0, "", record("42")[:1]},
 		{"label change", request(admissionv1.Update, obj("other", "42"), stored("report", "", "42")), 409, `fencer.io/lease cannot change from "report" to "other"`, nil},
-		{"label added: the record of an unfenced object still counts (no re-fencing under a lower token)", request(admissionv1.Update, stored("report", "42", "99"), stored("", "", "99")), 409, "last written under token 99", nil},
+		{"label added: an unfenced object's record is not trusted; the newest token fences it", request(admissionv1.Update, stored("report", "42", "99"), stored("", "", "99")), 0, "", record("42")},
 		{"label added to an object with no record", request(admissionv1.Update, stored("report", "42", ""), stored("", "", "")), 0, "", record("42")},
 		{"token 0", request(admissionv1.Create, obj("report", "0"), nil), 409, "a fencing token is positive", nil},
 		{"unknown lease", request(admissionv1.Create, obj("ghost", "42"), nil), 409, "lease default/ghost does not exist", nil},
@@ -113,6 +113,11 @@ func TestRecord(t *testing.T) {
 		{"update without the old object", request(admissionv1.Update, obj("report", "42"), nil), 400, "UPDATE needs the object", nil},
 		{"exempt identity changing more than lifecycle fields is judged", as(request(admissionv1.Update, []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"data":{"v":"new"}}`),
 			stored("report", "", "42")), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
+		{"exempt identity keeps even a damaged record", as(request(admissionv1.Update, []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"}}}`), []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":""}}}`)), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
+			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": ""}}}},
+		{"exempt identity changing a big integer is judged", as(request(admissionv1.Update,
+			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740993}}`),
+			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740992}}`)), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
 		{"exempt identity keeps the record", as(request(admissionv1.Update, stored("report", "", ""), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
 			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": "42"}}}},
 	}
@@ -124,6 +129,14 @@ func TestRecord(t *testing.T) {
 				t.Fatalf("patch %+v, want %+v", resp.Patches, tc.patch)
 			}
 		})
+	}
+	// Monotonic with no holder: only the newest issued token may fence an
+	// object again, whatever record (forged, stripped) it carries.
+	for _, old := range [][]byte{stored("", "", ""), stored("", "", "1"), stored("", "", "41")} {
+		mono := newChecker(t, fakeLive{live: unheld})
+		mono.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42))
+		check(t, mono.Record(context.Background(), request(admissionv1.Update, obj("report", "40"), old)), 409, "must send the newest token issued for the lease, 42")
+		check(t, mono.Record(context.Background(), request(admissionv1.Update, obj("report", "42"), old)), 0, "")
 	}
 	// The Monotonic case above must fail on the record, not the policy.
 	mono := newChecker(t, fakeLive{live: unheld})
