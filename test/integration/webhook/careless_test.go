@@ -182,6 +182,17 @@ func TestMonotonicLabelRemovalKeepsTheObjectCheck(t *testing.T) {
 	delete(cm.Labels, fencerv1.LeaseLabel)
 	cm.Annotations[fencerv1.TokenAnnotation] = itoa(tok1)
 	refusedAs(t, fx.Client.Update(ctx, cm), fencerv1.DenialBelowObject, fmt.Sprintf("last written under token %d", tok2))
+
+	// Unfenced under tok2, its record stripped while no webhook looks: the
+	// stale holder still cannot fence it again under tok1.
+	if err := fence.NewClient(fx.Client, fence.Token{Lease: "report", Value: tok2}).Unfence(ctx, configMap(ns, "", "")); err != nil {
+		t.Fatalf("unfencing with the newest token: %v", err)
+	}
+	if err := rawPatch(t, ns, types.MergePatchType, `{"metadata":{"annotations":{"fencer.io/written-token":null}}}`); err != nil {
+		t.Fatalf("stripping the record of an unfenced object: %v", err)
+	}
+	refencing := fmt.Sprintf(`{"metadata":{"labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/token":"%d"}},"data":{"v":"stale"}}`, tok1)
+	refusedAs(t, rawPatch(t, ns, types.MergePatchType, refencing), fencerv1.DenialNotNewest, fmt.Sprintf("must send the newest token issued for the lease, %d", tok2))
 }
 
 // suspend suspends the Lease and waits until nobody holds it.
