@@ -132,7 +132,11 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	held, lose := context.WithCancelCause(ctx)
 	ttl := time.Duration(ttlResp.GrantedTTL) * time.Second
 	go keepAlive(held, lose, cli, clientv3.LeaseID(t.LeaseID), ttl)
-	go watchKey(held, lose, cli, key, t.Value, resp.Header.Revision)
+	go func() {
+		if err := WatchHeld(held, cli, key, t.Value, resp.Header.Revision); errors.Is(err, ErrLeaseLost) {
+			lose(err)
+		}
+	}()
 	return held, nil
 }
 
@@ -170,23 +174,39 @@ func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.
 	}
 }
 
-// watchKey declares the lease lost when its key is deleted or recreated.
-func watchKey(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, key string, token, fromRev int64) {
+// WatchHeld returns once key no longer holds the grant whose CreateRevision
+// is token: deleted, or created anew. It watches from fromRev; whenever the
+// watch ends (compacted history, a lost member, a leader change) it reads the
+// key again. A key that still holds CreateRevision token held it all along,
+// since a deleted key never comes back with the same create revision, so the
+// watch resumes from that read and a compaction is never a blind spot. It
+// also returns, with ctx's error, when ctx ends.
+func WatchHeld(ctx context.Context, cli *clientv3.Client, key string, token, fromRev int64) error {
 	for ctx.Err() == nil {
 		for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(fromRev+1)) {
+			if wr.CompactRevision != 0 || wr.Err() != nil {
+				break // history unreadable: re-read below
+			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypeDelete || ev.Kv.CreateRevision != token {
-					lose(fmt.Errorf("lease key %s was deleted or re-granted: %w", key, ErrLeaseLost))
-					return
+					return fmt.Errorf("key %s was deleted or granted anew: %w", key, ErrLeaseLost)
 				}
 			}
-			if wr.Header.Revision > fromRev {
-				fromRev = wr.Header.Revision
-			}
+			fromRev = max(fromRev, wr.Header.Revision)
 		}
 		select {
 		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			continue // etcd is away; try again
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != token {
+			return fmt.Errorf("key %s was deleted or granted anew: %w", key, ErrLeaseLost)
+		}
+		fromRev = max(fromRev, resp.Header.Revision)
 	}
+	return ctx.Err()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -200,5 +201,49 @@ func TestHoldCancelsWhenTheKeyIsRegranted(t *testing.T) {
 	}
 	if _, err := Hold(context.Background(), cli, prefix, "ns", Token{Lease: "job", Value: tok.Value}); err == nil {
 		t.Fatal("Hold accepted a token without a lease ID")
+	}
+}
+
+// TestWatchHeldSeesThroughCompaction: a watch that must resume from a
+// compacted revision re-reads the key instead of going blind, so a grant
+// still held is not reported lost, and its deletion afterwards is seen.
+func TestWatchHeldSeesThroughCompaction(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	put, err := cli.Put(ctx, "/compaction/held", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := put.Header.Revision
+	var last int64
+	for i := range 20 {
+		r, err := cli.Put(ctx, "/compaction/other", strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := cli.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { done <- WatchHeld(wctx, cli, "/compaction/held", token, token) }() // resumes from a compacted revision
+	select {
+	case err := <-done:
+		t.Fatalf("a grant still held was reported: %v", err)
+	case <-time.After(time.Second): // it keeps watching
+	}
+	if _, err := cli.Delete(ctx, "/compaction/held"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("got %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deletion after a compaction was never seen")
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
 )
 
 // The snowflake layout: 42 bits of milliseconds since Epoch, 10 bits of
@@ -230,19 +231,7 @@ func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 
 // watch marks the generator lost when its slot key is deleted or recreated.
 func (g *Snowflake) watch(ctx context.Context, fromRev int64) {
-	for ctx.Err() == nil {
-		for wr := range g.cli.Watch(clientv3.WithRequireLeader(ctx), g.slotKey, clientv3.WithRev(fromRev+1)) {
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete || ev.Kv.CreateRevision != g.o.Token {
-					g.lost.Store(true)
-					return
-				}
-			}
-			fromRev = max(fromRev, wr.Header.Revision)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := fence.WatchHeld(ctx, g.cli, g.slotKey, g.o.Token, fromRev); errors.Is(err, fence.ErrLeaseLost) {
+		g.lost.Store(true)
 	}
 }
