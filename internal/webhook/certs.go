@@ -33,7 +33,10 @@ type RotationOptions struct {
 }
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch,namespace=fencer-system
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;list;watch;update;patch
+// The rotator watches webhook configurations (list and watch cannot be
+// narrowed to a name) but may change only fencer's own:
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=list;watch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;update;patch,resourceNames=fencer-fencing
 
 // AddCertRotation has every replica keep the webhook's certificate valid
 // with open-policy-agent/cert-controller: it creates a CA and serving

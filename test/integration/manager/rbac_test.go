@@ -45,23 +45,34 @@ func TestGeneratedRBACIsEnough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The webhook configuration the rotator injects into. Nothing serves its
-	// Service in envtest, so it is set to Ignore: the test is about RBAC.
+	// The webhook configurations the rotator injects into. Nothing serves
+	// their Service in envtest, so they are set to Ignore: the test is about
+	// RBAC, which names only these two objects.
 	whRaw, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	docs := strings.Split(string(whRaw), "\n---\n")
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := yaml.Unmarshal(whRaw, vwc); err != nil {
+	if err := yaml.Unmarshal([]byte(docs[0]), mwc); err != nil {
 		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(docs[1]), vwc); err != nil {
+		t.Fatal(err)
+	}
+	for i := range mwc.Webhooks {
+		mwc.Webhooks[i].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
 	}
 	for i := range vwc.Webhooks {
 		vwc.Webhooks[i].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
 	}
-	if err := cl.Create(ctx, vwc); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
+	for _, o := range []client.Object{mwc, vwc} {
+		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cl.Delete(context.Background(), o) })
 	}
-	t.Cleanup(func() { _ = cl.Delete(context.Background(), vwc) })
 
 	r := startFencer(t, "rbac", "--kubeconfig="+serviceAccountKubeconfig(t, ns, sa),
 		"--etcd-endpoints="+fencerEtcd(t),
@@ -89,6 +100,20 @@ func TestGeneratedRBACIsEnough(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The CA reached both configurations through the name-scoped RBAC.
+	framework.Eventually(t, 60*time.Second, "CA injected into both webhook configurations", func() error {
+		m, v := &admissionregistrationv1.MutatingWebhookConfiguration{}, &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(mwc), m); err != nil {
+			return err
+		}
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vwc), v); err != nil {
+			return err
+		}
+		if len(m.Webhooks[0].ClientConfig.CABundle) == 0 || len(v.Webhooks[0].ClientConfig.CABundle) == 0 {
+			return fmt.Errorf("caBundle: mutating %d bytes, validating %d bytes", len(m.Webhooks[0].ClientConfig.CABundle), len(v.Webhooks[0].ClientConfig.CABundle))
+		}
+		return nil
+	})
 	logs, err := os.ReadFile(r.log)
 	if err != nil {
 		t.Fatal(err)
