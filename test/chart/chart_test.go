@@ -146,12 +146,6 @@ func one(t *testing.T, objs []*unstructured.Unstructured, kind string, into any)
 // and then left out of the dry run.
 func TestVariantsLintRenderAndValidate(t *testing.T) {
 	tool(t, "kubectl", "create", "namespace", "fencer-system")
-	// The helm test hooks include a Lease: its CRD must exist for the dry
-	// run. Removed again so that `helm install` later owns the CRDs.
-	crds := filepath.Join(root, "config", "crd", "bases")
-	tool(t, "kubectl", "apply", "-f", crds)
-	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/leases.fencer.io")
-	defer tool(t, "kubectl", "delete", "--wait=true", "-f", crds)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			lintArgs := []string{"lint", chartDir()}
