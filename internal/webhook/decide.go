@@ -111,44 +111,26 @@ func orNone(s string) string {
 }
 
 // decide applies the rules of docs/webhook.md to one write, given the Lease
-// and the live state of its etcd key. nil means allowed.
+// and the live state of its etcd key, in the documented order. nil means
+// allowed.
 func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	f := facts{w: w, live: live}
 	if w.tokenless != "" {
 		return decideTokenless(f, lease)
 	}
-	offered, err := fencerv1.ParseToken(w.offered)
-	if errors.Is(err, fencerv1.ErrMissingToken) {
-		return f.deny(fencerv1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
-			w.leaseRef, fencerv1.TokenAnnotation)
-	}
-	if err == nil && offered <= 0 {
-		// An absent etcd key's CreateRevision is 0: no grant has token 0.
-		err = &fencerv1.MalformedTokenError{Value: w.offered, Reason: "a fencing token is positive"}
-	}
-	if err != nil {
-		return f.deny(fencerv1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
-			err, w.leaseRef, fencerv1.TokenAnnotation, fencerv1.HolderTokenAnnotationPrefix, lease.Name)
-	}
-	if g := live.Grant; g != nil && g.Token < highestRecorded(lease) {
-		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
-			w.leaseRef, g.Token, highestRecorded(lease))
+	offered, d := parseOffer(f, lease)
+	if d != nil {
+		return d
 	}
 	issued := lastIssued(lease, live)
+	if d := checkRegressed(f, lease); d != nil {
+		return d
+	}
 	if offered > issued {
 		return f.deny(fencerv1.DenialForged, "forged token %d for lease %s: no token above %d has been issued for it", offered, w.leaseRef, issued)
 	}
-	if w.hasRecord {
-		recorded, err := fencerv1.ParseToken(w.recorded)
-		if err != nil {
-			// Only fencer writes the record; a damaged one must not switch
-			// the per-object check off.
-			return f.deny(fencerv1.DenialBelowObject, "the object's %s annotation is damaged (%v), so its last token is unknown and no write is accepted under lease %s; an exempt identity or an administrator must repair or remove it",
-				fencerv1.WrittenTokenAnnotation, err, w.leaseRef)
-		}
-		if offered < recorded {
-			return f.deny(fencerv1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, w.leaseRef, recorded)
-		}
+	if d := checkRecord(f, offered); d != nil {
+		return d
 	}
 	if d := checkPolicy(f, lease, offered); d != nil {
 		return d
@@ -162,6 +144,53 @@ func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	}
 	if lease.Spec.BindIdentity {
 		return checkIdentity(f)
+	}
+	return nil
+}
+
+// parseOffer reads the token the write sent: present, plain decimal, and
+// positive (an absent etcd key's CreateRevision is 0: no grant has token 0).
+func parseOffer(f facts, lease *fencerv1.Lease) (int64, *Denial) {
+	offered, err := fencerv1.ParseToken(f.w.offered)
+	if errors.Is(err, fencerv1.ErrMissingToken) {
+		return 0, f.deny(fencerv1.DenialMissingToken, "this write sends no fencing token for lease %s: every write to a fenced object must set the annotation %s to the holder's token itself; a token stored on the object by an earlier write does not count",
+			f.w.leaseRef, fencerv1.TokenAnnotation)
+	}
+	if err == nil && offered <= 0 {
+		err = &fencerv1.MalformedTokenError{Value: f.w.offered, Reason: "a fencing token is positive"}
+	}
+	if err != nil {
+		return 0, f.deny(fencerv1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
+			err, f.w.leaseRef, fencerv1.TokenAnnotation, fencerv1.HolderTokenAnnotationPrefix, lease.Name)
+	}
+	return offered, nil
+}
+
+// checkRegressed refuses every write while etcd's live grant is below a
+// token the Lease already issued (etcd restored from an old snapshot).
+func checkRegressed(f facts, lease *fencerv1.Lease) *Denial {
+	if g := f.live.Grant; g != nil && g.Token < highestRecorded(lease) {
+		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
+			f.w.leaseRef, g.Token, highestRecorded(lease))
+	}
+	return nil
+}
+
+// checkRecord is the per-object rule: never below the token of the object's
+// last accepted write.
+func checkRecord(f facts, offered int64) *Denial {
+	if !f.w.hasRecord {
+		return nil
+	}
+	recorded, err := fencerv1.ParseToken(f.w.recorded)
+	if err != nil {
+		// Only fencer writes the record; a damaged one must not switch
+		// the per-object check off.
+		return f.deny(fencerv1.DenialBelowObject, "the object's %s annotation is damaged (%v), so its last token is unknown and no write is accepted under lease %s; an exempt identity or an administrator must repair or remove it",
+			fencerv1.WrittenTokenAnnotation, err, f.w.leaseRef)
+	}
+	if offered < recorded {
+		return f.deny(fencerv1.DenialBelowObject, "stale token %d for lease %s: the object was last written under token %d, by a newer holder", offered, f.w.leaseRef, recorded)
 	}
 	return nil
 }
