@@ -145,7 +145,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
-	if grant != nil && isBelowIssued(lease, grant.Token) {
+	if grant != nil && grant.Token < lease.Status.HighestToken() {
 		// A grant below a token already issued came back with an etcd
 		// restored from an old snapshot: adopting it would reissue a token.
 		return out, r.dropRegressed(ctx, lease, grant, &out)
@@ -431,7 +431,7 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 // conditional release (only that grant). New grants then wait in
 // revisionRegressed until etcd's revision passes the highest token.
 func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
-	floor := highestToken(lease)
+	floor := lease.Status.HighestToken()
 	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
 		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
 		g.Holder, g.Token, floor, floor)
@@ -448,22 +448,8 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 // belowIssued reports whether rev (etcd's revision, or a grant's token) is
 // below floor, the highest token the Lease's status records.
 func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
-	floor = highestToken(lease)
+	floor = lease.Status.HighestToken()
 	return floor, rev < floor
-}
-
-func isBelowIssued(lease *fencerv1.Lease, rev int64) bool {
-	_, below := belowIssued(lease, rev)
-	return below
-}
-
-// highestToken is the largest token the Lease's status records.
-func highestToken(lease *fencerv1.Lease) int64 {
-	top := lease.Status.Token
-	for _, t := range lease.Status.History {
-		top = max(top, t.Token)
-	}
-	return top
 }
 
 func (r *LeaseReconciler) etcdUnavailable(lease *fencerv1.Lease, out *outcome, err error) {

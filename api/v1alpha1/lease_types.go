@@ -101,6 +101,17 @@ type Tenure struct {
 	EndReason TenureEndReason `json:"endReason,omitempty"`
 }
 
+// HighestToken is the largest token the status records, current or in the
+// history: no token above it has been issued, and etcd below it has gone
+// back in time.
+func (s *LeaseStatus) HighestToken() int64 {
+	top := s.Token
+	for _, t := range s.History {
+		top = max(top, t.Token)
+	}
+	return top
+}
+
 // MaxLeaseHistory bounds status.history.
 const MaxLeaseHistory = 10
 

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -145,14 +144,11 @@ func (c *Cluster) pointAtManager(doc, ca []byte) ([]byte, error) {
 	webhooks, _ := cfg["webhooks"].([]any)
 	for _, w := range webhooks {
 		wh, _ := w.(map[string]any)
-		var cc admissionregistrationv1.WebhookClientConfig
-		raw, _ := yaml.Marshal(wh["clientConfig"])
-		if err := yaml.Unmarshal(raw, &cc); err != nil {
-			return nil, err
-		}
-		path := "/"
-		if cc.Service != nil && cc.Service.Path != nil {
-			path = *cc.Service.Path
+		cc, _ := wh["clientConfig"].(map[string]any)
+		svc, _ := cc["service"].(map[string]any)
+		path, ok := svc["path"].(string)
+		if !ok {
+			path = "/"
 		}
 		wh["clientConfig"] = map[string]any{"url": c.WebhookURL + path, "caBundle": ca}
 	}

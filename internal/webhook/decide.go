@@ -169,9 +169,9 @@ func parseOffer(f facts, lease *fencerv1.Lease) (int64, *Denial) {
 // checkRegressed refuses every write while etcd's live grant is below a
 // token the Lease already issued (etcd restored from an old snapshot).
 func checkRegressed(f facts, lease *fencerv1.Lease) *Denial {
-	if g := f.live.Grant; g != nil && g.Token < highestRecorded(lease) {
+	if g := f.live.Grant; g != nil && g.Token < lease.Status.HighestToken() {
 		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
-			f.w.leaseRef, g.Token, highestRecorded(lease))
+			f.w.leaseRef, g.Token, lease.Status.HighestToken())
 	}
 	return nil
 }
@@ -202,16 +202,7 @@ func lastIssued(lease *fencerv1.Lease, live etcdstore.Live) int64 {
 	if live.Grant != nil {
 		return live.Grant.Token
 	}
-	return highestRecorded(lease)
-}
-
-// highestRecorded is the highest token the Lease's status records.
-func highestRecorded(lease *fencerv1.Lease) int64 {
-	top := lease.Status.Token
-	for _, t := range lease.Status.History {
-		top = max(top, t.Token)
-	}
-	return top
+	return lease.Status.HighestToken()
 }
 
 func checkPolicy(f facts, lease *fencerv1.Lease, offered int64) *Denial {

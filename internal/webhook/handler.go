@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -129,20 +130,23 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 	if w.tokenless != "" && f.Exempt.Matches(req.UserInfo) {
 		return ReasonExempt, admission.Allowed("exempt lifecycle identity")
 	}
-	log := ctrl.LoggerFrom(ctx).WithValues("lease", w.leaseRef, "operation", req.Operation, "kind", req.Kind.Kind,
-		"subresource", req.SubResource, "object", req.Name, "user", req.UserInfo.Username)
+	// Built only for a refusal: most writes pass, and this is the hot path.
+	log := func() logr.Logger {
+		return ctrl.LoggerFrom(ctx).WithValues("lease", w.leaseRef, "operation", req.Operation, "kind", req.Kind.Kind,
+			"subresource", req.SubResource, "object", req.Name, "user", req.UserInfo.Username)
+	}
 	lease, d := f.lease(ctx, req.Namespace, leaseName, w)
 	if d != nil {
 		return d.Reason, denied(d)
 	}
 	live, err := f.Live.Lookup(ctx, req.Namespace, leaseName)
 	if err != nil {
-		log.Error(err, "live token lookup failed")
+		log().Error(err, "live token lookup failed")
 		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v); the write is refused because its token cannot be checked, retry", w.leaseRef, err)})
 	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
-		log.V(1).Info("refused", "reason", d.Reason, "message", d.Message)
+		log().V(1).Info("refused", "reason", d.Reason, "message", d.Message)
 		return d.Reason, denied(d)
 	}
 	return ReasonAllowed, admission.Allowed("")
@@ -223,7 +227,7 @@ func parseTokenless(req admission.Request) (write, string, *Denial) {
 		// The subresource's object (a status write, say) carries the
 		// parent's labels; none of its writes can carry a token.
 		lease = firstOf(labelOf(old), labelOf(obj))
-		w.tokenless = fmt.Sprintf("a %s of the %s subresource", req.Operation, req.SubResource)
+		w.tokenless = subresourceWrite(req)
 		if changesFence(obj, old) {
 			// Some status strategies keep metadata changes: a subresource
 			// write must never unfence, refence or rewrite the record.
@@ -305,6 +309,12 @@ func changesFence(obj, old *objectMeta) bool {
 		}
 	}
 	return false
+}
+
+// subresourceWrite names a subresource write in messages, e.g. "a UPDATE
+// of the scale subresource".
+func subresourceWrite(req admission.Request) string {
+	return fmt.Sprintf("a %s of the %s subresource", req.Operation, req.SubResource)
 }
 
 func firstOf(a, b string) string {

@@ -42,7 +42,7 @@ func (p *Parent) Handle(ctx context.Context, req admission.Request) admission.Re
 }
 
 func (p *Parent) parse(ctx context.Context, req admission.Request) (write, string, *Denial) {
-	w := write{user: req.UserInfo, tokenless: fmt.Sprintf("a %s of the %s subresource", req.Operation, req.SubResource)}
+	w := write{user: req.UserInfo, tokenless: subresourceWrite(req)}
 	if req.SubResource == "" {
 		return w, "", nil
 	}
