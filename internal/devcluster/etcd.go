@@ -3,7 +3,6 @@ package devcluster
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,8 @@ type Etcd struct {
 	// cluster is --initial-cluster: this member alone, or all of NewEtcdCluster.
 	cluster string
 	proc    *proc
+	// pki, when set, makes the member serve TLS and require client certificates.
+	pki *EtcdPKI
 }
 
 // NewEtcd prepares an etcd named name whose data and log live below dir.
@@ -86,19 +87,23 @@ func (e *Etcd) Start(ctx context.Context) error {
 }
 
 func (e *Etcd) launch() error {
-	p, err := startProc(e.dir, e.name, e.bin,
-		"--name="+e.name,
-		"--data-dir="+filepath.Join(e.dir, e.name+".data"),
-		"--listen-client-urls="+e.Endpoint,
-		"--advertise-client-urls="+e.Endpoint,
-		"--listen-peer-urls="+e.peer,
-		"--initial-advertise-peer-urls="+e.peer,
-		"--initial-cluster="+e.cluster,
-		"--initial-cluster-token="+filepath.Base(e.dir),
+	args := []string{
+		"--name=" + e.name,
+		"--data-dir=" + filepath.Join(e.dir, e.name+".data"),
+		"--listen-client-urls=" + e.Endpoint,
+		"--advertise-client-urls=" + e.Endpoint,
+		"--listen-peer-urls=" + e.peer,
+		"--initial-advertise-peer-urls=" + e.peer,
+		"--initial-cluster=" + e.cluster,
+		"--initial-cluster-token=" + filepath.Base(e.dir),
 		// Test and dev clusters are thrown away: fsync buys nothing and costs seconds.
 		"--unsafe-no-fsync",
 		"--log-level=warn",
-	)
+	}
+	if e.pki != nil {
+		args = append(args, e.pki.serverArgs()...)
+	}
+	p, err := startProc(e.dir, e.name, e.bin, args...)
 	if err != nil {
 		return err
 	}
@@ -107,7 +112,11 @@ func (e *Etcd) launch() error {
 }
 
 func (e *Etcd) wait(ctx context.Context) error {
-	return waitHTTP(ctx, e.proc, http.DefaultClient, e.Endpoint+"/health", 30*time.Second)
+	hc, err := e.healthClient()
+	if err != nil {
+		return err
+	}
+	return waitHTTP(ctx, e.proc, hc, e.Endpoint+"/health", 30*time.Second)
 }
 
 // Kill ends the server with SIGKILL, as a crash; its data stays.

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -106,4 +108,52 @@ func Etcd(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = e.Stop() })
 	return e.Endpoint
+}
+
+// SecureEtcd is a single-member etcd as the chart runs it: TLS only, client
+// certificates required, auth on, and the manager's certificate holding the
+// root role. PKI issues further identities.
+type SecureEtcd struct {
+	Endpoint string
+	PKI      *devcluster.EtcdPKI
+}
+
+// StartSecureEtcd starts a SecureEtcd for fencer keys below prefix for one
+// test; it stops when the test ends.
+func StartSecureEtcd(t testing.TB, prefix string) *SecureEtcd {
+	t.Helper()
+	bin, err := BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pki, err := devcluster.NewEtcdPKI(filepath.Join(dir, "pki"), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := devcluster.NewEtcd(bin, dir, "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Secure(pki)
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	if err := e.EnableAuth(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &SecureEtcd{Endpoint: e.Endpoint, PKI: pki}
+}
+
+// Client connects as the certificate <name>.crt of PKI ("manager", or one
+// issued with PKI.Issue); it is closed when the test ends.
+func (s *SecureEtcd) Client(t testing.TB, name string) *clientv3.Client {
+	t.Helper()
+	cli, err := s.PKI.Client([]string{s.Endpoint}, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }

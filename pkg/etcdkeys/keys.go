@@ -47,6 +47,22 @@ func IDRangeConsumedKey(prefix, namespace, name string, first int64) string {
 	return join(prefix, "idranges", namespace, name, "consumed", strconv.FormatInt(first, 10))
 }
 
+// NamespaceLeasesPrefix is the prefix of every LeaseKey of one namespace.
+func NamespaceLeasesPrefix(prefix, namespace string) string {
+	return join(prefix, "leases", namespace) + "/"
+}
+
+// NamespaceIDRangesPrefix is the prefix of every IDRange key of one namespace.
+func NamespaceIDRangesPrefix(prefix, namespace string) string {
+	return join(prefix, "idranges", namespace) + "/"
+}
+
+// DataPrefix is where a namespace's workloads keep their own fenced etcd
+// keys: the one place besides its IDRanges that its etcd identity may write.
+func DataPrefix(prefix, namespace string) string {
+	return join(prefix, "data", namespace) + "/"
+}
+
 // LeaderKey is the etcd election key of the active controller.
 func LeaderKey(prefix string) string { return join(prefix, "controller", "leader") }
 

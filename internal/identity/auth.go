@@ -1,0 +1,178 @@
+package identity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/authpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// etcd's built-in superuser and its role. Enabling auth needs the user
+// root with the role root; fencer creates root without a password and never
+// issues it a certificate, so nobody logs in as root.
+const rootName = "root"
+
+// ManagerUser is the etcd user (and certificate CommonName) of the fencer
+// manager of the install whose keys live below prefix. It holds the root
+// role: it grants leases under every namespace, maintains etcd (compaction,
+// defragmentation, alarms) and manages the namespace users.
+func ManagerUser(prefix string) string { return installName(prefix) + ":manager" }
+
+// NamespaceUser is the etcd user (and certificate CommonName) of the
+// workloads of namespace ns; its role has the same name.
+func NamespaceUser(prefix, ns string) string { return installName(prefix) + ":ns:" + ns }
+
+// installName keeps the users of two installs sharing one etcd (with
+// different prefixes) apart: /fencer gives "fencer", /a/b gives "a/b".
+func installName(prefix string) string {
+	return strings.TrimPrefix(etcdkeys.OrDefault(prefix), "/")
+}
+
+// Permission is one key range a role may use.
+type Permission struct {
+	// Prefix is the key prefix the permission covers; with Exact, the one key.
+	Prefix string
+	// Exact covers the key Prefix alone.
+	Exact bool
+	// Write allows writes too; otherwise the range is read-only.
+	Write bool
+}
+
+func (p Permission) rangeEnd() string {
+	if p.Exact {
+		return ""
+	}
+	return clientv3.GetPrefixRangeEnd(p.Prefix)
+}
+
+// NamespacePermissions are all a namespace's workloads may do: read their
+// Lease keys (to compare tokens, watch and hold them) but never write them,
+// since a written lease key would be a forged token; use their IDRanges
+// (claim blocks, mark consumed ones, write a slot's clock); and keep fenced
+// data keys below DataPrefix. Nothing of any other namespace.
+//
+// The one exception is the key of each Lease in directLeases (renewal
+// Direct): etcd lets only a user who may write every key attached to an
+// etcd lease keep that lease alive, so Direct holders need write on their
+// Lease's key and on no other.
+func NamespacePermissions(prefix, ns string, directLeases []string) []Permission {
+	prefix = etcdkeys.OrDefault(prefix)
+	perms := []Permission{
+		{Prefix: etcdkeys.NamespaceLeasesPrefix(prefix, ns)},
+		{Prefix: etcdkeys.NamespaceIDRangesPrefix(prefix, ns), Write: true},
+		{Prefix: etcdkeys.DataPrefix(prefix, ns), Write: true},
+	}
+	for _, name := range directLeases {
+		perms = append(perms, Permission{Prefix: etcdkeys.LeaseKey(prefix, ns, name), Exact: true, Write: true})
+	}
+	return perms
+}
+
+// EnableAuth turns etcd authentication on, with the user manager holding
+// the root role. It is idempotent and safe to run from several replicas at
+// once. cli must be allowed to do it: before auth is on anyone is; after,
+// only a root-role user (the manager itself, through its certificate).
+func EnableAuth(ctx context.Context, cli *clientv3.Client, manager string) error {
+	for _, user := range []string{rootName, manager} {
+		if err := ensureUser(ctx, cli, user); err != nil {
+			return err
+		}
+		if _, err := cli.UserGrantRole(ctx, user, rootName); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
+			return fmt.Errorf("granting etcd role root to %s: %w", user, err)
+		}
+	}
+	st, err := cli.AuthStatus(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd auth status: %w", err)
+	}
+	if st.Enabled {
+		return nil
+	}
+	if _, err := cli.AuthEnable(ctx); err != nil {
+		return fmt.Errorf("enabling etcd auth: %w", err)
+	}
+	return nil
+}
+
+// EnsureNamespace makes the etcd user and role of namespace ns hold exactly
+// NamespacePermissions: missing grants are added, stray ones revoked.
+func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string, directLeases []string) error {
+	name := NamespaceUser(prefix, ns)
+	if err := ensureUser(ctx, cli, name); err != nil {
+		return err
+	}
+	if _, err := cli.RoleAdd(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
+		return fmt.Errorf("adding etcd role %s: %w", name, err)
+	}
+	role, err := cli.RoleGet(ctx, name)
+	if err != nil {
+		return fmt.Errorf("reading etcd role %s: %w", name, err)
+	}
+	if err := syncPermissions(ctx, cli, name, role.Perm, NamespacePermissions(prefix, ns, directLeases)); err != nil {
+		return err
+	}
+	if _, err := cli.UserGrantRole(ctx, name, name); err != nil {
+		return fmt.Errorf("granting etcd role %s: %w", name, err)
+	}
+	return nil
+}
+
+// RemoveNamespace deletes the etcd user and role of namespace ns, so a
+// certificate issued for it no longer opens anything. Absent is fine.
+func RemoveNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string) error {
+	name := NamespaceUser(prefix, ns)
+	if _, err := cli.UserDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrUserNotFound) {
+		return fmt.Errorf("deleting etcd user %s: %w", name, err)
+	}
+	if _, err := cli.RoleDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {
+		return fmt.Errorf("deleting etcd role %s: %w", name, err)
+	}
+	return nil
+}
+
+func syncPermissions(ctx context.Context, cli *clientv3.Client, role string, have []*authpb.Permission, want []Permission) error {
+	type grant struct {
+		end string
+		typ authpb.Permission_Type
+	}
+	wanted := map[string]grant{}
+	for _, p := range want {
+		g := grant{end: p.rangeEnd(), typ: authpb.READ}
+		if p.Write {
+			g.typ = authpb.READWRITE
+		}
+		wanted[p.Prefix] = g
+	}
+	for _, p := range have {
+		key, end := string(p.Key), string(p.RangeEnd)
+		if g, ok := wanted[key]; ok && g.end == end && g.typ == p.PermType {
+			delete(wanted, key)
+			continue
+		}
+		if _, err := cli.RoleRevokePermission(ctx, role, key, end); err != nil {
+			return fmt.Errorf("revoking %q from etcd role %s: %w", key, role, err)
+		}
+	}
+	for key, g := range wanted {
+		if _, err := cli.RoleGrantPermission(ctx, role, key, g.end, clientv3.PermissionType(g.typ)); err != nil {
+			return fmt.Errorf("granting %q to etcd role %s: %w", key, role, err)
+		}
+	}
+	return nil
+}
+
+// ensureUser adds a user without a password: it can only authenticate with a
+// client certificate whose CommonName is its name.
+func ensureUser(ctx context.Context, cli *clientv3.Client, name string) error {
+	_, err := cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
+	if err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
+		return fmt.Errorf("adding etcd user %s: %w", name, err)
+	}
+	return nil
+}

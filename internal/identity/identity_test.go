@@ -1,0 +1,232 @@
+package identity_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/identity"
+	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+const prefix = "/fencer"
+
+// isolated sets up namespaces a and b the way the manager does, with a
+// granted lease in each, and returns the manager's client and a client
+// holding namespace a's identity.
+func isolated(t *testing.T) (etcd *testenv.SecureEtcd, mgr, a *clientv3.Client, lease clientv3.LeaseID, tokenA int64) {
+	t.Helper()
+	ctx := context.Background()
+	etcd = testenv.StartSecureEtcd(t, prefix)
+	mgr = etcd.Client(t, "manager")
+	for _, ns := range []string{"a", "b"} {
+		if err := identity.EnsureNamespace(ctx, mgr, prefix, ns, []string{"direct"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Twice: the second run must find everything in place.
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", []string{"direct"}); err != nil {
+		t.Fatalf("EnsureNamespace is not idempotent: %v", err)
+	}
+	g, err := mgr.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := mgr.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "l"), `{}`, clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"b"} {
+		mustPut(t, mgr, etcdkeys.LeaseKey(prefix, ns, "l"), "{}")
+		mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, ns, "ids"), "1")
+	}
+	mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, "a", "ids"), "1")
+	if err := etcd.PKI.Issue("a", identity.Request{CommonName: identity.NamespaceUser(prefix, "a")}); err != nil {
+		t.Fatal(err)
+	}
+	return etcd, mgr, etcd.Client(t, "a"), g.ID, resp.Header.Revision
+}
+
+func mustPut(t *testing.T, cli *clientv3.Client, key, val string) {
+	t.Helper()
+	if _, err := cli.Put(context.Background(), key, val); err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+}
+
+func denied(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("%s: want permission denied, got %v", what, err)
+	}
+}
+
+func allowed(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Errorf("%s: want allowed, got %v", what, err)
+	}
+}
+
+// mustGrantB grants b's Direct Lease an etcd lease and returns it.
+func mustGrantB(t *testing.T, etcd *testenv.SecureEtcd) clientv3.LeaseID {
+	t.Helper()
+	mgr := etcd.Client(t, "manager")
+	g, err := mgr.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.Put(context.Background(), etcdkeys.LeaseKey(prefix, "b", "direct"), "{}", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	return g.ID
+}
+
+func TestNamespaceIdentityReachesOnlyItsNamespace(t *testing.T) {
+	etcd, _, a, _, tokenA := isolated(t)
+	ctx := context.Background()
+
+	// Its own namespace: read the lease, use the IDRange and data keys.
+	_, err := a.Get(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
+	allowed(t, "read own lease key", err)
+	_, err = a.Get(ctx, etcdkeys.NamespaceLeasesPrefix(prefix, "a"), clientv3.WithPrefix())
+	allowed(t, "list own lease keys", err)
+	_, err = a.Put(ctx, etcdkeys.IDRangeNextKey(prefix, "a", "ids"), "100")
+	allowed(t, "claim from own IDRange", err)
+	tok := fence.Token{Lease: "l", Value: tokenA}
+	resp, err := fence.NewTxn(a, prefix, "a", tok).Then(clientv3.OpPut(etcdkeys.DataPrefix(prefix, "a")+"report", "v1")).Commit(ctx)
+	allowed(t, "fenced write to own data key", err)
+	if err == nil && !resp.Succeeded {
+		t.Error("fenced write under the live token did not succeed")
+	}
+
+	// Its own lease keys are read-only: writing one would forge a token.
+	_, err = a.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "l"), "{}")
+	denied(t, "overwrite own lease key", err)
+	_, err = a.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "new"), "{}")
+	denied(t, "create a lease key", err)
+	_, err = a.Delete(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
+	denied(t, "delete own lease key", err)
+
+	// Nothing of namespace b.
+	_, err = a.Get(ctx, etcdkeys.LeaseKey(prefix, "b", "l"))
+	denied(t, "read b's lease key", err)
+	_, err = a.Get(ctx, etcdkeys.IDRangeNextKey(prefix, "b", "ids"))
+	denied(t, "read b's IDRange", err)
+	_, err = a.KeepAliveOnce(ctx, mustGrantB(t, etcd))
+	denied(t, "keep b's Direct grant alive", err)
+	_, err = a.Put(ctx, etcdkeys.IDRangeNextKey(prefix, "b", "ids"), "1")
+	denied(t, "lower b's IDRange", err)
+	_, err = a.Put(ctx, etcdkeys.DataPrefix(prefix, "b")+"report", "x")
+	denied(t, "write b's data key", err)
+	_, err = a.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(etcdkeys.LeaseKey(prefix, "b", "l")), ">", 0)).
+		Then(clientv3.OpPut(etcdkeys.DataPrefix(prefix, "a")+"x", "1")).Commit()
+	denied(t, "compare against b's lease key", err)
+
+	// Nor anything above the namespaces.
+	_, err = a.Get(ctx, prefix+"/", clientv3.WithPrefix())
+	denied(t, "read every key", err)
+	_, err = a.Get(ctx, etcdkeys.LeaderKey(prefix))
+	denied(t, "read the controller's election key", err)
+	_, err = a.Get(ctx, "/registry/", clientv3.WithPrefix())
+	denied(t, "read outside the prefix", err)
+}
+
+func TestNamespaceIdentityCannotAdministerEtcd(t *testing.T) {
+	_, _, a, lease, _ := isolated(t)
+	ctx := context.Background()
+	_, err := a.UserAddWithOptions(ctx, "evil", "", &clientv3.UserAddOptions{NoPassword: true})
+	denied(t, "add a user", err)
+	_, err = a.RoleGrantPermission(ctx, identity.NamespaceUser(prefix, "a"), prefix+"/", clientv3.GetPrefixRangeEnd(prefix+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	denied(t, "widen its own role", err)
+	_, err = a.AuthDisable(ctx)
+	denied(t, "turn auth off", err)
+	_, err = a.Revoke(ctx, lease)
+	denied(t, "revoke the grant's etcd lease", err)
+	_, err = a.KeepAliveOnce(ctx, lease)
+	denied(t, "keep a PodReady grant alive", err)
+	_, err = a.Compact(ctx, 1)
+	denied(t, "compact", err)
+}
+
+// A Direct Lease's holder renews its grant itself, which etcd allows only
+// to a user who may write the grant's key: that one key, and only while
+// the Lease is Direct.
+func TestDirectLeaseKeyIsTheOnlyWritableLeaseKey(t *testing.T) {
+	etcd, mgr, a, _, _ := isolated(t)
+	ctx := context.Background()
+	g, err := mgr.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "direct"), "{}", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.KeepAliveOnce(ctx, g.ID)
+	allowed(t, "keep a Direct grant alive", err)
+	_, err = a.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "directx"), "{}")
+	denied(t, "write a key that only starts with the Direct Lease's name", err)
+
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", nil); err != nil {
+		t.Fatal(err)
+	}
+	a = etcd.Client(t, "a") // etcd checks permissions per request; a new client rules out caching
+	_, err = a.KeepAliveOnce(ctx, g.ID)
+	denied(t, "keep a grant alive after the Lease left Direct", err)
+}
+
+func TestRemovedNamespaceIdentityOpensNothing(t *testing.T) {
+	_, mgr, a, _, _ := isolated(t)
+	ctx := context.Background()
+	if err := identity.RemoveNamespace(ctx, mgr, prefix, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.RemoveNamespace(ctx, mgr, prefix, "a"); err != nil {
+		t.Fatalf("RemoveNamespace of an absent namespace: %v", err)
+	}
+	_, err := a.Get(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
+	if err == nil {
+		t.Fatal("a removed namespace's certificate still reads its lease key")
+	}
+}
+
+// A certificate from another CA, even one naming the manager's user, and a
+// client without a certificate, do not get past TLS.
+func TestForeignCertificatesAreRefused(t *testing.T) {
+	etcd, _, _, _, _ := isolated(t)
+	forger, err := devcluster.NewEtcdPKI(t.TempDir(), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := forger.TLS("manager")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.RootCAs = nil
+	tc.InsecureSkipVerify = true // the forger does not even check the server
+	for name, cfg := range map[string]clientv3.Config{
+		"certificate of another CA": {TLS: tc},
+		"no certificate":            {},
+	} {
+		cfg.Endpoints = []string{etcd.Endpoint}
+		cfg.DialTimeout = 2 * time.Second
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			continue // refused at dial: fine
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err = cli.Get(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
+		cancel()
+		cli.Close()
+		if err == nil {
+			t.Errorf("%s: read a lease key", name)
+		}
+	}
+}
