@@ -16,6 +16,9 @@ type Options struct {
 	LeaseWorkers int
 	// Clock is the reconcilers' clock; nil means the real one.
 	Clock clock.Clock
+	// Identity, when set, gives namespaces their etcd identities; its
+	// Client, Reader and Clock are filled in here.
+	Identity *IdentityReconciler
 }
 
 // Setup adds every reconciler to mgr. The store and the elector are built
@@ -36,6 +39,12 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	ranges := NewIDRangeReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
+	}
+	if id := o.Identity; id != nil {
+		id.Client, id.Reader, id.Clock = mgr.GetClient(), mgr.GetAPIReader(), o.Clock
+		if err := id.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the identity controller: %w", err)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,13 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // Wire names: every label and annotation fencer reads or writes on objects
 // it does not own. The manager, the webhook and the SDK all use these.
+// ManagedByLabel marks objects fencer creates and owns, such as a
+// namespace's etcd credentials Secret; fencer never touches one without it.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "fencer"
+)
+
 const (
 	// LeaseLabel fences an object: its value names the Lease, in the
 	// object's namespace, whose token every write must send.

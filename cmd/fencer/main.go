@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,6 +33,7 @@ import (
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/webhook"
 )
@@ -65,6 +67,36 @@ type options struct {
 	pprofAddr           string
 	exemptUsers         string
 	exemptGroups        string
+	etcdAccess          etcdAccess
+}
+
+// etcdAccess are the flags that lock etcd down (docs/install.md).
+type etcdAccess struct {
+	pkiSecret         string
+	serverSecret      string
+	serverNames       string
+	enableAuth        bool
+	credentialsSecret string
+	workloadEndpoints string
+}
+
+func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&a.pkiSecret, "etcd-pki-secret", "", "Secret (ca.crt, ca.key), in --webhook-namespace, of the CA etcd trusts for client certificates; created if missing. With it the manager authenticates to etcd as <prefix>:manager with a certificate it issues itself (unless --etcd-cert-file is given), and gives every namespace with fencer objects an etcd identity of its own.")
+	fs.StringVar(&a.serverSecret, "etcd-server-secret", "", "Secret, in --webhook-namespace, to keep the bundled etcd members' serving certificate in (issued from --etcd-pki-secret for --etcd-server-names, renewed before expiry).")
+	fs.StringVar(&a.serverNames, "etcd-server-names", "", "Comma-separated DNS names and IP addresses of the etcd server certificate, e.g. *.fencer-etcd.fencer-system.svc.")
+	fs.BoolVar(&a.enableAuth, "etcd-enable-auth", false, "Turn etcd authentication on (root role for the manager's user) and stay unready until it is. Needs --etcd-pki-secret or a --etcd-cert-file whose CommonName is <prefix>:manager.")
+	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
+	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
+}
+
+func (a *etcdAccess) validate() error {
+	if a.serverSecret != "" && (a.pkiSecret == "" || a.serverNames == "") {
+		return errors.New("--etcd-server-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-server-names")
+	}
+	if a.credentialsSecret == "" {
+		return errors.New("--etcd-credentials-secret must not be empty")
+	}
+	return nil
 }
 
 func parseFlags(args []string) (*options, error) { return parseFlagsTo(args, os.Stderr) }
@@ -105,6 +137,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
 	fs.DurationVar(&o.electionTTL, "etcd-election-ttl", 2*time.Second, "Session TTL of the controller's etcd election (whole seconds). A crashed leader's grants are fenced off this long after its last keepalive.")
 	o.etcd.BindFlags(fs)
+	o.etcdAccess.bindFlags(fs)
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook serves HTTPS on; 0 disables the webhook server.")
 	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on; empty means all interfaces.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook's serving certificate, tls.crt and tls.key. The server reloads them when they change; /readyz fails until they are served.")
@@ -127,6 +160,12 @@ func (o *options) flagSet() *flag.FlagSet {
 func (o *options) validate() error {
 	if err := o.etcd.Validate(); err != nil {
 		return err
+	}
+	if err := o.etcdAccess.validate(); err != nil {
+		return err
+	}
+	if (o.etcdAccess.pkiSecret != "" || o.etcdAccess.serverSecret != "") && o.webhookNamespace == "" {
+		return errors.New("--etcd-pki-secret needs --webhook-namespace (not running in a pod, so it cannot be guessed)")
 	}
 	if o.leaderElect && o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be less than --leader-elect-lease-duration (%s)", o.renewDeadline, o.leaseDuration)
@@ -183,16 +222,27 @@ func main() {
 
 func run(ctx context.Context, o *options) error {
 	log := ctrl.Log.WithName("setup")
-	etcd, err := etcdstore.Connect(o.etcd)
+	if err := o.etcd.CheckTLS(); err != nil {
+		return err
+	}
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	ca, err := loadEtcdCA(ctx, cfg, o)
+	if err != nil {
+		return err
+	}
+	etcdCfg := o.etcd
+	if ca != nil && etcdCfg.CertFile == "" {
+		etcdCfg.TLS = identity.SelfIssued(ca, identity.ManagerUser(o.etcd.Prefix))
+	}
+	etcd, err := etcdstore.Connect(etcdCfg)
 	if err != nil {
 		return err
 	}
 	defer etcd.Close()
 
-	cfg, err := restConfig(o.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
 	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	// managedFields are a large part of every cached pod and Lease, and the
 	// controllers never read them.
@@ -229,7 +279,10 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 	}
-	if err := setupControllers(mgr, etcd, o); err != nil {
+	if err := setupEtcdAccess(mgr, etcd, ca, o); err != nil {
+		return err
+	}
+	if err := setupControllers(mgr, etcd, ca, o); err != nil {
 		return err
 	}
 	log.Info("starting manager", "etcdEndpoints", o.etcd.Endpoints, "etcdPrefix", o.etcd.Prefix, "leaderElect", o.leaderElect)
@@ -238,7 +291,7 @@ func run(ctx context.Context, o *options) error {
 
 // setupControllers builds the etcd election and the store it fences, and
 // hands them to the reconcilers and the webhook.
-func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error {
+func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o *options) error {
 	host, _ := os.Hostname()
 	elector := etcdstore.NewElector(etcd, o.etcd.Prefix, fmt.Sprintf("%s_%s", host, uuid.NewUUID()), o.electionTTL)
 	elector.Log = ctrl.Log.WithName("elector")
@@ -248,7 +301,15 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 	store := etcdstore.NewStore(etcd, o.etcd.Prefix, elector, metrics.ObserveEtcd)
 	store.Timeout = o.etcd.RequestTimeout
 	store.Log = ctrl.Log.WithName("etcd")
-	if err := controllers.Setup(mgr, store, elector, controllers.Options{LeaseWorkers: o.leaseWorkers}); err != nil {
+	copts := controllers.Options{LeaseWorkers: o.leaseWorkers}
+	if ca != nil {
+		endpoints := o.etcd.Endpoints
+		if o.etcdAccess.workloadEndpoints != "" {
+			endpoints = etcdstore.SplitList(o.etcdAccess.workloadEndpoints)
+		}
+		copts.Identity = &controllers.IdentityReconciler{Etcd: etcd, CA: ca, Prefix: o.etcd.Prefix, Endpoints: endpoints, SecretName: o.etcdAccess.credentialsSecret}
+	}
+	if err := controllers.Setup(mgr, store, elector, copts); err != nil {
 		return err
 	}
 	if o.webhookPort == 0 {
@@ -266,6 +327,45 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, o *options) error
 	}
 	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
 	return webhook.Register(context.Background(), mgr, store, exempt)
+}
+
+// loadEtcdCA reads (or creates) the etcd CA of --etcd-pki-secret before the
+// manager starts: the manager's own etcd identity is issued from it.
+func loadEtcdCA(ctx context.Context, cfg *rest.Config, o *options) (*identity.CA, error) {
+	if o.etcdAccess.pkiSecret == "" {
+		return nil, nil
+	}
+	c, err := client.New(cfg, client.Options{Scheme: newScheme()})
+	if err != nil {
+		return nil, err
+	}
+	return identity.LoadOrCreateCA(ctx, c, types.NamespacedName{Namespace: o.webhookNamespace, Name: o.etcdAccess.pkiSecret})
+}
+
+// setupEtcdAccess adds the runnables that lock etcd down: the members'
+// server certificate and turning auth on.
+func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o *options) error {
+	a := o.etcdAccess
+	if a.serverSecret != "" {
+		err := mgr.Add(&identity.ServerSecret{
+			Client: mgr.GetClient(),
+			CA:     ca,
+			Key:    types.NamespacedName{Namespace: o.webhookNamespace, Name: a.serverSecret},
+			Names:  etcdstore.SplitList(a.serverNames),
+			Log:    ctrl.Log.WithName("etcd-pki"),
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if !a.enableAuth {
+		return nil
+	}
+	enabler := &identity.AuthEnabler{Etcd: etcd, Manager: identity.ManagerUser(o.etcd.Prefix), Log: ctrl.Log.WithName("etcd-auth")}
+	if err := mgr.Add(enabler); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("etcd-auth", enabler.Checker)
 }
 
 // podNamespace is the namespace of the pod fencer runs in, or "".

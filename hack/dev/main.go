@@ -83,11 +83,11 @@ func printReady(c *devcluster.Cluster, binDir string) {
   %[2]s/kubectl get nodes
   %[2]s/kubectl apply -f examples/
   %[2]s/kubectl get flease,idr
-  %[2]s/etcdctl --endpoints=$(cat %[3]s) get --prefix /fencer
+  . %[3]s && %[2]s/etcdctl get --prefix /fencer
 
   Logs: %[4]s   Metrics: %[5]s
   Press Ctrl-C to stop everything.
-`, kc, binDir, c.Path("etcd-endpoints"), c.Path("logs"), c.MetricsURL)
+`, kc, binDir, c.Path("etcdctl.env"), c.Path("logs"), c.MetricsURL)
 }
 
 func mustWd() string {

@@ -52,9 +52,13 @@ type Cluster struct {
 
 	// Kubeconfig is the path of an admin kubeconfig.
 	Kubeconfig string
-	// EtcdEndpoint is the client URL of the cluster's etcd, which fencer
-	// shares under its own prefix.
+	// EtcdEndpoint is the client URL of the Kubernetes etcd (plain, on loopback).
 	EtcdEndpoint string
+	// FencerEtcd is fencer's own etcd, locked down as the chart runs it:
+	// TLS, client certificates, auth on. StartManager starts it.
+	FencerEtcd *Etcd
+	// FencerEtcdPKI holds its CA and certificates; root.crt is etcdctl's.
+	FencerEtcdPKI *EtcdPKI
 	// Client is an admin clientset.
 	Client kubernetes.Interface
 	// MetricsURL is the manager's metrics endpoint, once StartManager ran.

@@ -14,30 +14,36 @@ import (
 type Etcd struct {
 	// Endpoint is the client URL.
 	Endpoint string
-	bin      string
-	dir      string
-	name     string
-	peer     string
+	// MetricsURL serves Prometheus metrics over plain HTTP, TLS or not.
+	MetricsURL string
+	bin        string
+	dir        string
+	name       string
+	peer       string
 	// cluster is --initial-cluster: this member alone, or all of NewEtcdCluster.
 	cluster string
 	proc    *proc
 	// pki, when set, makes the member serve TLS and require client certificates.
 	pki *EtcdPKI
+	// ManagerEnablesAuth leaves turning auth on to the fencer manager
+	// (--etcd-enable-auth) instead of Start, to test that it does.
+	ManagerEnablesAuth bool
 }
 
 // NewEtcd prepares an etcd named name whose data and log live below dir.
 // binDir holds the etcd binary.
 func NewEtcd(binDir, dir, name string) (*Etcd, error) {
-	ports, err := FreePorts(2)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return nil, err
 	}
 	e := &Etcd{
-		Endpoint: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		peer:     fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-		bin:      filepath.Join(binDir, "etcd"),
-		dir:      dir,
-		name:     name,
+		Endpoint:   fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2]),
+		peer:       fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		bin:        filepath.Join(binDir, "etcd"),
+		dir:        dir,
+		name:       name,
 	}
 	e.cluster = e.name + "=" + e.peer
 	return e, nil
@@ -75,7 +81,7 @@ func StartAll(ctx context.Context, members []*Etcd) error {
 			return err
 		}
 	}
-	return nil
+	return members[0].lock(ctx)
 }
 
 // Start runs the server and waits until it answers /health.
@@ -83,7 +89,19 @@ func (e *Etcd) Start(ctx context.Context) error {
 	if err := e.launch(); err != nil {
 		return err
 	}
-	return e.wait(ctx)
+	if err := e.wait(ctx); err != nil {
+		return err
+	}
+	return e.lock(ctx)
+}
+
+// lock turns auth on for a Secure etcd, as the manager does on a fresh or
+// restored-from-nothing etcd; a no-op when it is on already.
+func (e *Etcd) lock(ctx context.Context) error {
+	if e.pki == nil || e.ManagerEnablesAuth {
+		return nil
+	}
+	return e.EnableAuth(ctx)
 }
 
 func (e *Etcd) launch() error {
@@ -96,6 +114,7 @@ func (e *Etcd) launch() error {
 		"--initial-advertise-peer-urls=" + e.peer,
 		"--initial-cluster=" + e.cluster,
 		"--initial-cluster-token=" + filepath.Base(e.dir),
+		"--listen-metrics-urls=" + strings.TrimSuffix(e.MetricsURL, "/metrics"),
 		// Test and dev clusters are thrown away: fsync buys nothing and costs seconds.
 		"--unsafe-no-fsync",
 		"--log-level=warn",

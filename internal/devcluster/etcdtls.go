@@ -84,6 +84,16 @@ func (p *EtcdPKI) TLS(name string) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
 }
 
+// Flags are the manager's --etcd-* flags to connect as <name>.crt.
+func (p *EtcdPKI) Flags(endpoints []string, name string) []string {
+	return []string{
+		"--etcd-endpoints=" + strings.Join(endpoints, ","),
+		"--etcd-ca-file=" + p.Path("ca.crt"),
+		"--etcd-cert-file=" + p.Path(name+".crt"),
+		"--etcd-key-file=" + p.Path(name+".key"),
+	}
+}
+
 // Client connects to endpoints as the certificate <name>.crt.
 func (p *EtcdPKI) Client(endpoints []string, name string) (*clientv3.Client, error) {
 	tc, err := p.TLS(name)
@@ -118,7 +128,7 @@ func (e *Etcd) Secure(pki *EtcdPKI) {
 }
 
 // EnableAuth turns on etcd authentication with the manager's user as root,
-// as the manager does at start. Only for an etcd made Secure.
+// as the manager does at start. Only for an etcd made Secure; Start does it.
 func (e *Etcd) EnableAuth(ctx context.Context) error {
 	if e.pki == nil {
 		return fmt.Errorf("etcd %s: auth needs TLS client certificates; call Secure first", e.name)

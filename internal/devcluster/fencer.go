@@ -14,7 +14,12 @@ import (
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/fencer-io/fencer/internal/identity"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Kubectl runs the cluster's kubectl against it and returns its stdout.
@@ -52,6 +57,9 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	if _, err := c.Kubectl(ctx, "create", "namespace", ManagerNamespace); err != nil {
 		return err
 	}
+	if err := c.startFencerEtcd(ctx); err != nil {
+		return fmt.Errorf("fencer's etcd: %w", err)
+	}
 	ports, err := FreePorts(3)
 	if err != nil {
 		return err
@@ -62,7 +70,10 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	}
 	args := append([]string{
 		"--kubeconfig=" + c.Kubeconfig,
-		"--etcd-endpoints=" + c.EtcdEndpoint,
+		"--etcd-endpoints=" + c.FencerEtcd.Endpoint,
+		"--etcd-pki-secret=" + etcdPKISecret,
+		"--etcd-enable-auth",
+		"--webhook-namespace=" + ManagerNamespace,
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(ports[0]),
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(ports[1]),
 		"--leader-election-namespace=" + ManagerNamespace,
@@ -155,8 +166,56 @@ func (c *Cluster) pointAtManager(doc, ca []byte) ([]byte, error) {
 	return yaml.Marshal(cfg)
 }
 
-// WriteEndpoints records the etcd endpoint in <dir>/etcd-endpoints for
-// etcdctl and the SDK.
+// etcdPKISecret holds the CA of fencer's etcd in ManagerNamespace, as the
+// chart's manager keeps it: the manager issues its own identity and the
+// namespaces' from it.
+const etcdPKISecret = "fencer-etcd-pki"
+
+// startFencerEtcd starts fencer's etcd with TLS and auth on, and hands its
+// CA to the manager in the etcdPKISecret Secret.
+func (c *Cluster) startFencerEtcd(ctx context.Context) error {
+	pki, err := NewEtcdPKI(c.Path("etcd-pki"), etcdkeys.DefaultPrefix)
+	if err != nil {
+		return err
+	}
+	// etcdctl's identity: root, the superuser EnableAuth creates.
+	if err := pki.Issue("root", identity.Request{CommonName: "root"}); err != nil {
+		return err
+	}
+	e, err := NewEtcd(c.opts.BinDir, c.opts.Dir, "fencer-etcd")
+	if err != nil {
+		return err
+	}
+	e.Secure(pki)
+	err = e.Start(ctx)
+	if e.proc != nil {
+		c.procs = append(c.procs, e.proc)
+	}
+	if err != nil {
+		return err
+	}
+	c.FencerEtcd, c.FencerEtcdPKI = e, pki
+	keyPEM, err := pki.CA.KeyPEM()
+	if err != nil {
+		return err
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: etcdPKISecret, Namespace: ManagerNamespace},
+		Data:       map[string][]byte{"ca.crt": pki.CA.CertPEM, "ca.key": keyPEM},
+	}
+	_, err = c.Client.CoreV1().Secrets(ManagerNamespace).Create(ctx, secret, metav1.CreateOptions{})
+	return err
+}
+
+// WriteEndpoints writes <dir>/etcdctl.env, which points etcdctl at
+// fencer's etcd as root (`. bin/dev/etcdctl.env`), and the bare endpoint
+// in <dir>/etcd-endpoints.
 func (c *Cluster) WriteEndpoints() error {
-	return os.WriteFile(c.Path("etcd-endpoints"), []byte(c.EtcdEndpoint+"\n"), 0o644)
+	p := c.FencerEtcdPKI
+	env := fmt.Sprintf("export ETCDCTL_ENDPOINTS=%s\nexport ETCDCTL_CACERT=%s\nexport ETCDCTL_CERT=%s\nexport ETCDCTL_KEY=%s\n",
+		c.FencerEtcd.Endpoint, p.Path("ca.crt"), p.Path("root.crt"), p.Path("root.key"))
+	if err := os.WriteFile(c.Path("etcdctl.env"), []byte(env), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(c.Path("etcd-endpoints"), []byte(c.FencerEtcd.Endpoint+"\n"), 0o644)
 }

@@ -33,6 +33,9 @@ type Config struct {
 	// RequestTimeout bounds each etcd request fencer makes, so a reconcile
 	// never hangs on an unreachable etcd.
 	RequestTimeout time.Duration
+	// TLS, when set, is used instead of the files: the manager's
+	// self-issued identity (internal/identity).
+	TLS *tls.Config
 }
 
 // DefaultPrefix is the root of fencer's etcd keys unless --etcd-prefix says otherwise.
@@ -41,7 +44,7 @@ const DefaultPrefix = etcdkeys.DefaultPrefix
 // BindFlags registers the --etcd-* flags on fs.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Func("etcd-endpoints", "Comma-separated etcd client URLs, e.g. https://etcd-0:2379,https://etcd-1:2379. Required.", func(s string) error {
-		c.Endpoints = splitEndpoints(s)
+		c.Endpoints = SplitList(s)
 		return nil
 	})
 	fs.StringVar(&c.Prefix, "etcd-prefix", DefaultPrefix, "Root of fencer's etcd keys. Two fencer installs sharing one etcd need different prefixes.")
@@ -52,7 +55,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RequestTimeout, "etcd-request-timeout", 3*time.Second, "Timeout of each etcd request (read, grant, release). A Lease whose request times out reports Held=Unknown, reason EtcdUnavailable.")
 }
 
-func splitEndpoints(s string) []string {
+// SplitList splits a comma-separated flag value, dropping blanks.
+func SplitList(s string) []string {
 	var out []string
 	for _, e := range strings.Split(s, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -88,6 +92,9 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) tlsConfig() (*tls.Config, error) {
+	if c.TLS != nil {
+		return c.TLS, nil
+	}
 	if c.CAFile == "" && c.CertFile == "" {
 		return nil, nil
 	}
@@ -97,6 +104,13 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 		return nil, fmt.Errorf("etcd client TLS: %w", err)
 	}
 	return tc, nil
+}
+
+// CheckTLS loads the TLS files now, so a wrong path is reported before
+// anything else is started.
+func (c *Config) CheckTLS() error {
+	_, err := c.tlsConfig()
+	return err
 }
 
 // Connect validates c and opens an etcd client. It does not wait for etcd to

@@ -140,9 +140,6 @@ func StartSecureEtcd(t testing.TB, prefix string) *SecureEtcd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Stop() })
-	if err := e.EnableAuth(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	return &SecureEtcd{Endpoint: e.Endpoint, PKI: pki}
 }
 

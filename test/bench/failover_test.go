@@ -11,7 +11,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -205,7 +204,7 @@ func etcdElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Durati
 	for i := range n {
 		wg.Go(func() {
 			connect := func() (*clientv3.Client, *concurrency.Election, error) {
-				cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fx.Etcd.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+				cli, err := fx.ConnectEtcd()
 				if err != nil {
 					return nil, nil, err
 				}

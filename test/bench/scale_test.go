@@ -137,7 +137,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 
 	time.Sleep(10 * time.Second) // past the grant burst
 	cpu0, _ := mgr.cpu()
-	req0, err := etcdRequests(f.Etcd.Endpoint)
+	req0, err := etcdRequests(f.Etcd.MetricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		time.Sleep(window)
 	}
 	cpu1, _ := mgr.cpu()
-	req1, err := etcdRequests(f.Etcd.Endpoint)
+	req1, err := etcdRequests(f.Etcd.MetricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,8 +266,8 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kc, "--etcd-endpoints=" + f.Etcd.Endpoint, "--leader-elect=false",
-		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address=" + probe, "--pprof-bind-address=" + pprof}, flags...)...)
+	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kc, "--leader-elect=false",
+		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address=" + probe, "--pprof-bind-address=" + pprof}, append(f.EtcdFlags(), flags...)...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -324,8 +324,8 @@ func (m *manager) rss() (rss, hwm int64) {
 
 // etcdRequests is etcd's count of gRPC requests: unary calls handled plus
 // stream messages received (keepalives and watch requests).
-func etcdRequests(endpoint string) (float64, error) {
-	resp, err := http.Get(endpoint + "/metrics")
+func etcdRequests(metricsURL string) (float64, error) {
+	resp, err := http.Get(metricsURL)
 	if err != nil {
 		return 0, err
 	}

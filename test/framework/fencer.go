@@ -41,10 +41,13 @@ import (
 // fencer, which tests may stop and restart, and optionally the fencing
 // webhook installed in the apiserver.
 type Fencer struct {
-	Env     *envtest.Environment
-	Config  *rest.Config
-	Client  client.Client
-	Etcd    *devcluster.Etcd
+	Env    *envtest.Environment
+	Config *rest.Config
+	Client client.Client
+	Etcd   *devcluster.Etcd
+	// EtcdPKI is fencer's etcd's CA and certificates: it runs TLS with auth
+	// on, as the chart runs it; EtcdCli connects as the manager.
+	EtcdPKI *devcluster.EtcdPKI
 	EtcdCli *clientv3.Client
 	dir     string
 	nsSeq   atomic.Int32
@@ -87,6 +90,10 @@ func (f *Fencer) startEtcd() error {
 	if f.Etcd, err = devcluster.NewEtcd(f.Env.BinaryAssetsDirectory, f.dir, "fencer-etcd"); err != nil {
 		return err
 	}
+	if f.EtcdPKI, err = devcluster.NewEtcdPKI(filepath.Join(f.dir, "etcd-pki"), etcdkeys.DefaultPrefix); err != nil {
+		return err
+	}
+	f.Etcd.Secure(f.EtcdPKI)
 	if err := f.Etcd.Start(context.Background()); err != nil {
 		return err
 	}
@@ -94,9 +101,18 @@ func (f *Fencer) startEtcd() error {
 	return err
 }
 
-// ConnectEtcd opens a new client to fencer's etcd.
+// ConnectEtcd opens a new client to fencer's etcd, as the manager.
 func (f *Fencer) ConnectEtcd() (*clientv3.Client, error) {
-	return etcdstore.Connect(etcdstore.Config{Endpoints: []string{f.Etcd.Endpoint}, Prefix: etcdkeys.DefaultPrefix, DialTimeout: 5 * time.Second})
+	p := f.EtcdPKI
+	return etcdstore.Connect(etcdstore.Config{
+		Endpoints: []string{f.Etcd.Endpoint}, Prefix: etcdkeys.DefaultPrefix, DialTimeout: 5 * time.Second,
+		CAFile: p.Path("ca.crt"), CertFile: p.Path("manager.crt"), KeyFile: p.Path("manager.key"),
+	})
+}
+
+// EtcdFlags are the manager binary's flags to reach fencer's etcd.
+func (f *Fencer) EtcdFlags() []string {
+	return f.EtcdPKI.Flags([]string{f.Etcd.Endpoint}, "manager")
 }
 
 // Stop stops everything StartFencer started.
@@ -153,7 +169,8 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	}
 	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, metrics.ObserveEtcd)
 	store.Log = ctrl.Log.WithName("etcd")
-	if err := controllers.Setup(mgr, store, elector, controllers.Options{}); err != nil {
+	id := &controllers.IdentityReconciler{Etcd: cli, CA: f.EtcdPKI.CA, Prefix: etcdkeys.DefaultPrefix, Endpoints: []string{f.Etcd.Endpoint}, SecretName: "fencer-etcd"}
+	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id}); err != nil {
 		t.Fatal(err)
 	}
 	if serveWebhook {

@@ -101,7 +101,7 @@ func TestDevCluster(t *testing.T) {
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("dev not ready after 5 minutes:\n%s", output.String())
 	}
-	for _, f := range []string{"kubeconfig", "etcd-endpoints"} {
+	for _, f := range []string{"kubeconfig", "etcd-endpoints", "etcdctl.env"} {
 		if _, err := os.Stat(filepath.Join(state, f)); err != nil {
 			t.Fatalf("dev did not write %s: %v", f, err)
 		}
@@ -199,14 +199,24 @@ func TestDevCluster(t *testing.T) {
 		if holder == "" {
 			t.Fatal("the example Lease was never granted")
 		}
+		// As the README runs it: the env file carries endpoint and identity.
+		out, err := exec.Command("bash", "-c", ". "+filepath.Join(state, "etcdctl.env")+" && "+filepath.Join(bin, "etcdctl")+
+			" get /fencer/leases/default/report -w json").CombinedOutput()
+		if err != nil {
+			t.Fatalf("etcdctl: %v\n%s", err, out)
+		}
+		// fencer's etcd is locked: no certificate, no answer.
 		endpoints, err := os.ReadFile(filepath.Join(state, "etcd-endpoints"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(filepath.Join(bin, "etcdctl"), "--endpoints="+strings.TrimSpace(string(endpoints)),
-			"get", "/fencer/leases/default/report", "-w", "json").CombinedOutput()
-		if err != nil {
-			t.Fatalf("etcdctl: %v\n%s", err, out)
+		if anon, err := exec.Command(filepath.Join(bin, "etcdctl"), "--endpoints="+strings.TrimSpace(string(endpoints)), "--dial-timeout=2s", "--command-timeout=3s",
+			"get", "/fencer/leases/default/report").CombinedOutput(); err == nil {
+			t.Fatalf("etcdctl without a certificate read a lease key:\n%s", anon)
+		}
+		// The namespace has a Lease, so it has its etcd identity.
+		if got := kubectl("get", "secret", "fencer-etcd", "-o", "jsonpath={.data.prefix}"); got == "" {
+			t.Fatal("the default namespace has no fencer-etcd Secret")
 		}
 		if want := `"create_revision":` + token + ","; !strings.Contains(string(out), want) {
 			t.Fatalf("TOKEN %s is not the key's create_revision:\n%s", token, out)

@@ -1,0 +1,187 @@
+package controllers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/identity"
+)
+
+// Keys of a namespace's etcd credentials Secret; pkg/fence.LoadEtcdAccess
+// reads them from where the Secret is mounted.
+const (
+	credCA        = "ca.crt"
+	credCert      = "tls.crt"
+	credKey       = "tls.key"
+	credEndpoints = "endpoints"
+	credPrefix    = "prefix"
+)
+
+// identityResync bounds how long a deleted or edited credentials Secret
+// stays wrong: Secrets are not watched, since caching every Secret of the
+// cluster would cost the manager far more memory than it saves.
+const identityResync = 10 * time.Minute
+
+// IdentityReconciler gives every namespace that has a Lease or an IDRange
+// an etcd identity (docs/install.md): an etcd user and role limited to that
+// namespace's keys, and a Secret with a client certificate for it, renewed
+// well before it expires. A namespace whose last fencer object is gone loses
+// both.
+type IdentityReconciler struct {
+	client.Client
+	// Reader reads Secrets uncached.
+	Reader client.Reader
+	Etcd   *clientv3.Client
+	CA     *identity.CA
+	// Prefix is the install's etcd key prefix.
+	Prefix string
+	// Endpoints are the etcd client URLs workloads use.
+	Endpoints []string
+	// SecretName is the credentials Secret's name in every namespace.
+	SecretName string
+	Clock      clock.Clock
+}
+
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete
+
+// Reconcile brings one namespace's etcd identity in line; the request's
+// Namespace names it.
+func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ns := req.Namespace
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("namespace", ns, "etcdUser", identity.NamespaceUser(r.Prefix, ns)))
+	used, direct, err := r.fencerObjects(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !used {
+		return ctrl.Result{}, r.remove(ctx, ns)
+	}
+	if err := identity.EnsureNamespace(ctx, r.Etcd, r.Prefix, ns, direct); err != nil {
+		return ctrl.Result{}, err
+	}
+	renewAt, err := r.ensureSecret(ctx, ns)
+	if err != nil {
+		return requeueOnConflict(err)
+	}
+	wait := min(renewAt.Sub(r.Clock.Now()), identityResync)
+	return ctrl.Result{RequeueAfter: max(wait, time.Second)}, nil
+}
+
+// fencerObjects reports whether ns has a Lease or an IDRange, and the
+// names of its Direct Leases, whose holders renew their grants themselves.
+func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used bool, direct []string, err error) {
+	var leases fencerv1.LeaseList
+	if err := r.List(ctx, &leases, client.InNamespace(ns)); err != nil {
+		return false, nil, err
+	}
+	for _, l := range leases.Items {
+		if l.Spec.Renewal == fencerv1.RenewalDirect && l.DeletionTimestamp.IsZero() {
+			direct = append(direct, l.Name)
+		}
+	}
+	var ranges fencerv1.IDRangeList
+	if err := r.List(ctx, &ranges, client.InNamespace(ns), client.Limit(1)); err != nil {
+		return false, nil, err
+	}
+	return len(leases.Items)+len(ranges.Items) > 0, direct, nil
+}
+
+func (r *IdentityReconciler) want(ns string) identity.Request {
+	return identity.Request{CommonName: identity.NamespaceUser(r.Prefix, ns)}
+}
+
+// ensureSecret issues the namespace's certificate when the Secret is
+// missing, stale or about to expire, and returns when to renew it next.
+func (r *IdentityReconciler) ensureSecret(ctx context.Context, ns string) (time.Time, error) {
+	key := types.NamespacedName{Namespace: ns, Name: r.SecretName}
+	var s corev1.Secret
+	err := r.Reader.Get(ctx, key, &s)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return time.Time{}, err
+	}
+	exists := err == nil
+	if exists && !r.managed(&s) {
+		return time.Time{}, fmt.Errorf("secret %s exists and is not fencer's (label %s=%s missing): rename it or delete it so fencer can issue the namespace's etcd credentials", key, fencerv1.ManagedByLabel, fencerv1.ManagedByValue)
+	}
+	if exists && !r.stale(&s, ns) {
+		return identity.RenewAt(s.Data[credCert]), nil
+	}
+	issued, err := r.CA.Issue(r.want(ns), r.Clock.Now())
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.ObjectMeta = metav1.ObjectMeta{Name: r.SecretName, Namespace: ns, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}, ResourceVersion: s.ResourceVersion}
+	s.Type = corev1.SecretTypeTLS
+	s.Data = map[string][]byte{
+		credCA:        r.CA.CertPEM,
+		credCert:      issued.CertPEM,
+		credKey:       issued.KeyPEM,
+		credEndpoints: []byte(strings.Join(r.Endpoints, ",")),
+		credPrefix:    []byte(r.Prefix),
+	}
+	if exists {
+		err = r.Update(ctx, &s)
+	} else {
+		err = r.Create(ctx, &s)
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	ctrl.LoggerFrom(ctx).Info("issued the namespace's etcd credentials", "secret", r.SecretName, "notAfter", issued.NotAfter)
+	return identity.RenewAt(issued.CertPEM), nil
+}
+
+func (r *IdentityReconciler) managed(s *corev1.Secret) bool {
+	return s.Labels[fencerv1.ManagedByLabel] == fencerv1.ManagedByValue
+}
+
+func (r *IdentityReconciler) stale(s *corev1.Secret, ns string) bool {
+	return !bytes.Equal(s.Data[credCA], r.CA.CertPEM) ||
+		string(s.Data[credEndpoints]) != strings.Join(r.Endpoints, ",") ||
+		string(s.Data[credPrefix]) != r.Prefix ||
+		r.CA.NeedsRenewal(s.Data[credCert], r.want(ns), r.Clock.Now())
+}
+
+// remove takes a namespace's identity away once it has no fencer objects.
+func (r *IdentityReconciler) remove(ctx context.Context, ns string) error {
+	var s corev1.Secret
+	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: r.SecretName}, &s)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return err
+	case r.managed(&s):
+		if err := r.Delete(ctx, &s); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return identity.RemoveNamespace(ctx, r.Etcd, r.Prefix, ns)
+}
+
+// SetupWithManager reconciles a namespace whenever one of its Leases or
+// IDRanges changes.
+func (r *IdentityReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	toNamespace := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace()}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("identity").
+		Watches(&fencerv1.Lease{}, toNamespace).
+		Watches(&fencerv1.IDRange{}, toNamespace).
+		Complete(r)
+}

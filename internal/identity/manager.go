@@ -1,0 +1,208 @@
+package identity
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// Keys of the CA Secret.
+const (
+	caCertKey = "ca.crt"
+	caKeyKey  = "ca.key"
+)
+
+// LoadOrCreateCA reads the CA from Secret key, creating it first if it does
+// not exist. Replicas starting together may race: the one whose create
+// loses reads the winner's CA, so all of them share one.
+func LoadOrCreateCA(ctx context.Context, c client.Client, key types.NamespacedName) (*CA, error) {
+	var s corev1.Secret
+	err := c.Get(ctx, key, &s)
+	if apierrors.IsNotFound(err) {
+		ca, cerr := NewCA("fencer-etcd-ca", time.Now())
+		if cerr != nil {
+			return nil, cerr
+		}
+		keyPEM, cerr := ca.KeyPEM()
+		if cerr != nil {
+			return nil, cerr
+		}
+		s = corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}},
+			Data:       map[string][]byte{caCertKey: ca.CertPEM, caKeyKey: keyPEM},
+		}
+		if err = c.Create(ctx, &s); err == nil {
+			return ca, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating the etcd CA secret %s: %w", key, err)
+		}
+		err = c.Get(ctx, key, &s)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the etcd CA secret %s: %w", key, err)
+	}
+	ca, err := ParseCA(s.Data[caCertKey], s.Data[caKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("etcd CA secret %s (keys %s, %s): %w", key, caCertKey, caKeyKey, err)
+	}
+	return ca, nil
+}
+
+// SelfIssued is a client TLS configuration for the manager: it trusts the
+// CA for etcd's servers and presents a certificate for user that it issues
+// itself from the CA, in memory, and renews before it expires. No key of the
+// manager's identity is ever stored.
+func SelfIssued(ca *CA, user string) *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	var (
+		mu      sync.Mutex
+		cur     *tls.Certificate
+		renewAt time.Time
+	)
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if cur != nil && time.Now().Before(renewAt) {
+				return cur, nil
+			}
+			issued, err := ca.Issue(Request{CommonName: user}, time.Now())
+			if err != nil {
+				return nil, err
+			}
+			pair, err := tls.X509KeyPair(issued.CertPEM, issued.KeyPEM)
+			if err != nil {
+				return nil, err
+			}
+			cur, renewAt = &pair, RenewAt(issued.CertPEM)
+			return cur, nil
+		},
+	}
+}
+
+// ServerSecret keeps the bundled etcd members' certificate (ca.crt, tls.crt,
+// tls.key) in a Secret: issued for Names, renewed when a third of its life
+// is left. etcd reads the mounted files on every new connection, so a
+// renewal needs no restart.
+type ServerSecret struct {
+	Client client.Client
+	CA     *CA
+	Key    types.NamespacedName
+	// Names are the certificate's DNS names and IP addresses.
+	Names []string
+	Log   logr.Logger
+}
+
+// Start checks the Secret at once and then hourly, until ctx ends. Every
+// replica runs it: members must get a certificate before any manager can
+// reach etcd, and optimistic concurrency settles races.
+func (s *ServerSecret) Start(ctx context.Context) error {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if err := s.Ensure(ctx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			s.Log.Error(err, "etcd server certificate", "secret", s.Key)
+		}
+	}, time.Hour)
+	return nil
+}
+
+// NeedLeaderElection is false: see Start.
+func (s *ServerSecret) NeedLeaderElection() bool { return false }
+
+// Ensure issues the certificate if the Secret lacks a current one.
+func (s *ServerSecret) Ensure(ctx context.Context) error {
+	want := Request{CommonName: "etcd", Server: true}
+	for _, n := range s.Names {
+		if ip := net.ParseIP(n); ip != nil {
+			want.IPs = append(want.IPs, ip)
+		} else {
+			want.DNSNames = append(want.DNSNames, n)
+		}
+	}
+	var sec corev1.Secret
+	err := s.Client.Get(ctx, s.Key, &sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	exists := err == nil
+	if exists && string(sec.Data[caCertKey]) == string(s.CA.CertPEM) && !s.CA.NeedsRenewal(sec.Data[corev1.TLSCertKey], want, time.Now()) {
+		return nil
+	}
+	issued, err := s.CA.Issue(want, time.Now())
+	if err != nil {
+		return err
+	}
+	sec.ObjectMeta = metav1.ObjectMeta{Name: s.Key.Name, Namespace: s.Key.Namespace, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}, ResourceVersion: sec.ResourceVersion}
+	sec.Type = corev1.SecretTypeTLS
+	sec.Data = map[string][]byte{caCertKey: s.CA.CertPEM, corev1.TLSCertKey: issued.CertPEM, corev1.TLSPrivateKeyKey: issued.KeyPEM}
+	if exists {
+		err = s.Client.Update(ctx, &sec)
+	} else {
+		err = s.Client.Create(ctx, &sec)
+	}
+	if err == nil {
+		s.Log.Info("issued the etcd server certificate", "secret", s.Key, "notAfter", issued.NotAfter)
+	}
+	return err
+}
+
+// AuthEnabler turns etcd auth on once etcd answers, retrying until then.
+type AuthEnabler struct {
+	Etcd    *clientv3.Client
+	Manager string
+	Log     logr.Logger
+	enabled atomic.Bool
+}
+
+// Checker is a readiness check that fails until auth is on, so a replica
+// does not serve before etcd is locked.
+func (a *AuthEnabler) Checker(*http.Request) error {
+	if !a.enabled.Load() {
+		return errors.New("etcd auth is not enabled yet")
+	}
+	return nil
+}
+
+// Start retries EnableAuth every few seconds until it succeeds or ctx ends.
+func (a *AuthEnabler) Start(ctx context.Context) error {
+	err := wait.PollUntilContextCancel(ctx, 3*time.Second, true, func(ctx context.Context) (bool, error) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := EnableAuth(rctx, a.Etcd, a.Manager); err != nil {
+			a.Log.Info("etcd auth not enabled yet; retrying", "reason", err.Error())
+			return false, nil
+		}
+		a.enabled.Store(true)
+		a.Log.Info("etcd auth is on", "managerUser", a.Manager)
+		return true, nil
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// NeedLeaderElection is false: EnableAuth is idempotent and etcd must be
+// locked before the first grant.
+func (a *AuthEnabler) NeedLeaderElection() bool { return false }
