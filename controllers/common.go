@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/renew"
 )
@@ -47,6 +48,15 @@ func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj 
 		rec.Eventf(obj, nil, e.kind, e.reason, e.reason, "%s", e.note)
 	}
 	return out.result, nil
+}
+
+// etcdFailure is the condition reason and message for an etcd error: a
+// full etcd (NOSPACE alarm) needs different action from an unreachable one.
+func etcdFailure(err error) (reason, msg string) {
+	if etcdstore.IsNoSpace(err) {
+		return fencerv1.ReasonEtcdNoSpace, fmt.Sprintf("etcd is out of space (NOSPACE alarm), so nothing can be granted or claimed; the leading manager compacts, defragments and disarms it every --etcd-maintenance-interval, and docs/operations.md (\"etcd is full\") says what to do if that is not enough: %v", err)
+	}
+	return fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err)
 }
 
 // requeueOnConflict turns a write conflict (our cache was behind) into a

@@ -107,8 +107,9 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 		return out, nil
 	}
 	if err != nil {
-		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
-		out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+		reason, msg := etcdFailure(err)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		out.event(corev1.EventTypeWarning, reason, "%s", msg)
 		out.result.RequeueAfter = 2 * time.Second
 		return out, nil
 	}

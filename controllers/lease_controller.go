@@ -453,8 +453,9 @@ func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
 }
 
 func (r *LeaseReconciler) etcdUnavailable(lease *fencerv1.Lease, out *outcome, err error) {
-	setHeld(lease, metav1.ConditionUnknown, fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err))
-	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdUnavailable, "cannot reach etcd: %v", err)
+	reason, msg := etcdFailure(err)
+	setHeld(lease, metav1.ConditionUnknown, reason, msg)
+	out.event(corev1.EventTypeWarning, reason, "%s", msg)
 	out.result.RequeueAfter = 2 * time.Second
 	ctrl.Log.V(1).Info("etcd unavailable", "lease", client.ObjectKeyFromObject(lease), "err", err.Error())
 }

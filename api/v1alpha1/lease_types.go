@@ -170,6 +170,9 @@ const (
 	ReasonExpired         = "Expired"
 	ReasonSuspended       = "Suspended"
 	ReasonEtcdUnavailable = "EtcdUnavailable"
+	// ReasonEtcdNoSpace: etcd raised its NOSPACE alarm and refuses writes
+	// until space is freed and the alarm disarmed (docs/operations.md).
+	ReasonEtcdNoSpace = "EtcdNoSpace"
 	// ReasonEtcdRevisionRegressed: etcd's revision is below a token this
 	// Lease already issued, as after a restore from a snapshot without
 	// --bump-revision. Granting would reissue old tokens, so the controller

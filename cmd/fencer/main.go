@@ -68,6 +68,9 @@ type options struct {
 	exemptUsers         string
 	exemptGroups        string
 	etcdAccess          etcdAccess
+	etcdStepDown        time.Duration
+	maintenanceEvery    time.Duration
+	defragFree          int64
 }
 
 // etcdAccess are the flags that lock etcd down (docs/install.md).
@@ -132,7 +135,10 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 4*time.Second, "How long a standby waits after the last renewal before taking over. Bounds controller failover; keep it well under the smallest Lease ttlSeconds.")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 3*time.Second, "How long the leader keeps trying to renew before it steps down. Must be less than --leader-elect-lease-duration.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 500*time.Millisecond, "How often candidates try to acquire or renew leadership.")
-	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz.")
+	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz and the leader's etcd watchdog.")
+	fs.DurationVar(&o.etcdStepDown, "etcd-step-down-after", 5*time.Second, "How long the leader may fail to reach etcd before it gives up leadership (and exits, to be restarted), so a replica that reaches etcd takes over. 0 disables.")
+	fs.DurationVar(&o.maintenanceEvery, "etcd-maintenance-interval", 5*time.Minute, "How often the leader maintains etcd: clears a NOSPACE alarm, compacts the revisions older than one interval, and defragments members with much free space. 0 disables, for an etcd maintained by other means.")
+	fs.Int64Var(&o.defragFree, "etcd-defrag-free-bytes", 64<<20, "Free backend space above which a member is defragmented (if it is also half the backend). One member at a time.")
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 10*time.Second, "How long the manager waits for controllers to stop on SIGTERM.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig, for running outside a cluster. Default: $KUBECONFIG, then the in-cluster service account, then ~/.kube/config.")
 	fs.DurationVar(&o.electionTTL, "etcd-election-ttl", 2*time.Second, "Session TTL of the controller's etcd election (whole seconds). A crashed leader's grants are fenced off this long after its last keepalive.")
@@ -190,6 +196,9 @@ func (o *options) validate() error {
 	}
 	if o.leaseWorkers < 1 {
 		return fmt.Errorf("--lease-workers must be at least 1, got %d", o.leaseWorkers)
+	}
+	if o.etcdStepDown < 0 || o.maintenanceEvery < 0 || o.defragFree < 0 {
+		return errors.New("--etcd-step-down-after, --etcd-maintenance-interval and --etcd-defrag-free-bytes must not be negative")
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
@@ -342,8 +351,9 @@ func loadEtcdCA(ctx context.Context, cfg *rest.Config, o *options) (*identity.CA
 	return identity.LoadOrCreateCA(ctx, c, types.NamespacedName{Namespace: o.webhookNamespace, Name: o.etcdAccess.pkiSecret})
 }
 
-// setupEtcdAccess adds the runnables that lock etcd down: the members'
-// server certificate and turning auth on.
+// setupEtcdAccess adds the runnables that keep etcd locked, maintained and
+// reachable: the members' server certificate, the leader's watchdog and
+// maintenance, and turning auth on.
 func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o *options) error {
 	a := o.etcdAccess
 	if a.serverSecret != "" {
@@ -355,6 +365,20 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 			Log:    ctrl.Log.WithName("etcd-pki"),
 		})
 		if err != nil {
+			return err
+		}
+	}
+	if o.etcdStepDown > 0 {
+		dog := &etcdstore.Watchdog{Cli: etcd, Prefix: o.etcd.Prefix, Interval: time.Second, ProbeTimeout: o.etcdProbeTimeout, Timeout: o.etcdStepDown, Log: ctrl.Log.WithName("etcd-watchdog")}
+		if err := mgr.Add(dog); err != nil {
+			return err
+		}
+		if err := mgr.AddHealthzCheck("etcd-leader", dog.Checker); err != nil {
+			return err
+		}
+	}
+	if o.maintenanceEvery > 0 {
+		if err := mgr.Add(&etcdstore.Maintainer{Cli: etcd, Every: o.maintenanceEvery, DefragFree: o.defragFree, Log: ctrl.Log.WithName("etcd-maintenance")}); err != nil {
 			return err
 		}
 	}

@@ -25,6 +25,8 @@ type Etcd struct {
 	proc    *proc
 	// pki, when set, makes the member serve TLS and require client certificates.
 	pki *EtcdPKI
+	// ExtraArgs are added to etcd's flags, e.g. a small --quota-backend-bytes.
+	ExtraArgs []string
 	// ManagerEnablesAuth leaves turning auth on to the fencer manager
 	// (--etcd-enable-auth) instead of Start, to test that it does.
 	ManagerEnablesAuth bool
@@ -122,6 +124,7 @@ func (e *Etcd) launch() error {
 	if e.pki != nil {
 		args = append(args, e.pki.serverArgs()...)
 	}
+	args = append(args, e.ExtraArgs...)
 	p, err := startProc(e.dir, e.name, e.bin, args...)
 	if err != nil {
 		return err

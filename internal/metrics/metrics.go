@@ -10,6 +10,36 @@ import (
 )
 
 var (
+	// EtcdAlarm is 1 while etcd raises an alarm.
+	EtcdAlarm = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_etcd_alarm",
+		Help: "1 while an etcd member raises the alarm, else 0, as the leading manager last saw it. Label alarm: NOSPACE (the backend quota is full: no grant, renewal by a new holder, or ID claim succeeds) or CORRUPT.",
+	}, []string{"alarm"})
+
+	// EtcdDBSize is each member's backend size.
+	EtcdDBSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_etcd_db_size_bytes",
+		Help: "Size of each etcd member's backend file, as the leading manager last saw it. Label member: the member's client URL (one series per member). Compare with the quota (--quota-backend-bytes).",
+	}, []string{"member"})
+
+	// EtcdDBSizeInUse is each member's backend bytes in use.
+	EtcdDBSizeInUse = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_etcd_db_size_in_use_bytes",
+		Help: "Bytes of each etcd member's backend in use; the rest is free pages that defragmentation returns. Label member: the member's client URL.",
+	}, []string{"member"})
+
+	// EtcdMaintenance counts maintenance operations.
+	EtcdMaintenance = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencer_etcd_maintenance_total",
+		Help: "etcd maintenance done by the leading manager. Label operation: compact, defragment, disarm (NOSPACE alarm cleared). Label result: ok, error.",
+	}, []string{"operation", "result"})
+
+	// EtcdHealthy is 1 while this replica reaches an etcd quorum.
+	EtcdHealthy = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencer_etcd_healthy",
+		Help: "1 while this replica's last linearizable etcd read succeeded, else 0. A leader at 0 steps down (docs/operations.md).",
+	})
+
 	// LeaseGrants counts grants of Leases.
 	LeaseGrants = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_lease_grants_total",
@@ -96,7 +126,8 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
+	ctrlmetrics.Registry.MustRegister(EtcdAlarm, EtcdDBSize, EtcdDBSizeInUse, EtcdMaintenance, EtcdHealthy,
+		LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
 		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
 		IDRangeBlocks, IDRangeRemaining, IDRangeSlotsInUse, IDRangeRepairs)
 }

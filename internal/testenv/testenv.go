@@ -92,8 +92,9 @@ func New() (*envtest.Environment, error) {
 }
 
 // Etcd starts a single-member etcd from the tool binaries for one test (or
-// benchmark) and returns its client URL; it stops when the test ends.
-func Etcd(t testing.TB) string {
+// benchmark), with extraArgs added to its flags, and returns its client
+// URL; it stops when the test ends.
+func Etcd(t testing.TB, extraArgs ...string) string {
 	t.Helper()
 	bin, err := BinDir()
 	if err != nil {
@@ -103,6 +104,7 @@ func Etcd(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.ExtraArgs = extraArgs
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

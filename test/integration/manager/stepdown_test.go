@@ -1,0 +1,80 @@
+package manager
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/faultproxy"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// TestLeaderCutFromEtcdStepsDown cuts only the leader's link to etcd; it
+// still reaches the apiserver, so only its watchdog can make it give up
+// leadership. The standby, which reaches etcd, must take over and keep the
+// grant's token. The takeover time is logged (docs/operations.md).
+func TestLeaderCutFromEtcdStepsDown(t *testing.T) {
+	endpoint := fencerEtcd(t)
+	ctx := context.Background()
+	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcdCli.Close()
+	elected := leaders(t, etcdCli)
+	readyPod(t, cl, "w-cut", "crash")
+	const ttl = 20
+	lease := &fencerv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "crash", Namespace: "default"},
+		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
+	}
+	if err := cl.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Delete(context.Background(), lease) })
+
+	proxy := func() *faultproxy.Proxy {
+		p, err := faultproxy.Start(endpoint[len("http://"):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	pa, pb := proxy(), proxy()
+	a := startFencer(t, "a", "--etcd-endpoints=http://"+pa.Addr(), "--leader-election-namespace=default", "--etcd-step-down-after=3s")
+	token := waitToken(t, cl, 0)
+	first := next(t, elected, "replica a never won the etcd election")
+	b := startFencer(t, "b", "--etcd-endpoints=http://"+pb.Addr(), "--leader-election-namespace=default", "--etcd-step-down-after=3s")
+	waitStatus(t, b.probeURL+"/readyz", http.StatusOK)
+
+	cut := time.Now()
+	pa.Set(faultproxy.Blackhole)
+	won := next(t, elected, "the standby never took over from a leader cut off from etcd")
+	if won.identity == first.identity {
+		t.Fatalf("the same identity %s led again", won.identity)
+	}
+	t.Logf("takeover: the standby won the etcd election %s after the leader's etcd link was cut", won.at.Sub(cut).Round(time.Millisecond))
+	exited := make(chan error, 1)
+	go func() { exited <- a.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Logf("the cut-off leader exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Error("the cut-off leader did not exit")
+	}
+	time.Sleep(2 * time.Second) // a renewal round by the new leader
+	if got := waitToken(t, cl, 0); got != token {
+		t.Fatalf("token %d after the takeover, want %d kept", got, token)
+	}
+}
