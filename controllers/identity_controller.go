@@ -57,7 +57,11 @@ type IdentityReconciler struct {
 	Clock      clock.Clock
 }
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete
+// Secrets can be created anywhere (create cannot be narrowed to a name), but
+// read, changed and deleted only under the credentials Secret's name; the
+// chart renames fencer-etcd-client to its own --etcd-credentials-secret.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;update;delete,resourceNames=fencer-etcd-client
 
 // Reconcile brings one namespace's etcd identity in line; the request's
 // Namespace names it.

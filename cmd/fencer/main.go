@@ -61,6 +61,7 @@ type options struct {
 	webhookNamespace    string
 	webhookSecret       string
 	webhookService      string
+	webhookConfigName   string
 	kubeAPIQPS          float64
 	kubeAPIBurst        int
 	leaseWorkers        int
@@ -80,6 +81,7 @@ type etcdAccess struct {
 	serverNames       string
 	enableAuth        bool
 	credentialsSecret string
+	backupSecret      string
 	workloadEndpoints string
 }
 
@@ -87,14 +89,18 @@ func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.pkiSecret, "etcd-pki-secret", "", "Secret (ca.crt, ca.key), in --webhook-namespace, of the CA etcd trusts for client certificates; created if missing. With it the manager authenticates to etcd as <prefix>:manager with a certificate it issues itself (unless --etcd-cert-file is given), and gives every namespace with fencer objects an etcd identity of its own.")
 	fs.StringVar(&a.serverSecret, "etcd-server-secret", "", "Secret, in --webhook-namespace, to keep the bundled etcd members' serving certificate in (issued from --etcd-pki-secret for --etcd-server-names, renewed before expiry).")
 	fs.StringVar(&a.serverNames, "etcd-server-names", "", "Comma-separated DNS names and IP addresses of the etcd server certificate, e.g. *.fencer-etcd.fencer-system.svc.")
+	fs.StringVar(&a.backupSecret, "etcd-backup-secret", "", "Secret, in --webhook-namespace, to keep the snapshot job's etcd client certificate in (user <prefix>:backup, root role), issued from --etcd-pki-secret.")
 	fs.BoolVar(&a.enableAuth, "etcd-enable-auth", false, "Turn etcd authentication on (root role for the manager's user) and stay unready until it is. Needs --etcd-pki-secret or a --etcd-cert-file whose CommonName is <prefix>:manager.")
-	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
+	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd-client", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
 	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
 }
 
 func (a *etcdAccess) validate() error {
 	if a.serverSecret != "" && (a.pkiSecret == "" || a.serverNames == "") {
 		return errors.New("--etcd-server-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-server-names")
+	}
+	if a.backupSecret != "" && a.pkiSecret == "" {
+		return errors.New("--etcd-backup-secret needs --etcd-pki-secret (the CA to issue from)")
 	}
 	if a.credentialsSecret == "" {
 		return errors.New("--etcd-credentials-secret must not be empty")
@@ -147,9 +153,10 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook serves HTTPS on; 0 disables the webhook server.")
 	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on; empty means all interfaces.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook's serving certificate, tls.crt and tls.key. The server reloads them when they change; /readyz fails until they are served.")
-	fs.BoolVar(&o.certRotation, "webhook-cert-rotation", false, "Manage the webhook's certificate: create a CA and serving certificate in --webhook-secret, rotate them, write them to --webhook-cert-dir and inject the CA into the fencer-fencing Mutating- and ValidatingWebhookConfigurations. Leave off when cert-manager or another tool provides the certificate.")
+	fs.BoolVar(&o.certRotation, "webhook-cert-rotation", false, "Manage the webhook's certificate: create a CA and serving certificate in --webhook-secret, rotate them, write them to --webhook-cert-dir and inject the CA into the --webhook-config-name Mutating- and ValidatingWebhookConfigurations. Leave off when cert-manager or another tool provides the certificate.")
 	fs.StringVar(&o.webhookNamespace, "webhook-namespace", podNamespace(), "Namespace of the webhook Service and certificate Secret; defaults to the pod's namespace.")
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "fencer-webhook-cert", "Secret holding the webhook's CA and serving certificate, with --webhook-cert-rotation.")
+	fs.StringVar(&o.webhookConfigName, "webhook-config-name", webhook.DefaultConfigName, "Name of this install's Mutating- and ValidatingWebhookConfiguration, into which --webhook-cert-rotation injects the CA. Each install in a cluster has its own.")
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.exemptUsers, "exempt-users", strings.Join(webhook.DefaultExemptUsers, ","), "Comma-separated usernames whose writes to fenced objects pass without a token: the lifecycle controllers (namespace deletion, garbage collection). Every other write that cannot carry a token (DELETE, /status, /scale) is refused unless it comes from a bindIdentity Lease's holder pod.")
 	fs.StringVar(&o.exemptGroups, "exempt-groups", "", "Comma-separated groups whose members are exempt like --exempt-users.")
@@ -214,6 +221,9 @@ func newScheme() *runtime.Scheme {
 }
 
 func main() {
+	if ran, code := subcommand(os.Args[1:]); ran {
+		os.Exit(code)
+	}
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -326,9 +336,10 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	}
 	if o.certRotation {
 		err := webhook.AddCertRotation(context.Background(), mgr, webhook.RotationOptions{
-			Secret:  types.NamespacedName{Namespace: o.webhookNamespace, Name: o.webhookSecret},
-			Service: o.webhookService,
-			CertDir: o.webhookCertDir,
+			Secret:     types.NamespacedName{Namespace: o.webhookNamespace, Name: o.webhookSecret},
+			Service:    o.webhookService,
+			CertDir:    o.webhookCertDir,
+			ConfigName: o.webhookConfigName,
 		})
 		if err != nil {
 			return err
@@ -352,17 +363,26 @@ func loadEtcdCA(ctx context.Context, cfg *rest.Config, o *options) (*identity.CA
 }
 
 // setupEtcdAccess adds the runnables that keep etcd locked, maintained and
-// reachable: the members' server certificate, the leader's watchdog and
-// maintenance, and turning auth on.
+// reachable: the members' server certificate and the backup identity, the
+// leader's watchdog and maintenance, and turning auth on.
 func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o *options) error {
 	a := o.etcdAccess
+	root := []string{identity.ManagerUser(o.etcd.Prefix)}
+	certs := map[string]identity.Request{}
 	if a.serverSecret != "" {
-		err := mgr.Add(&identity.ServerSecret{
-			Client: mgr.GetClient(),
-			CA:     ca,
-			Key:    types.NamespacedName{Namespace: o.webhookNamespace, Name: a.serverSecret},
-			Names:  etcdstore.SplitList(a.serverNames),
-			Log:    ctrl.Log.WithName("etcd-pki"),
+		certs[a.serverSecret] = identity.ServerRequest(etcdstore.SplitList(a.serverNames))
+	}
+	if a.backupSecret != "" {
+		certs[a.backupSecret] = identity.Request{CommonName: identity.BackupUser(o.etcd.Prefix)}
+		root = append(root, identity.BackupUser(o.etcd.Prefix))
+	}
+	for name, req := range certs {
+		err := mgr.Add(&identity.CertSecret{
+			Client:  mgr.GetClient(),
+			CA:      ca,
+			Key:     types.NamespacedName{Namespace: o.webhookNamespace, Name: name},
+			Request: req,
+			Log:     ctrl.Log.WithName("etcd-pki"),
 		})
 		if err != nil {
 			return err
@@ -385,7 +405,7 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 	if !a.enableAuth {
 		return nil
 	}
-	enabler := &identity.AuthEnabler{Etcd: etcd, Manager: identity.ManagerUser(o.etcd.Prefix), Log: ctrl.Log.WithName("etcd-auth")}
+	enabler := &identity.AuthEnabler{Etcd: etcd, Root: root, Log: ctrl.Log.WithName("etcd-auth")}
 	if err := mgr.Add(enabler); err != nil {
 		return err
 	}

@@ -30,6 +30,10 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--leader-elect-retry-period=3s"}, "--leader-elect-retry-period (3s) must be less than --leader-elect-renew-deadline (3s)"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-probe-timeout=0s"}, "--etcd-probe-timeout must be positive"},
 		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-server-secret=s"}, "--etcd-server-secret needs --etcd-pki-secret"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-backup-secret=s"}, "--etcd-backup-secret needs --etcd-pki-secret"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-credentials-secret="}, "--etcd-credentials-secret must not be empty"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-step-down-after=-1s"}, "must not be negative"},
 	}
 	for _, tc := range cases {
 		_, err := parseFlagsQuiet(tc.args)
@@ -66,4 +70,20 @@ func TestOperationsDocListsEveryFlag(t *testing.T) {
 			t.Errorf("docs/operations.md does not document --%s", f.Name)
 		}
 	})
+}
+
+func TestSnapshotCommandRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--etcd-endpoints=http://e:1", "--dir=/nonexistent"}, "--dir /nonexistent must be an existing directory"},
+		{[]string{"--etcd-endpoints=http://e:1", "--dir=/tmp", "--keep=0"}, "--keep must be at least 1"},
+		{[]string{"--dir=/tmp"}, "--etcd-endpoints is required"},
+	} {
+		err := snapshotCommand(tc.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("snapshot %q = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
 }

@@ -24,6 +24,10 @@ const rootName = "root"
 // defragmentation, alarms) and manages the namespace users.
 func ManagerUser(prefix string) string { return installName(prefix) + ":manager" }
 
+// BackupUser is the etcd user of the scheduled snapshot job. etcd lets only
+// the root role take snapshots, so it holds the root role too.
+func BackupUser(prefix string) string { return installName(prefix) + ":backup" }
+
 // NamespaceUser is the etcd user (and certificate CommonName) of the
 // workloads of namespace ns; its role has the same name.
 func NamespaceUser(prefix, ns string) string { return installName(prefix) + ":ns:" + ns }
@@ -74,12 +78,13 @@ func NamespacePermissions(prefix, ns string, directLeases []string) []Permission
 	return perms
 }
 
-// EnableAuth turns etcd authentication on, with the user manager holding
-// the root role. It is idempotent and safe to run from several replicas at
-// once. cli must be allowed to do it: before auth is on anyone is; after,
-// only a root-role user (the manager itself, through its certificate).
-func EnableAuth(ctx context.Context, cli *clientv3.Client, manager string) error {
-	for _, user := range []string{rootName, manager} {
+// EnableAuth turns etcd authentication on, with each of root (the
+// manager's user first) holding the root role. It is idempotent and safe
+// to run from several replicas at once. cli must be allowed to do it:
+// before auth is on anyone is; after, only a root-role user (the manager
+// itself, through its certificate).
+func EnableAuth(ctx context.Context, cli *clientv3.Client, root ...string) error {
+	for _, user := range append([]string{rootName}, root...) {
 		if err := ensureUser(ctx, cli, user); err != nil {
 			return err
 		}

@@ -60,9 +60,14 @@ func LoadOrCreateCA(ctx context.Context, c client.Client, key types.NamespacedNa
 	if err != nil {
 		return nil, fmt.Errorf("reading the etcd CA secret %s: %w", key, err)
 	}
-	ca, err := ParseCA(s.Data[caCertKey], s.Data[caKeyKey])
+	certPEM, keyPEM := s.Data[caCertKey], s.Data[caKeyKey]
+	if len(keyPEM) == 0 {
+		// cert-manager keeps a CA Certificate's own pair in tls.crt and tls.key.
+		certPEM, keyPEM = s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]
+	}
+	ca, err := ParseCA(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("etcd CA secret %s (keys %s, %s): %w", key, caCertKey, caKeyKey, err)
+		return nil, fmt.Errorf("etcd CA secret %s (keys ca.crt and ca.key, or tls.crt and tls.key): %w", key, err)
 	}
 	return ca, nil
 }
@@ -102,54 +107,62 @@ func SelfIssued(ca *CA, user string) *tls.Config {
 	}
 }
 
-// ServerSecret keeps the bundled etcd members' certificate (ca.crt, tls.crt,
-// tls.key) in a Secret: issued for Names, renewed when a third of its life
-// is left. etcd reads the mounted files on every new connection, so a
+// CertSecret keeps a certificate from the CA (ca.crt, tls.crt, tls.key) in
+// a Secret: the bundled etcd members' serving certificate, or the backup
+// job's client identity. It is renewed when a third of its life is left;
+// etcd and fencer read the mounted files on every new connection, so a
 // renewal needs no restart.
-type ServerSecret struct {
+type CertSecret struct {
 	Client client.Client
 	CA     *CA
 	Key    types.NamespacedName
-	// Names are the certificate's DNS names and IP addresses.
-	Names []string
-	Log   logr.Logger
+	// Request is what to issue; a server certificate's Names that parse
+	// as IP addresses become IP SANs.
+	Request Request
+	Log     logr.Logger
+}
+
+// ServerRequest is the etcd members' certificate for names (DNS names
+// and IP addresses).
+func ServerRequest(names []string) Request {
+	r := Request{CommonName: "etcd", Server: true}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			r.IPs = append(r.IPs, ip)
+		} else {
+			r.DNSNames = append(r.DNSNames, n)
+		}
+	}
+	return r
 }
 
 // Start checks the Secret at once and then hourly, until ctx ends. Every
 // replica runs it: members must get a certificate before any manager can
 // reach etcd, and optimistic concurrency settles races.
-func (s *ServerSecret) Start(ctx context.Context) error {
+func (s *CertSecret) Start(ctx context.Context) error {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if err := s.Ensure(ctx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			s.Log.Error(err, "etcd server certificate", "secret", s.Key)
+			s.Log.Error(err, "etcd certificate", "secret", s.Key)
 		}
 	}, time.Hour)
 	return nil
 }
 
 // NeedLeaderElection is false: see Start.
-func (s *ServerSecret) NeedLeaderElection() bool { return false }
+func (s *CertSecret) NeedLeaderElection() bool { return false }
 
 // Ensure issues the certificate if the Secret lacks a current one.
-func (s *ServerSecret) Ensure(ctx context.Context) error {
-	want := Request{CommonName: "etcd", Server: true}
-	for _, n := range s.Names {
-		if ip := net.ParseIP(n); ip != nil {
-			want.IPs = append(want.IPs, ip)
-		} else {
-			want.DNSNames = append(want.DNSNames, n)
-		}
-	}
+func (s *CertSecret) Ensure(ctx context.Context) error {
 	var sec corev1.Secret
 	err := s.Client.Get(ctx, s.Key, &sec)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	exists := err == nil
-	if exists && string(sec.Data[caCertKey]) == string(s.CA.CertPEM) && !s.CA.NeedsRenewal(sec.Data[corev1.TLSCertKey], want, time.Now()) {
+	if exists && string(sec.Data[caCertKey]) == string(s.CA.CertPEM) && !s.CA.NeedsRenewal(sec.Data[corev1.TLSCertKey], s.Request, time.Now()) {
 		return nil
 	}
-	issued, err := s.CA.Issue(want, time.Now())
+	issued, err := s.CA.Issue(s.Request, time.Now())
 	if err != nil {
 		return err
 	}
@@ -162,15 +175,17 @@ func (s *ServerSecret) Ensure(ctx context.Context) error {
 		err = s.Client.Create(ctx, &sec)
 	}
 	if err == nil {
-		s.Log.Info("issued the etcd server certificate", "secret", s.Key, "notAfter", issued.NotAfter)
+		s.Log.Info("issued an etcd certificate", "secret", s.Key, "commonName", s.Request.CommonName, "notAfter", issued.NotAfter)
 	}
 	return err
 }
 
 // AuthEnabler turns etcd auth on once etcd answers, retrying until then.
 type AuthEnabler struct {
-	Etcd    *clientv3.Client
-	Manager string
+	Etcd *clientv3.Client
+	// Root are the users given etcd's root role: the manager's, and the
+	// backup job's if there is one.
+	Root    []string
 	Log     logr.Logger
 	enabled atomic.Bool
 }
@@ -189,12 +204,12 @@ func (a *AuthEnabler) Start(ctx context.Context) error {
 	err := wait.PollUntilContextCancel(ctx, 3*time.Second, true, func(ctx context.Context) (bool, error) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := EnableAuth(rctx, a.Etcd, a.Manager); err != nil {
+		if err := EnableAuth(rctx, a.Etcd, a.Root...); err != nil {
 			a.Log.Info("etcd auth not enabled yet; retrying", "reason", err.Error())
 			return false, nil
 		}
 		a.enabled.Store(true)
-		a.Log.Info("etcd auth is on", "managerUser", a.Manager)
+		a.Log.Info("etcd auth is on", "rootUsers", a.Root)
 		return true, nil
 	})
 	if errors.Is(err, context.Canceled) {

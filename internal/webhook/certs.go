@@ -17,9 +17,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ConfigName names both the Mutating- and the ValidatingWebhookConfiguration
-// fencer serves (config/webhook/manifests.yaml).
-const ConfigName = "fencer-fencing"
+// DefaultConfigName names both the Mutating- and the
+// ValidatingWebhookConfiguration of an install (config/webhook/manifests.yaml);
+// the chart names them <release>-fencing, so several installs can coexist.
+const DefaultConfigName = "fencer-fencing"
 
 // RotationOptions configure self-managed webhook certificates.
 type RotationOptions struct {
@@ -30,6 +31,8 @@ type RotationOptions struct {
 	Service string
 	// CertDir is where the serving certificate is written for the server.
 	CertDir string
+	// ConfigName names the webhook configurations the CA is injected into.
+	ConfigName string
 }
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch,namespace=fencer-system
@@ -37,6 +40,7 @@ type RotationOptions struct {
 // narrowed to a name) but may change only fencer's own:
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=list;watch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations;mutatingwebhookconfigurations,verbs=get;update;patch,resourceNames=fencer-fencing
+// (The chart renames fencer-fencing to its own --webhook-config-name.)
 
 // AddCertRotation has every replica keep the webhook's certificate valid
 // with open-policy-agent/cert-controller: it creates a CA and serving
@@ -44,8 +48,8 @@ type RotationOptions struct {
 // CertDir (certSync), and injects the CA into both webhook configurations. The
 // webhook server (a CertGatedServer) starts once the files exist.
 func AddCertRotation(ctx context.Context, mgr ctrl.Manager, o RotationOptions) error {
-	if o.Secret.Namespace == "" || o.Secret.Name == "" || o.Service == "" {
-		return fmt.Errorf("certificate rotation needs the Secret's namespace and name and the webhook Service's name")
+	if o.Secret.Namespace == "" || o.Secret.Name == "" || o.Service == "" || o.ConfigName == "" {
+		return fmt.Errorf("certificate rotation needs the Secret's namespace and name, the webhook Service's name and the webhook configurations' name")
 	}
 	direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
@@ -65,7 +69,7 @@ func AddCertRotation(ctx context.Context, mgr ctrl.Manager, o RotationOptions) e
 		DNSName:        fmt.Sprintf("%s.%s.svc", o.Service, o.Secret.Namespace),
 		ExtraDNSNames:  []string{fmt.Sprintf("%s.%s.svc.cluster.local", o.Service, o.Secret.Namespace)},
 		IsReady:        make(chan struct{}),
-		Webhooks:       []rotator.WebhookInfo{{Name: ConfigName, Type: rotator.Mutating}, {Name: ConfigName, Type: rotator.Validating}},
+		Webhooks:       []rotator.WebhookInfo{{Name: o.ConfigName, Type: rotator.Mutating}, {Name: o.ConfigName, Type: rotator.Validating}},
 		// Every replica serves the webhook, so every replica keeps its files
 		// current, not only the leader.
 		RequireLeaderElection: false,

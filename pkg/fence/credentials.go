@@ -14,8 +14,8 @@ import (
 )
 
 // DefaultCredentialsDir is where the examples mount a namespace's etcd
-// credentials Secret (named fencer-etcd unless the manager's
-// --etcd-credentials-secret says otherwise).
+// credentials Secret (named fencer-etcd-client, or <release>-etcd-client
+// for a Helm release not named fencer).
 const DefaultCredentialsDir = "/var/run/fencer/etcd"
 
 // EtcdAccess is a namespace's etcd identity, read from the mounted
@@ -37,7 +37,7 @@ func LoadEtcdAccess(dir string) (EtcdAccess, error) {
 	read := func(name string) (string, error) {
 		raw, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return "", fmt.Errorf("fencer etcd credentials: %w (mount the namespace's fencer-etcd Secret at %s)", err, dir)
+			return "", fmt.Errorf("fencer etcd credentials: %w (mount the namespace's fencer-etcd-client Secret at %s)", err, dir)
 		}
 		return strings.TrimSpace(string(raw)), nil
 	}

@@ -215,8 +215,8 @@ func TestDevCluster(t *testing.T) {
 			t.Fatalf("etcdctl without a certificate read a lease key:\n%s", anon)
 		}
 		// The namespace has a Lease, so it has its etcd identity.
-		if got := kubectl("get", "secret", "fencer-etcd", "-o", "jsonpath={.data.prefix}"); got == "" {
-			t.Fatal("the default namespace has no fencer-etcd Secret")
+		if got := kubectl("get", "secret", "fencer-etcd-client", "-o", "jsonpath={.data.prefix}"); got == "" {
+			t.Fatal("the default namespace has no fencer-etcd-client Secret")
 		}
 		if want := `"create_revision":` + token + ","; !strings.Contains(string(out), want) {
 			t.Fatalf("TOKEN %s is not the key's create_revision:\n%s", token, out)

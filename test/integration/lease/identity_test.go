@@ -24,8 +24,8 @@ import (
 func mountCredentials(t *testing.T, ns string) string {
 	t.Helper()
 	var s corev1.Secret
-	eventually(t, 20*time.Second, "the namespace's fencer-etcd Secret", func() error {
-		return k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "fencer-etcd"}, &s)
+	eventually(t, 20*time.Second, "the namespace's fencer-etcd-client Secret", func() error {
+		return k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "fencer-etcd-client"}, &s)
 	})
 	dir := t.TempDir()
 	for k, v := range s.Data {
@@ -98,7 +98,7 @@ func TestNamespaceGetsItsOwnEtcdIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "a's Secret deleted", func() error {
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: a, Name: "fencer-etcd"}, &corev1.Secret{})
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: a, Name: "fencer-etcd-client"}, &corev1.Secret{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

@@ -1,0 +1,87 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// snapshotPrefix and snapshotSuffix name the files Snapshot writes; their
+// UTC timestamp in between sorts them oldest first.
+const (
+	snapshotPrefix = "fencer-etcd-"
+	snapshotSuffix = ".db"
+)
+
+// Snapshot saves a snapshot of etcd into dir as fencer-etcd-<UTC time>.db
+// and deletes all but the newest keep snapshots there. The file appears
+// under its name only once complete and synced, so a crash mid-way leaves
+// no truncated snapshot to restore from. Restore it with etcdutl
+// (docs/operations.md), always with --bump-revision.
+func Snapshot(ctx context.Context, cli *clientv3.Client, dir string, keep int, now time.Time) (path string, size int64, err error) {
+	if keep < 1 {
+		return "", 0, fmt.Errorf("keep must be at least 1, got %d", keep)
+	}
+	rc, err := cli.Snapshot(ctx)
+	if err != nil {
+		return "", 0, fmt.Errorf("etcd snapshot: %w", err)
+	}
+	defer rc.Close()
+	path = filepath.Join(dir, snapshotPrefix+now.UTC().Format("20060102T150405Z")+snapshotSuffix)
+	if size, err = writeSynced(path, rc); err != nil {
+		return "", 0, err
+	}
+	return path, size, prune(dir, keep)
+}
+
+func writeSynced(path string, r io.Reader) (int64, error) {
+	part := path + ".part"
+	f, err := os.Create(part)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(part, path)
+	}
+	if err != nil {
+		os.Remove(part)
+		return 0, fmt.Errorf("writing snapshot %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// prune deletes all but the newest keep snapshots in dir.
+func prune(dir string, keep int) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var snaps []string
+	for _, e := range entries {
+		if n := e.Name(); strings.HasPrefix(n, snapshotPrefix) && strings.HasSuffix(n, snapshotSuffix) {
+			snaps = append(snaps, n)
+		}
+	}
+	sort.Strings(snaps)
+	for len(snaps) > keep {
+		if err := os.Remove(filepath.Join(dir, snaps[0])); err != nil {
+			return err
+		}
+		snaps = snaps[1:]
+	}
+	return nil
+}
