@@ -29,3 +29,6 @@ bin=${FENCER_BIN:-bin}
   echo '# change the chart and run `make manifests`.'
   "$bin/helm" template fencer charts/fencer --namespace fencer-system --skip-tests
 } > config/default/fencer.yaml
+
+# The chart's README, from the "# -- " comments of values.yaml.
+go run ./hack/chart-readme

@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -69,6 +70,7 @@ type options struct {
 	exemptUsers         string
 	exemptGroups        string
 	etcdAccess          etcdAccess
+	namespaces          string
 	etcdStepDown        time.Duration
 	maintenanceEvery    time.Duration
 	defragFree          int64
@@ -77,6 +79,7 @@ type options struct {
 // etcdAccess are the flags that lock etcd down (docs/install.md).
 type etcdAccess struct {
 	pkiSecret         string
+	pkiCreate         bool
 	serverSecret      string
 	serverNames       string
 	enableAuth        bool
@@ -87,6 +90,7 @@ type etcdAccess struct {
 
 func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.pkiSecret, "etcd-pki-secret", "", "Secret (ca.crt, ca.key), in --webhook-namespace, of the CA etcd trusts for client certificates; created if missing. With it the manager authenticates to etcd as <prefix>:manager with a certificate it issues itself (unless --etcd-cert-file is given), and gives every namespace with fencer objects an etcd identity of its own.")
+	fs.BoolVar(&a.pkiCreate, "etcd-pki-create", true, "Create --etcd-pki-secret if it is missing. Off when cert-manager issues the CA: the manager then waits for it.")
 	fs.StringVar(&a.serverSecret, "etcd-server-secret", "", "Secret, in --webhook-namespace, to keep the bundled etcd members' serving certificate in (issued from --etcd-pki-secret for --etcd-server-names, renewed before expiry).")
 	fs.StringVar(&a.serverNames, "etcd-server-names", "", "Comma-separated DNS names and IP addresses of the etcd server certificate, e.g. *.fencer-etcd.fencer-system.svc.")
 	fs.StringVar(&a.backupSecret, "etcd-backup-secret", "", "Secret, in --webhook-namespace, to keep the snapshot job's etcd client certificate in (user <prefix>:backup, root role), issued from --etcd-pki-secret.")
@@ -163,6 +167,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). Each grant costs about four writes (finalizer, pod annotation, status, Event), so this bounds how fast many Leases are granted at once.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
+	fs.StringVar(&o.namespaces, "namespaces", "", "Comma-separated namespaces whose Leases and IDRanges this install serves; empty serves all. Give each install sharing a cluster its own namespaces (and its webhook configurations the same list).")
 	fs.IntVar(&o.leaseWorkers, "lease-workers", 4, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
@@ -263,15 +268,13 @@ func run(ctx context.Context, o *options) error {
 	defer etcd.Close()
 
 	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
-	// managedFields are a large part of every cached pod and Lease, and the
-	// controllers never read them.
-	stripManagedFields := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+	cacheOpts := cacheOptions(o)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
-		Cache:                         stripManagedFields,
+		Cache:                         cacheOpts,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              o.leaderElectionIDStr,
 		LeaderElectionNamespace:       o.leaderElectionNS,
@@ -349,6 +352,28 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	return webhook.Register(context.Background(), mgr, store, exempt)
 }
 
+// cacheOptions strip managedFields, a large part of every cached pod and
+// Lease that the controllers never read, and, with --namespaces, confine the
+// Leases, IDRanges and pods this install sees to its namespaces, so several
+// installs can share a cluster without reconciling each other's objects.
+func cacheOptions(o *options) cache.Options {
+	opts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+	namespaces := etcdstore.SplitList(o.namespaces)
+	if len(namespaces) == 0 {
+		return opts
+	}
+	only := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		only[ns] = cache.Config{}
+	}
+	opts.ByObject = map[client.Object]cache.ByObject{
+		&fencerv1alpha1.Lease{}:   {Namespaces: only},
+		&fencerv1alpha1.IDRange{}: {Namespaces: only},
+		&corev1.Pod{}:             {Namespaces: only},
+	}
+	return opts
+}
+
 // loadEtcdCA reads (or creates) the etcd CA of --etcd-pki-secret before the
 // manager starts: the manager's own etcd identity is issued from it.
 func loadEtcdCA(ctx context.Context, cfg *rest.Config, o *options) (*identity.CA, error) {
@@ -359,7 +384,7 @@ func loadEtcdCA(ctx context.Context, cfg *rest.Config, o *options) (*identity.CA
 	if err != nil {
 		return nil, err
 	}
-	return identity.LoadOrCreateCA(ctx, c, types.NamespacedName{Namespace: o.webhookNamespace, Name: o.etcdAccess.pkiSecret})
+	return identity.LoadOrCreateCA(ctx, c, types.NamespacedName{Namespace: o.webhookNamespace, Name: o.etcdAccess.pkiSecret}, o.etcdAccess.pkiCreate)
 }
 
 // setupEtcdAccess adds the runnables that keep etcd locked, maintained and

@@ -32,10 +32,19 @@ const (
 
 // LoadOrCreateCA reads the CA from Secret key, creating it first if it does
 // not exist. Replicas starting together may race: the one whose create
-// loses reads the winner's CA, so all of them share one.
-func LoadOrCreateCA(ctx context.Context, c client.Client, key types.NamespacedName) (*CA, error) {
+// loses reads the winner's CA, so all of them share one. With create false
+// (cert-manager issues the CA) it waits for the Secret instead.
+func LoadOrCreateCA(ctx context.Context, c client.Client, key types.NamespacedName, create bool) (*CA, error) {
 	var s corev1.Secret
 	err := c.Get(ctx, key, &s)
+	for !create && apierrors.IsNotFound(err) {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the etcd CA secret %s: %w", key, ctx.Err())
+		case <-time.After(2 * time.Second):
+		}
+		err = c.Get(ctx, key, &s)
+	}
 	if apierrors.IsNotFound(err) {
 		ca, cerr := NewCA("fencer-etcd-ca", time.Now())
 		if cerr != nil {

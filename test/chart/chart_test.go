@@ -85,9 +85,14 @@ func tool(t *testing.T, name string, args ...string) string {
 }
 
 func toolErr(name string, args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(bin, name), args...)
+	return runTool(context.Background(), kubeconfig, name, args...)
+}
+
+// runTool runs bin/<name> against the cluster of kc.
+func runTool(ctx context.Context, kc, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
 	cmd.Dir = root // docs/install.md's commands use paths relative to the repository
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "HELM_CACHE_HOME="+os.TempDir()+"/helm-cache", "HELM_CONFIG_HOME="+os.TempDir()+"/helm-config", "HELM_DATA_HOME="+os.TempDir()+"/helm-data")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kc, "HELM_CACHE_HOME="+os.TempDir()+"/helm-cache", "HELM_CONFIG_HOME="+os.TempDir()+"/helm-config", "HELM_DATA_HOME="+os.TempDir()+"/helm-data")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -108,8 +113,12 @@ var variants = []variant{
 	{"cert-manager", []string{"--set", "certManager.enabled=true"}},
 	{"no CRDs", []string{"--set", "crds.enabled=false"}},
 	{"ServiceMonitor", []string{"--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"}},
-	{"NetworkPolicy", []string{"--set", "networkPolicy.enabled=true"}},
-	{"bundled etcd with TLS", []string{"--set", "etcd.bundled.tlsSecret=fencer-etcd-tls"}},
+	{"no NetworkPolicy", []string{"--set", "networkPolicy.enabled=false"}},
+	{"HA etcd", []string{"--set", "etcd.bundled.replicas=3"}},
+	{"external etcd with identities", []string{"--set", "etcd.endpoints={https://etcd-0.example:2379}", "--set", "etcd.tlsSecret=fencer-etcd-tls", "--set", "etcd.pkiSecret=fencer-etcd-ca", "--set", "etcd.enableAuth=true"}},
+	{"second install", []string{"--set", "fullnameOverride=team-b", "--set", "crds.enabled=false", "--set", "namespaces={b1,b2}", "--set", "etcd.prefix=/team-b"}},
+	{"scheduling knobs", []string{"--set", "nodeSelector.pool=infra", "--set", "tolerations[0].key=infra", "--set", "tolerations[0].operator=Exists", "--set", "priorityClassName=system-cluster-critical", "--set", "podLabels.team=a", "--set", "podAnnotations.note=x", "--set", "commonLabels.env=prod", "--set", "extraArgs={--etcd-step-down-after=10s}", "--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=y", "--set", "podDisruptionBudget.enabled=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing", "--set", "global.imageRegistry=r.example"}},
+	{"ephemeral etcd without backups", []string{"--set", "etcd.bundled.storage.persistent=false", "--set", "etcd.backup.enabled=false"}},
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
@@ -193,7 +202,9 @@ func TestDefaultRendering(t *testing.T) {
 		t.Errorf("container securityContext %+v", c.SecurityContext)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--kube-api-qps=50", "--kube-api-burst=100", "--lease-workers=4", "--etcd-endpoints=http://fencer-etcd-0.fencer-etcd.fencer-system.svc:2379,http://fencer-etcd-1."} {
+	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--kube-api-qps=50", "--kube-api-burst=100", "--lease-workers=4",
+		"--etcd-endpoints=https://fencer-etcd-0.fencer-etcd.fencer-system.svc:2379 ", "--etcd-pki-secret=fencer-etcd-ca", "--etcd-server-secret=fencer-etcd-server",
+		"--etcd-backup-secret=fencer-etcd-backup", "--etcd-enable-auth", "--etcd-credentials-secret=fencer-etcd-client", "--webhook-config-name=fencer-fencing"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
@@ -232,8 +243,23 @@ func TestDefaultRendering(t *testing.T) {
 	if n := len(find(objs, "CustomResourceDefinition")); n != 2 {
 		t.Errorf("%d CRDs rendered", n)
 	}
-	if n := len(find(objs, "StatefulSet")) + len(find(objs, "PodDisruptionBudget")); n != 3 {
-		t.Errorf("want the etcd StatefulSet and two PDBs, got %d", n)
+	// One etcd member fits a one-node cluster; a PDB for it would only block drains.
+	if n := len(find(objs, "StatefulSet")) + len(find(objs, "PodDisruptionBudget")); n != 2 {
+		t.Errorf("want the etcd StatefulSet and the manager's PDB, got %d", n)
+	}
+	var sts appsv1.StatefulSet
+	one(t, objs, "StatefulSet", &sts)
+	if *sts.Spec.Replicas != 1 || sts.Spec.Template.Spec.Affinity != nil {
+		t.Errorf("default etcd: %d replicas, affinity %+v; want 1 member, schedulable anywhere", *sts.Spec.Replicas, sts.Spec.Template.Spec.Affinity)
+	}
+	etcdArgs := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " ")
+	for _, want := range []string{"--client-cert-auth", "--peer-client-cert-auth", "--listen-client-urls=https://", "--listen-peer-urls=https://", "--quota-backend-bytes=1610612736", "--auto-compaction-mode=periodic"} {
+		if !strings.Contains(etcdArgs, want) {
+			t.Errorf("etcd args %q lack %q", etcdArgs, want)
+		}
+	}
+	if len(find(objs, "CronJob")) != 1 || len(find(objs, "NetworkPolicy")) != 2 {
+		t.Errorf("want the backup CronJob and two NetworkPolicies by default")
 	}
 }
 
@@ -291,22 +317,64 @@ func TestVariantsRenderWhatTheySay(t *testing.T) {
 		t.Errorf("external etcd args: %s", args)
 	}
 	cm := render(t, variants[2].args...)
-	if len(find(cm, "Certificate")) != 1 || len(find(cm, "Issuer")) != 1 {
-		t.Error("cert-manager variant lacks the Issuer or Certificate")
+	if len(find(cm, "Certificate")) != 3 || len(find(cm, "Issuer")) != 2 {
+		t.Error("cert-manager variant: want Certificates for the webhook, the etcd CA and the etcd members, and two Issuers")
 	}
 	one(t, cm, "Deployment", &dep)
-	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--webhook-cert-rotation") {
-		t.Error("cert-manager variant still rotates certificates itself")
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--webhook-cert-rotation") || strings.Contains(args, "--etcd-server-secret") || !strings.Contains(args, "--etcd-pki-create=false") {
+		t.Error("cert-manager variant still issues certificates itself, or creates the CA cert-manager issues")
 	}
-	tlsEtcd := render(t, variants[6].args...)
+	ha := render(t, "--set", "etcd.bundled.replicas=3")
 	var sts appsv1.StatefulSet
-	one(t, tlsEtcd, "StatefulSet", &sts)
-	if args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--client-cert-auth") || !strings.Contains(args, "--peer-client-cert-auth") || !strings.Contains(args, "--listen-client-urls=https://") {
-		t.Errorf("bundled etcd TLS args: %s", args)
+	one(t, ha, "StatefulSet", &sts)
+	if aff := sts.Spec.Template.Spec.Affinity; *sts.Spec.Replicas != 3 || aff == nil || aff.PodAntiAffinity == nil || len(aff.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Errorf("HA etcd: %d members, affinity %+v; want 3 on different nodes", *sts.Spec.Replicas, sts.Spec.Template.Spec.Affinity)
 	}
-	one(t, tlsEtcd, "Deployment", &dep)
-	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--etcd-endpoints=https://") || !strings.Contains(args, "--etcd-cert-file=/etc/fencer/etcd-tls/tls.crt") {
-		t.Errorf("manager args with bundled etcd TLS: %s", args)
+	if n := len(find(ha, "PodDisruptionBudget")); n != 2 {
+		t.Errorf("HA etcd: %d PDBs, want the manager's and etcd's", n)
+	}
+	one(t, ha, "Deployment", &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "fencer-etcd-2.fencer-etcd.fencer-system.svc:2379") {
+		t.Errorf("manager args with HA etcd: %s", args)
+	}
+	second := render(t, variants[8].args...)
+	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ClusterRole"} {
+		for _, o := range find(second, kind) {
+			if !strings.HasPrefix(o.GetName(), "team-b-") {
+				t.Errorf("second install's %s is named %s, clashing with the first", kind, o.GetName())
+			}
+		}
+	}
+	one(t, second, "Deployment", &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--namespaces=b1,b2") || !strings.Contains(args, "--webhook-config-name=team-b-fencing") || !strings.Contains(args, "--etcd-prefix=/team-b") {
+		t.Errorf("second install's args: %s", args)
+	}
+	var role rbacv1.ClusterRole
+	for _, o := range find(second, "ClusterRole") {
+		if o.GetName() == "team-b-manager" {
+			b, _ := yaml.Marshal(o.Object)
+			if err := yaml.Unmarshal(b, &role); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var names []string
+	for _, r := range role.Rules {
+		names = append(names, r.ResourceNames...)
+	}
+	if strings.Join(names, ",") != "team-b-etcd-client,team-b-fencing" {
+		t.Errorf("second install's ClusterRole names %v; want only its own Secret and webhook configurations", names)
+	}
+	knobs := render(t, variants[9].args...)
+	one(t, knobs, "Deployment", &dep)
+	spec := dep.Spec.Template.Spec
+	if spec.NodeSelector["pool"] != "infra" || len(spec.Tolerations) != 1 || spec.PriorityClassName != "system-cluster-critical" || spec.ServiceAccountName != "existing" ||
+		dep.Spec.Template.Labels["team"] != "a" || dep.Spec.Template.Annotations["note"] != "x" || dep.Labels["env"] != "prod" || spec.Containers[0].Env[len(spec.Containers[0].Env)-1].Name != "X" ||
+		!strings.Contains(strings.Join(spec.Containers[0].Args, " "), "--etcd-step-down-after=10s") {
+		t.Errorf("scheduling knobs not applied: %+v", dep)
+	}
+	if len(find(knobs, "PodDisruptionBudget")) != 0 || len(find(knobs, "ServiceAccount")) != 1 /* the helm test's */ {
+		t.Error("podDisruptionBudget.enabled=false or serviceAccount.create=false ignored")
 	}
 	if len(find(render(t, variants[3].args...), "CustomResourceDefinition")) != 0 {
 		t.Error("crds.enabled=false still renders CRDs")
@@ -325,6 +393,9 @@ func TestValuesAreStrict(t *testing.T) {
 		"bogus=1":                     "additional properties 'bogus' not allowed",
 		"etcd.endpoints[0]=etcd:2379": "does not match pattern",
 		"webhook.failurePolicy=Maybe": "failurePolicy",
+		"etcd.bundled.replicas=2":     "/etcd/bundled/replicas",
+		"namespaces[0]=Bad_NS":        "does not match pattern",
+		"extraArgs[0]=etcd-prefix":    "does not match pattern",
 	} {
 		out, err := toolErr("helm", "template", "fencer", chartDir(), "--set", args)
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -1,51 +1,89 @@
+{{- define "fencer.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "fencer.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "fencer.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "fencer.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "fencer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "fencer.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "fencer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: manager
 {{- end -}}
 
 {{- define "fencer.etcdSelectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "fencer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: etcd
 {{- end -}}
+
+{{- define "fencer.backupSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "fencer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: etcd-backup
+{{- end -}}
+
+{{- define "fencer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fencer.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fencer.image" -}}
+"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- end -}}
+
+{{/* Names of the bundled etcd and of the Secrets that lock it down. */}}
+{{- define "fencer.etcdName" -}}{{ include "fencer.fullname" . }}-etcd{{- end -}}
+{{- define "fencer.etcdCASecret" -}}{{ include "fencer.fullname" . }}-etcd-ca{{- end -}}
+{{- define "fencer.etcdServerSecret" -}}{{ include "fencer.fullname" . }}-etcd-server{{- end -}}
+{{- define "fencer.etcdBackupSecret" -}}{{ include "fencer.fullname" . }}-etcd-backup{{- end -}}
+{{- define "fencer.etcdCredentialsSecret" -}}{{ include "fencer.fullname" . }}-etcd-client{{- end -}}
+{{- define "fencer.webhookConfig" -}}{{ include "fencer.fullname" . }}-fencing{{- end -}}
 
 {{/* The etcd client URLs: external, or the bundled StatefulSet's members. */}}
 {{- define "fencer.etcdEndpoints" -}}
 {{- if .Values.etcd.endpoints -}}
 {{- join "," .Values.etcd.endpoints -}}
 {{- else -}}
-{{- $name := printf "%s-etcd" (include "fencer.fullname" .) -}}
+{{- $name := include "fencer.etcdName" . -}}
 {{- $eps := list -}}
 {{- range $i := until (int .Values.etcd.bundled.replicas) -}}
-{{- $eps = append $eps (printf "%s://%s-%d.%s.%s.svc:2379" (include "fencer.etcdScheme" $) $name $i $name $.Release.Namespace) -}}
+{{- $eps = append $eps (printf "https://%s-%d.%s.%s.svc:2379" $name $i $name $.Release.Namespace) -}}
 {{- end -}}
 {{- join "," $eps -}}
 {{- end -}}
 {{- end -}}
 
+{{/* The names the bundled members' certificate is for. */}}
+{{- define "fencer.etcdServerNames" -}}
+{{- $name := include "fencer.etcdName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list (printf "*.%s.%s.svc" $name $ns) (printf "*.%s.%s.svc.cluster.local" $name $ns) (printf "%s.%s.svc" $name $ns) "localhost" "127.0.0.1" | join "," -}}
+{{- end -}}
+
 {{- define "fencer.webhookService" -}}{{ include "fencer.fullname" . }}-webhook{{- end -}}
 {{- define "fencer.webhookSecret" -}}{{ include "fencer.fullname" . }}-webhook-cert{{- end -}}
-
-{{- define "fencer.etcdScheme" -}}{{ if .Values.etcd.bundled.tlsSecret }}https{{ else }}http{{ end }}{{- end -}}
-
-{{/* The Secret the manager's etcd client TLS comes from, if any. */}}
-{{- define "fencer.etcdClientTLS" -}}
-{{- if .Values.etcd.endpoints -}}{{ .Values.etcd.tlsSecret }}{{- else -}}{{ .Values.etcd.bundled.tlsSecret }}{{- end -}}
-{{- end -}}
