@@ -85,6 +85,15 @@ func TestInstallDocCommands(t *testing.T) {
 			continue
 		}
 		switch {
+		case strings.HasPrefix(c, "helm install ") && strings.Fields(c)[2] != "fencer":
+			// A second install, next to the first: it must coexist, and then goes.
+			release, ns := strings.Fields(c)[2], strings.Fields(c)[5]
+			if !installed {
+				run(firstInstall)
+				installed = true
+			}
+			run(c)
+			tool(t, "helm", "uninstall", release, "-n", ns, "--wait")
 		case strings.HasPrefix(c, "helm install "):
 			uninstall()
 			if firstInstall == "" {
@@ -142,9 +151,10 @@ func installCertManagerCRDs(t *testing.T) {
 }
 
 // removeKustomizeInstall deletes what `kubectl apply -k config/default`
-// created, except the namespace (envtest runs no namespace controller, so a
-// deleted namespace would never finish terminating) and the CRDs (kept, as
-// Helm keeps them; the next install adopts them).
+// created, except the namespace and the backup PVC (envtest runs no
+// controllers, so a deleted namespace would never finish terminating, nor a
+// PVC lose its pvc-protection finalizer) and the CRDs (kept, as Helm keeps
+// them; the next install adopts them).
 func removeKustomizeInstall(t *testing.T) {
 	t.Helper()
 	var keep []string
@@ -153,7 +163,7 @@ func removeKustomizeInstall(t *testing.T) {
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
 			t.Fatal(err)
 		}
-		if meta.Kind != "" && meta.Kind != "Namespace" && meta.Kind != "CustomResourceDefinition" {
+		if meta.Kind != "" && meta.Kind != "Namespace" && meta.Kind != "CustomResourceDefinition" && meta.Kind != "PersistentVolumeClaim" {
 			keep = append(keep, doc)
 		}
 	}
