@@ -75,6 +75,16 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if !used {
 		return ctrl.Result{}, r.remove(ctx, ns)
 	}
+	// Without auth every certificate of the CA opens all of etcd: issue
+	// none until it is on.
+	st, err := r.Etcd.AuthStatus(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !st.Enabled {
+		ctrl.LoggerFrom(ctx).Info("etcd auth is off, so a namespace identity would open all of etcd; issuing none until it is on (--etcd-enable-auth, or `etcdctl auth enable`)")
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	}
 	if err := identity.EnsureNamespace(ctx, r.Etcd, r.Prefix, ns, direct); err != nil {
 		return ctrl.Result{}, err
 	}

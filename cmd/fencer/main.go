@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -78,6 +80,8 @@ type options struct {
 
 // etcdAccess are the flags that lock etcd down (docs/install.md).
 type etcdAccess struct {
+	// certFile mirrors --etcd-cert-file, which the auth checks need.
+	certFile          string
 	pkiSecret         string
 	pkiCreate         bool
 	serverSecret      string
@@ -99,7 +103,34 @@ func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
 }
 
+// checkManagerCN refuses to turn auth on with a client certificate that is
+// not the manager's user: etcd would lock the manager (and everyone) out.
+func checkManagerCN(certFile, prefix string) error {
+	if certFile == "" {
+		return nil // the self-issued identity is the manager's by construction
+	}
+	raw, err := os.ReadFile(certFile)
+	if err != nil {
+		return err
+	}
+	block, _ := pem.Decode(raw)
+	if block == nil {
+		return fmt.Errorf("--etcd-cert-file %s holds no PEM certificate", certFile)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return fmt.Errorf("--etcd-cert-file %s: %w", certFile, err)
+	}
+	if want := identity.ManagerUser(prefix); cert.Subject.CommonName != want {
+		return fmt.Errorf("--etcd-enable-auth: the client certificate's CommonName is %q, but etcd would map only %q to the root role, locking the manager out; issue it for %q or leave auth to the etcd's operator", cert.Subject.CommonName, want, want)
+	}
+	return nil
+}
+
 func (a *etcdAccess) validate() error {
+	if a.enableAuth && a.pkiSecret == "" && a.certFile == "" {
+		return errors.New("--etcd-enable-auth needs an identity with the root role: --etcd-pki-secret, or --etcd-cert-file with the CommonName <prefix>:manager")
+	}
 	if a.serverSecret != "" && (a.pkiSecret == "" || a.serverNames == "") {
 		return errors.New("--etcd-server-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-server-names")
 	}
@@ -179,6 +210,7 @@ func (o *options) validate() error {
 	if err := o.etcd.Validate(); err != nil {
 		return err
 	}
+	o.etcdAccess.certFile = o.etcd.CertFile
 	if err := o.etcdAccess.validate(); err != nil {
 		return err
 	}
@@ -404,6 +436,7 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 	for name, req := range certs {
 		err := mgr.Add(&identity.CertSecret{
 			Client:  mgr.GetClient(),
+			Reader:  mgr.GetAPIReader(),
 			CA:      ca,
 			Key:     types.NamespacedName{Namespace: o.webhookNamespace, Name: name},
 			Request: req,
@@ -413,8 +446,14 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 			return err
 		}
 	}
+	maint := &etcdstore.Maintainer{Cli: etcd, Every: o.maintenanceEvery, DefragFree: o.defragFree, Log: ctrl.Log.WithName("etcd-maintenance")}
+	if o.maintenanceEvery > 0 {
+		if err := mgr.Add(maint); err != nil {
+			return err
+		}
+	}
 	if o.etcdStepDown > 0 {
-		dog := &etcdstore.Watchdog{Cli: etcd, Prefix: o.etcd.Prefix, Interval: time.Second, ProbeTimeout: o.etcdProbeTimeout, Timeout: o.etcdStepDown, Log: ctrl.Log.WithName("etcd-watchdog")}
+		dog := &etcdstore.Watchdog{Cli: etcd, Prefix: o.etcd.Prefix, Interval: time.Second, ProbeTimeout: o.etcdProbeTimeout, Timeout: o.etcdStepDown, Paused: maint.Defragmenting, Log: ctrl.Log.WithName("etcd-watchdog")}
 		if err := mgr.Add(dog); err != nil {
 			return err
 		}
@@ -422,13 +461,11 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 			return err
 		}
 	}
-	if o.maintenanceEvery > 0 {
-		if err := mgr.Add(&etcdstore.Maintainer{Cli: etcd, Every: o.maintenanceEvery, DefragFree: o.defragFree, Log: ctrl.Log.WithName("etcd-maintenance")}); err != nil {
-			return err
-		}
-	}
 	if !a.enableAuth {
 		return nil
+	}
+	if err := checkManagerCN(a.certFile, o.etcd.Prefix); err != nil {
+		return err
 	}
 	enabler := &identity.AuthEnabler{Etcd: etcd, Root: root, Log: ctrl.Log.WithName("etcd-auth")}
 	if err := mgr.Add(enabler); err != nil {

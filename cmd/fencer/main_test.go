@@ -5,8 +5,12 @@ import (
 	"flag"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fencer-io/fencer/internal/identity"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -34,6 +38,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-backup-secret=s"}, "--etcd-backup-secret needs --etcd-pki-secret"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-credentials-secret="}, "--etcd-credentials-secret must not be empty"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-step-down-after=-1s"}, "must not be negative"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-enable-auth"}, "--etcd-enable-auth needs an identity with the root role"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-prefix=/a:b"}, "must not contain ':'"},
 	}
 	for _, tc := range cases {
 		_, err := parseFlagsQuiet(tc.args)
@@ -84,6 +90,31 @@ func TestSnapshotCommandRefusals(t *testing.T) {
 		err := snapshotCommand(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("snapshot %q = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestEnableAuthRefusesAForeignCommonName(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := identity.NewCA("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for cn, ok := range map[string]bool{"fencer:manager": true, "etcd-admin": false} {
+		c, err := ca.Issue(identity.Request{CommonName: cn}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, cn+".crt")
+		if err := os.WriteFile(path, c.CertPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err = checkManagerCN(path, "/fencer")
+		if ok != (err == nil) {
+			t.Errorf("CommonName %s: %v", cn, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), `only "fencer:manager"`)) {
+			t.Errorf("CommonName %s: the error does not say which name etcd wants: %v", cn, err)
 		}
 	}
 }

@@ -115,6 +115,8 @@ func (p *EtcdPKI) serverArgs() []string {
 		"--peer-trusted-ca-file=" + p.Path("ca.crt"),
 		"--peer-cert-file=" + p.Path("server.crt"),
 		"--peer-key-file=" + p.Path("server.key"),
+		// The CA signs client identities too; only members may be peers.
+		"--peer-cert-allowed-cn=etcd",
 	}
 }
 
@@ -163,3 +165,6 @@ func SecureCluster(members []*Etcd, pki *EtcdPKI) {
 		m.cluster = strings.Join(initial, ",")
 	}
 }
+
+// PeerURL is the member's peer URL.
+func (e *Etcd) PeerURL() string { return e.peer }

@@ -79,6 +79,10 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/") {
 		return fmt.Errorf("--etcd-prefix %q must start with '/' and not end with '/', e.g. /fencer", c.Prefix)
 	}
+	if strings.Contains(c.Prefix, ":") {
+		// etcd user names are <prefix>:manager and <prefix>:ns:<namespace>.
+		return fmt.Errorf("--etcd-prefix %q must not contain ':', which separates the parts of fencer's etcd user names", c.Prefix)
+	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -33,7 +34,13 @@ type Maintainer struct {
 	Log        logr.Logger
 
 	lastRev int64
+	// defragmenting is set while a member defragments: it blocks all its
+	// requests meanwhile, which the Watchdog must not take for an outage.
+	defragmenting atomic.Bool
 }
+
+// Defragmenting reports whether a member is being defragmented now.
+func (m *Maintainer) Defragmenting() bool { return m.defragmenting.Load() }
 
 // NeedLeaderElection: one manager maintains etcd.
 func (m *Maintainer) NeedLeaderElection() bool { return true }
@@ -142,7 +149,9 @@ func (m *Maintainer) Defragment(ctx context.Context, all bool) error {
 		if !all && (free < m.DefragFree || free < st.DbSize/2) {
 			continue
 		}
+		m.defragmenting.Store(true)
 		_, err = m.Cli.Defragment(ctx, ep)
+		m.defragmenting.Store(false)
 		count("defragment", err)
 		if err != nil {
 			return fmt.Errorf("defragmenting %s: %w", ep, err)

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
 )
 
 func TestSnapshotWritesCompleteFilesAndKeepsTheNewest(t *testing.T) {

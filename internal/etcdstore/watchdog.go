@@ -30,7 +30,10 @@ type Watchdog struct {
 	ProbeTimeout time.Duration
 	// Timeout is how long etcd may stay unreachable before the leader steps down.
 	Timeout time.Duration
-	Log     logr.Logger
+	// Paused, if set, reports when failures must not count: while the
+	// Maintainer defragments a member, which blocks it.
+	Paused func() bool
+	Log    logr.Logger
 
 	failingSince atomic.Int64 // unix nanos of the first failed read in a row; 0 when healthy
 }
@@ -68,6 +71,10 @@ func (w *Watchdog) probe(ctx context.Context) error {
 		return nil
 	}
 	metrics.EtcdHealthy.Set(0)
+	if w.Paused != nil && w.Paused() {
+		w.failingSince.Store(0)
+		return nil
+	}
 	w.failingSince.CompareAndSwap(0, now.UnixNano())
 	down := now.Sub(time.Unix(0, w.failingSince.Load()))
 	if down < w.Timeout {

@@ -3,6 +3,8 @@ package identity_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -228,5 +230,34 @@ func TestForeignCertificatesAreRefused(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: read a lease key", name)
 		}
+	}
+}
+
+// The peer protocol bypasses etcd auth (it renews leases and carries raft
+// messages), and the CA that signs the members' certificate also signs every
+// namespace identity: only the members' CommonName may connect to it.
+func TestNamespaceIdentityCannotSpeakThePeerProtocol(t *testing.T) {
+	etcd, _, _, _, _ := isolated(t)
+	get := func(name string) error {
+		tc, err := etcd.PKI.TLS(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 5 * time.Second}
+		resp, err := hc.Get(etcd.PeerURL + "/version")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	}
+	if err := get("server"); err != nil {
+		t.Fatalf("a member's certificate on the peer port: %v", err)
+	}
+	if err := get("a"); err == nil {
+		t.Fatal("namespace a's certificate was accepted on the peer port")
 	}
 }

@@ -122,7 +122,10 @@ func SelfIssued(ca *CA, user string) *tls.Config {
 // etcd and fencer read the mounted files on every new connection, so a
 // renewal needs no restart.
 type CertSecret struct {
+	// Client writes the Secret; Reader reads it uncached (a cached read
+	// would watch every Secret of the cluster, which the manager may not).
 	Client client.Client
+	Reader client.Reader
 	CA     *CA
 	Key    types.NamespacedName
 	// Request is what to issue; a server certificate's Names that parse
@@ -163,7 +166,7 @@ func (s *CertSecret) NeedLeaderElection() bool { return false }
 // Ensure issues the certificate if the Secret lacks a current one.
 func (s *CertSecret) Ensure(ctx context.Context) error {
 	var sec corev1.Secret
-	err := s.Client.Get(ctx, s.Key, &sec)
+	err := s.Reader.Get(ctx, s.Key, &sec)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}

@@ -117,7 +117,9 @@ func Etcd(t testing.TB, extraArgs ...string) string {
 // root role. PKI issues further identities.
 type SecureEtcd struct {
 	Endpoint string
-	PKI      *devcluster.EtcdPKI
+	// PeerURL is the member's peer URL.
+	PeerURL string
+	PKI     *devcluster.EtcdPKI
 }
 
 // StartSecureEtcd starts a SecureEtcd for fencer keys below prefix for one
@@ -142,7 +144,7 @@ func StartSecureEtcd(t testing.TB, prefix string) *SecureEtcd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Stop() })
-	return &SecureEtcd{Endpoint: e.Endpoint, PKI: pki}
+	return &SecureEtcd{Endpoint: e.Endpoint, PeerURL: e.PeerURL(), PKI: pki}
 }
 
 // Client connects as the certificate <name>.crt of PKI ("manager", or one

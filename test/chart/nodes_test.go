@@ -122,4 +122,3 @@ func clusterTool(t *testing.T, c *devcluster.Cluster, name string, args ...strin
 	}
 	return out
 }
-

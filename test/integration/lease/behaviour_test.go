@@ -553,3 +553,41 @@ func TestSwitchingToDirectStopsControllerRenewals(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCompactionDuringARun compacts etcd to its current revision while a
+// Lease is held, hands it over, and compacts again: no token changes but by
+// a grant, and the controller keeps granting (its lease watch starts at the
+// current revision, so a compaction never cancels it).
+func TestCompactionDuringARun(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	p0 := readyPod(t, ns, "w-0", "w")
+	readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 30))
+	first := heldBy(t, ns, "job")
+	compactNow := func() {
+		t.Helper()
+		resp, err := fx.EtcdCli.Get(context.Background(), "compaction-probe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fx.EtcdCli.Compact(context.Background(), resp.Header.Revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compactNow()
+	time.Sleep(time.Second) // a renewal round after the compaction
+	if tok := etcdToken(t, ns, "job"); tok != first.Token {
+		t.Fatalf("compaction changed the grant's token: %d, want %d", tok, first.Token)
+	}
+	setReady(t, p0, false)
+	second := heldBy(t, ns, "job", first.Holder)
+	if second.Token <= first.Token {
+		t.Fatalf("after compaction and handover: token %d, want above %d", second.Token, first.Token)
+	}
+	compactNow()
+	time.Sleep(time.Second)
+	if tok, st := etcdToken(t, ns, "job"), getLease(t, ns, "job").Status; tok != second.Token || st.Token != second.Token || st.Holder != second.Holder {
+		t.Fatalf("after the second compaction: etcd %d, status %d held by %s; want %d held by %s", tok, st.Token, st.Holder, second.Token, second.Holder)
+	}
+}

@@ -102,7 +102,7 @@ func TestNamespaceGetsItsOwnEtcdIdentity(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there (%v)", err)
+		return fmt.Errorf("still there (%w)", err)
 	})
 	eventually(t, 10*time.Second, "a's etcd user removed", func() error {
 		fresh, err := clientv3.New(access.Config)
