@@ -12,10 +12,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -55,6 +57,8 @@ type IdentityReconciler struct {
 	// SecretName is the credentials Secret's name in every namespace.
 	SecretName string
 	Clock      clock.Clock
+
+	wake waker[fencerv1.Lease, *fencerv1.Lease]
 }
 
 // Secrets can be created anywhere (create cannot be narrowed to a name), but
@@ -188,8 +192,14 @@ func (r *IdentityReconciler) remove(ctx context.Context, ns string) error {
 }
 
 // SetupWithManager reconciles a namespace whenever one of its Leases or
-// IDRanges changes.
+// IDRanges changes, and every namespace that has an etcd user at the
+// leader's start and every identityResync: a namespace whose last object
+// went while no leader watched still loses its identity.
 func (r *IdentityReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.wake = newWaker[fencerv1.Lease]()
+	if err := mgr.Add(manager.RunnableFunc(r.sweep)); err != nil {
+		return err
+	}
 	toNamespace := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace()}}}
 	})
@@ -197,5 +207,23 @@ func (r *IdentityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("identity").
 		Watches(&fencerv1.Lease{}, toNamespace).
 		Watches(&fencerv1.IDRange{}, toNamespace).
+		WatchesRawSource(r.wake.source()).
 		Complete(r)
+}
+
+// sweep queues every namespace with an etcd user, now and every
+// identityResync, until ctx ends. It runs on the leader only.
+func (r *IdentityReconciler) sweep(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("identity-sweep")
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		namespaces, err := identity.Namespaces(ctx, r.Etcd, r.Prefix)
+		if err != nil {
+			log.Error(err, "listing the namespaces' etcd users")
+			return
+		}
+		for _, ns := range namespaces {
+			r.wake.wake(ns, "")
+		}
+	}, identityResync)
+	return nil
 }

@@ -181,3 +181,21 @@ func ensureUser(ctx context.Context, cli *clientv3.Client, name string) error {
 	}
 	return nil
 }
+
+// Namespaces lists the namespaces that have an etcd user of this install,
+// so that identities whose namespace lost its last fencer object while no
+// manager was watching are found and removed.
+func Namespaces(ctx context.Context, cli *clientv3.Client, prefix string) ([]string, error) {
+	resp, err := cli.UserList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing etcd users: %w", err)
+	}
+	var out []string
+	marker := NamespaceUser(prefix, "")
+	for _, u := range resp.Users {
+		if ns, ok := strings.CutPrefix(u, marker); ok && ns != "" {
+			out = append(out, ns)
+		}
+	}
+	return out, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -563,7 +564,7 @@ func TestCompactionDuringARun(t *testing.T) {
 	ns := namespace(t)
 	p0 := readyPod(t, ns, "w-0", "w")
 	readyPod(t, ns, "w-1", "w")
-	create(t, newLease(ns, "job", "w", 30))
+	create(t, newLease(ns, "job", "w", 3))
 	first := heldBy(t, ns, "job")
 	compactNow := func() {
 		t.Helper()

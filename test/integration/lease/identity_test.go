@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
 )
@@ -114,6 +115,30 @@ func TestNamespaceGetsItsOwnEtcdIdentity(t *testing.T) {
 		defer cancel()
 		if _, err := fresh.Get(rctx, etcdkeys.DataPrefix(prefix, a)+"index"); err == nil {
 			return errors.New("a's old certificate still reads a's data key")
+		}
+		return nil
+	})
+}
+
+// TestOrphanedIdentityIsRemoved: an etcd user left for a namespace whose
+// last fencer object went while no manager ran is found by the leader's
+// sweep and removed.
+func TestOrphanedIdentityIsRemoved(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	if err := identity.EnsureNamespace(ctx, fx.EtcdCli, prefix, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	startController(t, "c1")
+	eventually(t, 30*time.Second, "the orphaned etcd user removed", func() error {
+		users, err := identity.Namespaces(ctx, fx.EtcdCli, prefix)
+		if err != nil {
+			return err
+		}
+		for _, u := range users {
+			if u == ns {
+				return fmt.Errorf("%s still has an etcd user", ns)
+			}
 		}
 		return nil
 	})
