@@ -145,6 +145,9 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
+	if grant != nil && grant.Unissued {
+		return out, r.dropUnissued(ctx, lease, grant, &out)
+	}
 	if grant != nil && grant.Token < lease.Status.HighestToken() {
 		// A grant below a token already issued came back with an etcd
 		// restored from an old snapshot: adopting it would reissue a token.
@@ -445,6 +448,18 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 	return nil
 }
 
+// dropUnissued deletes a lease key the controller did not create (its grant
+// marker does not match): someone with write access to it, such as a Direct
+// Lease's namespace identity, re-created it. Its token was never issued, so
+// it is never adopted or published; the next reconcile grants anew.
+func (r *LeaseReconciler) dropUnissued(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonUnissuedGrant,
+		"the lease key holds token %d, which fencer never issued (the key was re-created by something with write access to it, such as a Direct Lease's namespace etcd identity); it is deleted and the Lease granted anew", g.Token)
+	ctrl.LoggerFrom(ctx).Info("deleting a lease key fencer did not create", "token", g.Token)
+	out.result.RequeueAfter = time.Millisecond
+	return r.endGrant(ctx, lease, g)
+}
+
 // belowIssued reports whether rev (etcd's revision, or a grant's token) is
 // below floor, the highest token the Lease's status records.
 func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
@@ -487,6 +502,9 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 			return ctrl.Result{}, err
 		}
 		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
+	}
+	if err := r.Store.ForgetLease(ctx, lease.Namespace, lease.Name); err != nil {
+		return ctrl.Result{}, err
 	}
 	pods, err := r.candidates(ctx, lease)
 	if err != nil {

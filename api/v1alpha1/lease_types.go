@@ -173,6 +173,10 @@ const (
 	// ReasonEtcdNoSpace: etcd raised its NOSPACE alarm and refuses writes
 	// until space is freed and the alarm disarmed (docs/operations.md).
 	ReasonEtcdNoSpace = "EtcdNoSpace"
+	// ReasonUnissuedGrant (an Event): the lease key held a grant fencer
+	// never made, re-created by something with write access to the key; it
+	// was deleted.
+	ReasonUnissuedGrant = "UnissuedGrant"
 	// ReasonEtcdRevisionRegressed: etcd's revision is below a token this
 	// Lease already issued, as after a restore from a snapshot without
 	// --bump-revision. Granting would reissue old tokens, so the controller

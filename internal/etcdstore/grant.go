@@ -28,6 +28,11 @@ type Grant struct {
 	LeaseID clientv3.LeaseID
 	// Value is what the key holds.
 	GrantValue
+	// Unissued is set when the controller did not create this key: its
+	// grant marker does not match. Something with write access to the key
+	// (a Direct Lease's namespace identity, an etcd admin) wrote it. It is
+	// never a token to trust.
+	Unissued bool
 }
 
 // GrantValue is the JSON stored at a lease key (docs/concepts.md).
@@ -100,14 +105,27 @@ func (s *Store) ReadGrant(ctx context.Context, namespace, name string) (g *Grant
 	defer s.timed("get")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(ctx, etcdkeys.LeaseKey(s.prefix, namespace, name))
+	return s.readGrant(ctx, namespace, name)
+}
+
+// readGrant reads a lease key and its grant marker in one linearizable
+// read-only transaction.
+func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, int64, error) {
+	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, namespace, name))).Commit()
 	if err != nil {
 		return nil, 0, err
 	}
-	if len(resp.Kvs) == 0 {
+	keys, markers := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	if len(keys) == 0 {
 		return nil, resp.Header.Revision, nil
 	}
-	g, err = decodeGrant(resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].CreateRevision, resp.Kvs[0].Lease)
+	kv := keys[0]
+	if len(markers) == 0 || markers[0].ModRevision != kv.CreateRevision {
+		// Whatever it holds, even garbage, it is to be deleted, not decoded.
+		return &Grant{Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease), Unissued: true}, resp.Header.Revision, nil
+	}
+	g, err := decodeGrant(kv.Key, kv.Value, kv.CreateRevision, kv.Lease)
 	return g, resp.Header.Revision, err
 }
 
@@ -133,11 +151,15 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	}
 	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
 	var val GrantValue
+	// The marker, written in the same transaction, has the key's
+	// CreateRevision as its ModRevision: how readers tell this grant from
+	// a key someone else re-created.
+	marker := clientv3.OpPut(etcdkeys.GrantMarkerKey(s.prefix, namespace, name), "")
 	resp, ok, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
 		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
 		raw, err := json.Marshal(val)
 		return string(raw), err
-	})
+	}, marker)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +174,7 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 // value made for that lease, only if key is absent (ok false: it exists).
 // The etcd lease is revoked unless the key was created, so a failed attempt
 // leaves nothing behind.
-func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error)) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
+func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error), also ...clientv3.Op) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
 	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, false, 0, err
@@ -163,7 +185,7 @@ func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl tim
 		return nil, false, 0, err
 	}
 	resp, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
-		clientv3.OpPut(key, val, clientv3.WithLease(lease.ID)))
+		append([]clientv3.Op{clientv3.OpPut(key, val, clientv3.WithLease(lease.ID))}, also...)...)
 	if !ok {
 		s.revoke(lease.ID)
 	}
@@ -193,6 +215,16 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 	return nil
 }
 
+// ForgetLease deletes the grant marker of a Lease being deleted, once its
+// grant is released. A marker left behind would be harmless (it matches no
+// future key), only clutter.
+func (s *Store) ForgetLease(ctx context.Context, namespace, name string) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	_, err := s.cli.Delete(ctx, etcdkeys.GrantMarkerKey(s.prefix, namespace, name))
+	return err
+}
+
 // revoke drops an etcd lease that no key needs, best effort: an unrevoked
 // lease only expires later, attached to nothing.
 func (s *Store) revoke(id clientv3.LeaseID) {
@@ -213,18 +245,16 @@ func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.D
 	return max(time.Duration(resp.TTL)*time.Second, 0), nil
 }
 
-// readLive is one linearizable read of a lease key and etcd's revision.
+// readLive is one linearizable read of a lease key and etcd's revision. A
+// key the controller did not create is no grant: its token is refused.
 func (s *Store) readLive(ctx context.Context, namespace, name string) (Live, error) {
-	resp, err := s.cli.Get(ctx, etcdkeys.LeaseKey(s.prefix, namespace, name))
+	g, rev, err := s.readGrant(ctx, namespace, name)
 	if err != nil {
 		return Live{}, err
 	}
-	live := Live{Revision: resp.Header.Revision}
-	if len(resp.Kvs) > 0 {
-		kv := resp.Kvs[0]
-		if live.Grant, err = decodeGrant(kv.Key, kv.Value, kv.CreateRevision, kv.Lease); err != nil {
-			return Live{}, err
-		}
+	live := Live{Revision: rev, Grant: g}
+	if g != nil && g.Unissued {
+		live.Grant, live.Unissued = nil, g.Token
 	}
 	return live, nil
 }

@@ -15,6 +15,9 @@ type Live struct {
 	// Revision is etcd's revision at the read: no token above it had been
 	// issued when the read was served.
 	Revision int64
+	// Unissued is the token of a lease key the controller did not create
+	// (Grant.Unissued), 0 if none: the lease counts as not held.
+	Unissued int64
 }
 
 // LiveReader answers "what is the live token of this lease?" authoritatively

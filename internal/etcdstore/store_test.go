@@ -159,3 +159,48 @@ func waitTerm(t *testing.T, e *Elector) Term {
 	t.Fatal("elector never won")
 	return Term{}
 }
+
+// A lease key re-created by anyone but GrantLease (same value, same etcd
+// lease, new CreateRevision) reads as Unissued, and as no grant at all to
+// the webhook's live reads.
+func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
+	cli := startEtcd(t)
+	el, _ := win(t, cli, "c1")
+	s := NewStore(cli, DefaultPrefix, el, nil)
+	ctx := context.Background()
+	g, err := s.GrantLease(ctx, "ns", "job", "p", "uid", 30*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.ReadGrant(ctx, "ns", "job")
+	if err != nil || got == nil || got.Unissued || got.Token != g.Token {
+		t.Fatalf("the controller's own grant: %+v, %v", got, err)
+	}
+	key := etcdkeys.LeaseKey(DefaultPrefix, "ns", "job")
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, key, string(resp.Kvs[0].Value), clientv3.WithLease(g.LeaseID)); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err = s.ReadGrant(ctx, "ns", "job")
+	if err != nil || got == nil || !got.Unissued {
+		t.Fatalf("a re-created key: %+v, %v; want Unissued", got, err)
+	}
+	live, err := s.readLive(ctx, "ns", "job")
+	if err != nil || live.Grant != nil || live.Unissued != got.Token {
+		t.Fatalf("the webhook's view of a re-created key: %+v, %v; want no grant", live, err)
+	}
+	// Garbage under a key fencer did not write is no read error either: it
+	// is to be deleted, and must not wedge the Lease.
+	if _, err := cli.Put(ctx, key, "\xff"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err = s.ReadGrant(ctx, "ns", "job"); err != nil || !got.Unissued {
+		t.Fatalf("garbage under the key: %+v, %v", got, err)
+	}
+}

@@ -63,6 +63,15 @@ func DataPrefix(prefix, namespace string) string {
 	return join(prefix, "data", namespace) + "/"
 }
 
+// GrantMarkerKey is written by the controller in the same transaction that
+// creates a lease key, so its ModRevision equals the key's CreateRevision
+// for exactly the grants the controller made. It lies outside every
+// namespace's etcd permissions: a Direct holder, which may write its lease
+// key to renew it, cannot forge the marker to go with a key it re-creates.
+func GrantMarkerKey(prefix, namespace, name string) string {
+	return join(prefix, "grants", namespace, name)
+}
+
 // LeaderKey is the etcd election key of the active controller.
 func LeaderKey(prefix string) string { return join(prefix, "controller", "leader") }
 

@@ -505,7 +505,11 @@ func TestRestoredGrantBelowIssuedTokenIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	value, _ := json.Marshal(etcdstore.GrantValue{Holder: pod.Name, HolderUID: string(pod.UID), LeaseID: int64(lease.ID), GrantTime: time.Now(), TTL: 30})
-	put, err := fx.EtcdCli.Put(ctx, etcdkeys.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID))
+	// With its grant marker, written in the same transaction, as the
+	// controller made it before the snapshot.
+	put, err := fx.EtcdCli.Txn(ctx).Then(
+		clientv3.OpPut(etcdkeys.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(etcdkeys.GrantMarkerKey(prefix, ns, "job"), "")).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -589,5 +593,59 @@ func TestCompactionDuringARun(t *testing.T) {
 	time.Sleep(time.Second)
 	if tok, st := etcdToken(t, ns, "job"), getLease(t, ns, "job").Status; tok != second.Token || st.Token != second.Token || st.Holder != second.Holder {
 		t.Fatalf("after the second compaction: etcd %d, status %d held by %s; want %d held by %s", tok, st.Token, st.Holder, second.Token, second.Holder)
+	}
+}
+
+// TestRecreatedLeaseKeyIsNeverAdopted: a Direct Lease's namespace identity
+// may write the Lease's key (etcd requires it to renew), so a hostile pod
+// can delete the key and put it back, minting a new CreateRevision. The
+// controller must not adopt that token: it deletes the key (Warning
+// UnissuedGrant) and grants anew, with a token above the minted one.
+func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 30)
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	create(t, l)
+	first := heldBy(t, ns, "job")
+	key := etcdkeys.LeaseKey(prefix, ns, "job")
+	resp, err := fx.EtcdCli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the grant: %v %v", resp, err)
+	}
+	// The forger keeps the value and even the etcd lease: only the
+	// CreateRevision changes.
+	kv := resp.Kvs[0]
+	if _, err := fx.EtcdCli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	forged, err := fx.EtcdCli.Put(ctx, key, string(kv.Value), clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted := forged.Header.Revision
+	touch(t, ns, "job")
+	eventually(t, 30*time.Second, "the re-created key replaced by a real grant", func() error {
+		st := getLease(t, ns, "job").Status
+		tok := etcdToken(t, ns, "job")
+		if st.Token == minted || tok == minted {
+			return fmt.Errorf("the minted token %d is live (status %d, etcd %d)", minted, st.Token, tok)
+		}
+		if st.Token <= minted || tok != st.Token {
+			return fmt.Errorf("status token %d, etcd %d; want a new grant above %d", st.Token, tok, minted)
+		}
+		return nil
+	})
+	reasons, err := eventReasons(ns, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reasons[fencerv1.ReasonUnissuedGrant] == 0 {
+		t.Errorf("no %s Event: %v", fencerv1.ReasonUnissuedGrant, reasons)
+	}
+	if first.Token >= minted {
+		t.Fatalf("setup: first token %d, minted %d", first.Token, minted)
 	}
 }
