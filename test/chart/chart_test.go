@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -420,6 +421,30 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	if err := cl.Create(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
+
+	// The manager's Secret policy: outside its namespace only its own
+	// credentials Secret. (The policy may take a moment to load.)
+	asManager := "--as=system:serviceaccount:fencer-system:fencer"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := toolErr("kubectl", "create", "secret", "generic", "fencer-etcd-client", "-n", "default", asManager)
+		if err != nil && strings.Contains(err.Error(), "may create or change only its etcd credentials Secret") {
+			break
+		}
+		if err == nil {
+			tool(t, "kubectl", "delete", "secret", "fencer-etcd-client", "-n", "default")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the manager created an Opaque Secret outside its namespace: %v %s", err, out)
+		}
+		time.Sleep(time.Second)
+	}
+	tlsSecret := filepath.Join(t.TempDir(), "cred.yaml")
+	if err := os.WriteFile(tlsSecret, []byte("apiVersion: v1\nkind: Secret\nmetadata: {name: fencer-etcd-client, namespace: default, labels: {app.kubernetes.io/managed-by: fencer}}\ntype: kubernetes.io/tls\ndata: {tls.crt: \"\", tls.key: \"\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tool(t, "kubectl", "create", "-f", tlsSecret, asManager)
+	tool(t, "kubectl", "delete", "-f", tlsSecret)
 
 	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
