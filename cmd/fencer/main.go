@@ -177,7 +177,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 3*time.Second, "How long the leader keeps trying to renew before it steps down. Must be less than --leader-elect-lease-duration.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 500*time.Millisecond, "How often candidates try to acquire or renew leadership.")
 	fs.DurationVar(&o.etcdProbeTimeout, "etcd-probe-timeout", 2*time.Second, "Timeout of the etcd read behind /readyz and the leader's etcd watchdog.")
-	fs.DurationVar(&o.etcdStepDown, "etcd-step-down-after", 5*time.Second, "How long the leader may fail to reach etcd before it gives up leadership (and exits, to be restarted), so a replica that reaches etcd takes over. 0 disables.")
+	fs.DurationVar(&o.etcdStepDown, "etcd-step-down-after", 5*time.Second, "How long the leader may fail to reach etcd before it gives up leadership (and exits, to be restarted), so a replica that reaches etcd takes over. 0 disables; so does --leader-elect=false, as there is no standby.")
 	fs.DurationVar(&o.maintenanceEvery, "etcd-maintenance-interval", 5*time.Minute, "How often the leader maintains etcd: clears a NOSPACE alarm, compacts the revisions older than one interval, and defragments members with much free space. 0 disables, for an etcd maintained by other means.")
 	fs.Int64Var(&o.defragFree, "etcd-defrag-free-bytes", 64<<20, "Free backend space above which a member is defragmented (if it is also half the backend). One member at a time.")
 	fs.DurationVar(&o.gracefulShutdown, "graceful-shutdown-timeout", 10*time.Second, "How long the manager waits for controllers to stop on SIGTERM.")
@@ -452,7 +452,8 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 			return err
 		}
 	}
-	if o.etcdStepDown > 0 {
+	// A single replica (no leader election) has no standby to hand over to.
+	if o.etcdStepDown > 0 && o.leaderElect {
 		dog := &etcdstore.Watchdog{Cli: etcd, Prefix: o.etcd.Prefix, Interval: time.Second, ProbeTimeout: o.etcdProbeTimeout, Timeout: o.etcdStepDown, Paused: maint.Defragmenting, Log: ctrl.Log.WithName("etcd-watchdog")}
 		if err := mgr.Add(dog); err != nil {
 			return err

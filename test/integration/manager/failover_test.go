@@ -131,13 +131,19 @@ func next(t *testing.T, elected <-chan leader, failure string) leader {
 	}
 }
 
-// waitToken waits until the Lease's status has a token other than not.
+// waitToken waits until Lease default/crash has a token other than not.
 func waitToken(t *testing.T, cl client.Client, not int64) int64 {
+	t.Helper()
+	return waitTokenOf(t, cl, "crash", not)
+}
+
+// waitTokenOf waits until Lease default/name has a token other than not.
+func waitTokenOf(t *testing.T, cl client.Client, name string, not int64) int64 {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		l := &fencerv1.Lease{}
-		if err := cl.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "crash"}, l); err == nil && l.Status.Token != 0 && l.Status.Token != not {
+		if err := cl.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, l); err == nil && l.Status.Token != 0 && l.Status.Token != not {
 			return l.Status.Token
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -32,16 +32,15 @@ func TestLeaderCutFromEtcdStepsDown(t *testing.T) {
 	}
 	defer etcdCli.Close()
 	elected := leaders(t, etcdCli)
-	readyPod(t, cl, "w-cut", "crash")
+	readyPod(t, cl, "w-cut", "cut")
 	const ttl = 20
 	lease := &fencerv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: "crash", Namespace: "default"},
-		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: "cut", Namespace: "default"},
+		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "cut"}}},
 	}
 	if err := cl.Create(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cl.Delete(context.Background(), lease) })
 
 	proxy := func() *faultproxy.Proxy {
 		p, err := faultproxy.Start(endpoint[len("http://"):])
@@ -53,7 +52,7 @@ func TestLeaderCutFromEtcdStepsDown(t *testing.T) {
 	}
 	pa, pb := proxy(), proxy()
 	a := startFencer(t, "a", "--etcd-endpoints=http://"+pa.Addr(), "--leader-election-namespace=default", "--etcd-step-down-after=3s")
-	token := waitToken(t, cl, 0)
+	token := waitTokenOf(t, cl, "cut", 0)
 	first := next(t, elected, "replica a never won the etcd election")
 	b := startFencer(t, "b", "--etcd-endpoints=http://"+pb.Addr(), "--leader-election-namespace=default", "--etcd-step-down-after=3s")
 	waitStatus(t, b.probeURL+"/readyz", http.StatusOK)
@@ -74,7 +73,7 @@ func TestLeaderCutFromEtcdStepsDown(t *testing.T) {
 		t.Error("the cut-off leader did not exit")
 	}
 	time.Sleep(2 * time.Second) // a renewal round by the new leader
-	if got := waitToken(t, cl, 0); got != token {
+	if got := waitTokenOf(t, cl, "cut", 0); got != token {
 		t.Fatalf("token %d after the takeover, want %d kept", got, token)
 	}
 }
