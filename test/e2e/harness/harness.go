@@ -23,7 +23,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +34,7 @@ import (
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/faultproxy"
+	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/history"
@@ -79,6 +79,10 @@ type Harness struct {
 	cfg     *rest.Config
 	cl      client.Client
 	members []*devcluster.Etcd
+	// pki locks fencer's etcd down as the chart does: TLS, client
+	// certificates, auth. Managers connect as the manager's user, workers as
+	// their namespace's identity.
+	pki     *devcluster.EtcdPKI
 	etcd    *clientv3.Client
 	webhook *faultproxy.Proxy
 	// h.webhookPorts are the managers' webhook ports, chosen before the proxy
@@ -168,11 +172,45 @@ func (h *Harness) startEtcd(ctx context.Context) error {
 	if h.members, err = devcluster.NewEtcdCluster(h.opts.BinDir, filepath.Join(h.opts.Dir, "etcd"), "fencer-etcd", 3); err != nil {
 		return err
 	}
+	if h.pki, err = devcluster.NewEtcdPKI(filepath.Join(h.opts.Dir, "etcd-pki"), h.Prefix()); err != nil {
+		return err
+	}
+	devcluster.SecureCluster(h.members, h.pki)
 	if err := devcluster.StartAll(ctx, h.members); err != nil {
 		return err
 	}
-	h.etcd, err = clientv3.New(clientv3.Config{Endpoints: h.memberURLs(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	return err
+	if h.etcd, err = h.pki.Client(h.memberURLs(), "manager"); err != nil {
+		return err
+	}
+	// The workers' namespace identity, as the manager's identity controller
+	// gives it: its lease keys read-only, its IDRanges and data keys.
+	if err := identity.EnsureNamespace(ctx, h.etcd, h.Prefix(), Namespace, nil); err != nil {
+		return err
+	}
+	return h.pki.Issue("workload", identity.Request{CommonName: identity.NamespaceUser(h.Prefix(), Namespace)})
+}
+
+// workerCredentials writes what the kubelet would mount from the
+// namespace's credentials Secret, with the worker's own proxied endpoints.
+func (h *Harness) workerCredentials(name, endpoints string) (string, error) {
+	dir := filepath.Join(h.opts.Dir, "workers", name+"-etcd")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	files := map[string][]byte{"ca.crt": h.pki.CA.CertPEM, "endpoints": []byte(endpoints), "prefix": []byte(h.Prefix())}
+	for from, to := range map[string]string{"workload.crt": "tls.crt", "workload.key": "tls.key"} {
+		raw, err := os.ReadFile(h.pki.Path(from))
+		if err != nil {
+			return "", err
+		}
+		files[to] = raw
+	}
+	for name, raw := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), raw, 0o600); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 func (h *Harness) memberURLs() []string {
@@ -189,12 +227,12 @@ func (h *Harness) proxies() ([]*faultproxy.Proxy, string, error) {
 	var ps []*faultproxy.Proxy
 	var urls []string
 	for _, m := range h.members {
-		p, err := faultproxy.Start(strings.TrimPrefix(m.Endpoint, "http://"))
+		p, err := faultproxy.Start(strings.TrimPrefix(m.Endpoint, "https://"))
 		if err != nil {
 			return nil, "", err
 		}
 		ps = append(ps, p)
-		urls = append(urls, "http://"+p.Addr())
+		urls = append(urls, "https://"+p.Addr())
 	}
 	return ps, strings.Join(urls, ","), nil
 }
@@ -227,7 +265,13 @@ func (h *Harness) startManagers(ctx context.Context) error {
 			log: filepath.Join(h.opts.Dir, "logs", fmt.Sprintf("manager-%d.log", i)),
 			args: []string{
 				"--kubeconfig=" + kubeconfig,
+				"--etcd-ca-file=" + h.pki.Path("ca.crt"),
+				"--etcd-cert-file=" + h.pki.Path("manager.crt"),
+				"--etcd-key-file=" + h.pki.Path("manager.key"),
 				"--etcd-endpoints=" + endpoints,
+				// The checker replays etcd's whole history from revision 1,
+				// which compaction would drop; compaction is tested apart.
+				"--etcd-maintenance-interval=0",
 				"--leader-election-namespace=" + systemNamespace,
 				"--metrics-bind-address=0",
 				fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes[i]),
@@ -309,13 +353,17 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		creds, err := h.workerCredentials(name, endpoints)
+		if err != nil {
+			return err
+		}
 		readyAddr := fmt.Sprintf("127.0.0.1:%d", ports[i])
 		w := &process{
 			name: name, bin: h.opts.Worker, proxies: ps,
 			log: filepath.Join(h.opts.Dir, "logs", name+".log"),
 			args: []string{
 				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name,
-				"--leases=alpha,beta", "--etcd-endpoints=" + endpoints,
+				"--leases=alpha,beta", "--etcd-credentials=" + creds,
 				"--idrange=ids", "--block-size=1000", "--hostile-every=250ms",
 				"--history=" + filepath.Join(h.opts.Dir, "workers", name+".jsonl"),
 				"--ready-addr=" + readyAddr,

@@ -13,8 +13,9 @@ import (
 )
 
 // DataPrefix is where workers keep their fenced etcd keys:
-// <DataPrefix><namespace>/<lease>.
-const DataPrefix = "/faults/"
+// <DataPrefix><namespace>/<lease>, the data keys their namespace's etcd
+// identity may write (etcdkeys.DataPrefix under /fencer).
+const DataPrefix = "/fencer/data/"
 
 // Report is what Check found. Any non-zero violation count fails the run.
 type Report struct {

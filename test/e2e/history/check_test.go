@@ -42,7 +42,7 @@ func clean(t *testing.T) *Histories {
 		Leases: []LeaseEvent{{Name: "a", ResourceVersion: 1, Token: 10}, {Name: "a", ResourceVersion: 2, Token: 20}},
 		Etcd: []EtcdEvent{
 			{Revision: 10, Type: "PUT", Key: lk, CreateRevision: 10, Version: 1},
-			{Revision: 11, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 3})},
+			{Revision: 11, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 3})},
 			{Revision: 12, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "100"},
 			{Revision: 13, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w0","podUID":"u0"}`},
 			{Revision: 15, Type: "DELETE", Key: lk},
@@ -50,7 +50,7 @@ func clean(t *testing.T) *Histories {
 			{Revision: 17, Type: "DELETE", Key: prefix + "/idranges/ns/slots/slots/0"},
 			{Revision: 18, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w1","podUID":"u1"}`},
 			{Revision: 20, Type: "PUT", Key: lk, CreateRevision: 20, Version: 1},
-			{Revision: 21, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 20, Writer: "w1", Seq: 2})},
+			{Revision: 21, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 20, Writer: "w1", Seq: 2})},
 		},
 		Faults: []Fault{{Kind: "pause-worker", Target: "w0", For: 3 * time.Second}},
 	}
@@ -82,7 +82,7 @@ func TestEachViolationIsCaught(t *testing.T) {
 			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 10, Writer: "w0", Seq: 2})
 		}, func(r *Report) int { return r.StaleAccepted }},
 		{"etcd write under a token not live", func(h *Histories) {
-			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 22, Type: "PUT", Key: "/faults/ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 9})})
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 22, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 9})})
 		}, func(r *Report) int { return r.StaleAccepted }},
 		{"lease key overwritten while held", func(h *Histories) {
 			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 23, Type: "PUT", Key: lk, CreateRevision: 20, Version: 2})

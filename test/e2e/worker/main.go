@@ -41,7 +41,7 @@ import (
 type config struct {
 	kubeconfig, namespace, pod string
 	leases                     []string
-	etcdEndpoints              []string
+	etcdCredentials            string
 	prefix                     string
 	idRange                    string
 	idMin, idMax, blockSize    int64
@@ -52,15 +52,14 @@ type config struct {
 
 func main() {
 	var c config
-	var leases, endpoints string
+	var leases string
 	// Its own flag set: controller-runtime registers --kubeconfig globally.
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig authenticating as this pod")
 	fs.StringVar(&c.namespace, "namespace", "default", "the pod's namespace")
 	fs.StringVar(&c.pod, "pod", "", "the pod this worker is")
 	fs.StringVar(&leases, "leases", "", "comma-separated fencer Lease names to write under")
-	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd client URLs")
-	fs.StringVar(&c.prefix, "etcd-prefix", "/fencer", "fencer's etcd prefix")
+	fs.StringVar(&c.etcdCredentials, "etcd-credentials", "", "directory of the namespace's mounted etcd credentials Secret (fence.LoadEtcdAccess)")
 	fs.StringVar(&c.idRange, "idrange", "", "Blocks IDRange to issue IDs from; empty for none")
 	fs.Int64Var(&c.idMin, "id-min", 0, "the IDRange's spec.min")
 	fs.Int64Var(&c.idMax, "id-max", 1<<62, "the IDRange's spec.max")
@@ -71,7 +70,6 @@ func main() {
 	fs.DurationVar(&c.hostileEvery, "hostile-every", 0, "pause between hostile writes (no token, forged, old, tokenless) to lease alpha's objects; 0 sends none")
 	_ = fs.Parse(os.Args[1:])
 	c.leases = split(leases)
-	c.etcdEndpoints = split(endpoints)
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
@@ -100,11 +98,15 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	etcd, err := clientv3.New(clientv3.Config{
-		Endpoints: c.etcdEndpoints, DialTimeout: 2 * time.Second,
-		DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second,
-		Logger: zap.NewNop(),
-	})
+	// As a workload does: its namespace's identity, from the mounted Secret.
+	access, err := fence.LoadEtcdAccess(c.etcdCredentials)
+	if err != nil {
+		return err
+	}
+	c.prefix = access.Prefix
+	cfg := access.Config
+	cfg.DialTimeout, cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout, cfg.Logger = 2*time.Second, time.Second, time.Second, zap.NewNop()
+	etcd, err := clientv3.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -244,7 +246,7 @@ func apiReason(err error) string {
 	return "" // unexplained: the checker fails the run
 }
 
-// writeKey writes the fenced etcd key /faults/<ns>/<lease> in a fenced txn.
+// writeKey writes the fenced etcd key <prefix>/data/<ns>/<lease> in a fenced txn.
 func (w *worker) writeKey(ctx context.Context, lease string, tok fence.Token) {
 	seq := w.nextSeq()
 	key := history.DataPrefix + w.namespace + "/" + lease
