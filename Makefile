@@ -48,9 +48,10 @@ verify-generated: tools ## Fail when generated files differ from what `make mani
 ##@ Run
 
 .PHONY: dev
-dev: tools manifests generate build ## Run a local cluster with fencer on loopback; kubeconfig in bin/dev/kubeconfig.
+NODE ?= kwok
+dev: tools manifests generate build ## Run a local cluster with fencer on loopback; kubeconfig in bin/dev/kubeconfig. NODE=real adds a real node (root).
 	go build -o $(BIN)/fencer-dev ./hack/dev
-	exec $(BIN)/fencer-dev --dir $(BIN)/dev --bin $(BIN) --manager $(BIN)/fencer
+	exec $(BIN)/fencer-dev --dir $(BIN)/dev --bin $(BIN) --manager $(BIN)/fencer $(if $(filter real,$(NODE)),--real-node)
 
 ##@ Test
 
@@ -97,6 +98,10 @@ test-image: image ## make image, then read the tarball back, run its binary, and
 .PHONY: test-dev-smoke
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
+
+.PHONY: test-real-node
+test-real-node: tools ## Root only: a real node (kubelet, containerd, runc, CNI from Debian) next to kwok; a pod's Downward API token, its refresh latency, and a teardown that leaves nothing behind, run twice.
+	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...
 
 FAULT_DURATION ?= 2m
 .PHONY: test-faults

@@ -25,17 +25,18 @@ func main() {
 		webhook = flag.String("webhook", "config/webhook/manifests.yaml", "fencer's ValidatingWebhookConfiguration; dev points it at the manager on loopback.")
 		tools   = flag.String("tools", "hack/tools", "The tools module; kwok's stages are read from the kwok version it pins.")
 		nodes   = flag.Int("nodes", 3, "How many kwok nodes to create.")
+		real    = flag.Bool("real-node", false, "Also run a real node: a kubelet with containerd, runc and CNI on this machine (root; installs the Debian packages if missing; docs/development.md).")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dir, *binDir, *manager, *crds, *webhook, *tools, *nodes); err != nil {
+	if err := run(ctx, *dir, *binDir, *manager, *crds, *webhook, *tools, *nodes, *real); err != nil {
 		fmt.Fprintf(os.Stderr, "dev: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string, nodes int) error {
+func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string, nodes int, real bool) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -45,7 +46,7 @@ func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string,
 		return err
 	}
 	c, err := devcluster.Start(ctx, devcluster.Options{
-		BinDir: binDir, Dir: dir, Nodes: nodes, KwokStages: stages, Log: os.Stdout,
+		BinDir: binDir, Dir: dir, Nodes: nodes, KwokStages: stages, Log: os.Stdout, RealNode: real,
 	})
 	if err != nil {
 		return err

@@ -42,6 +42,9 @@ type Options struct {
 	KwokStages []string
 	// Log receives progress lines.
 	Log io.Writer
+	// RealNode adds a real node next to the kwok nodes: a kubelet with
+	// containerd, runc and CNI on this machine (root only; realnode.go).
+	RealNode bool
 }
 
 // Cluster is a running dev cluster.
@@ -49,6 +52,9 @@ type Cluster struct {
 	opts  Options
 	procs []*proc
 	pki   *pki
+	// server is the apiserver's URL; real the real node, if any.
+	server string
+	real   *realNode
 
 	// Kubeconfig is the path of an admin kubeconfig.
 	Kubeconfig string
@@ -114,6 +120,12 @@ func (c *Cluster) start(ctx context.Context) error {
 		{"nodes", c.createNodes},
 		{"default service account", c.waitServiceAccount},
 	} {
+		if step.name == "default service account" && c.opts.RealNode {
+			c.logf("starting the real node")
+			if err := c.startRealNode(ctx); err != nil {
+				return err
+			}
+		}
 		c.logf("starting %s", step.name)
 		if err := step.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", step.name, err)
@@ -138,13 +150,18 @@ func (c *Cluster) makePKI() (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}
+	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1"), net.ParseIP(realBridgeIP)}
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	if err := p.issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth, names, loopback); err != nil {
 		return nil, err
 	}
 	admin := pkix.Name{CommonName: "fencer-dev-admin", Organization: []string{"system:masters"}}
 	if err := p.issue("admin", admin, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+		return nil, err
+	}
+	// The apiserver's identity towards kubelets (logs, exec).
+	kubeletClient := pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}
+	if err := p.issue("apiserver-kubelet-client", kubeletClient, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
 		return nil, err
 	}
 	return p, p.serviceAccountKeys()
@@ -208,9 +225,18 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		return err
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
+	c.server = server
+	bind := "127.0.0.1"
+	if c.opts.RealNode {
+		// Pods on the real node reach the apiserver on the bridge address.
+		bind = "0.0.0.0"
+	}
 	p, err := c.run("kube-apiserver",
 		"--etcd-servers="+c.EtcdEndpoint,
-		"--bind-address=127.0.0.1",
+		"--bind-address="+bind,
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
 		"--advertise-address=127.0.0.1",
 		// The endpoint reconciler refuses loopback addresses, and nothing here
 		// routes to the kubernetes Service anyway.
@@ -261,13 +287,18 @@ func (c *Cluster) adminTLS() (*tls.Config, error) {
 }
 
 func (c *Cluster) writeKubeconfig(server string) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["fencer-dev"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: c.pki.path("ca.crt")}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: c.pki.path("admin.crt"), ClientKey: c.pki.path("admin.key")}
-	cfg.Contexts["fencer-dev"] = &clientcmdapi.Context{Cluster: "fencer-dev", AuthInfo: "admin", Namespace: "default"}
-	cfg.CurrentContext = "fencer-dev"
 	c.Kubeconfig = c.Path("kubeconfig")
-	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
+	return writeKubeconfig(c.Kubeconfig, server, c.pki.path("ca.crt"), c.pki.path("admin.crt"), c.pki.path("admin.key"))
+}
+
+// writeKubeconfig writes a kubeconfig for server with a client certificate.
+func writeKubeconfig(path, server, ca, cert, key string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["fencer-dev"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: ca}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: key}
+	cfg.Contexts["fencer-dev"] = &clientcmdapi.Context{Cluster: "fencer-dev", AuthInfo: "user", Namespace: "default"}
+	cfg.CurrentContext = "fencer-dev"
+	return clientcmd.WriteToFile(*cfg, path)
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
@@ -416,8 +447,13 @@ func (c *Cluster) Wait(ctx context.Context) error {
 }
 
 // Stop stops every process, last started first, and waits for each to exit.
+// A real node is torn down first, back to the machine's previous state.
 func (c *Cluster) Stop() error {
 	var errs []error
+	if c.real != nil {
+		errs = append(errs, c.real.stop())
+		c.real = nil
+	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		errs = append(errs, c.procs[i].stop(10*time.Second))
 	}

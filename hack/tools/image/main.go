@@ -27,8 +27,10 @@ func main() {
 	binary := flag.String("binary", "", "the static fencer binary (linux/amd64, CGO_ENABLED=0)")
 	tag := flag.String("tag", "ghcr.io/fencer-io/fencer:dev", "image reference recorded in the tarball")
 	out := flag.String("out", "fencer-image.tar", "tarball to write")
+	entry := flag.String("entrypoint", "fencer", "name of the binary in the image, at /<name>, and its entrypoint")
+	user := flag.String("user", "65532:65532", "UID:GID the image runs as")
 	flag.Parse()
-	if err := build(*binary, *tag, *out); err != nil {
+	if err := buildAs(*binary, *tag, *out, *entry, *user); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
@@ -38,6 +40,12 @@ func main() {
 var epoch = time.Unix(0, 0)
 
 func build(binary, tag, out string) error {
+	return buildAs(binary, tag, out, "fencer", "65532:65532")
+}
+
+// buildAs writes an image holding binary at /<entry>, its entrypoint, run
+// as user: also the real node's pause image and test workloads.
+func buildAs(binary, tag, out, entry, user string) error {
 	bin, err := os.ReadFile(binary)
 	if err != nil {
 		return fmt.Errorf("reading --binary: %w", err)
@@ -51,7 +59,7 @@ func build(binary, tag, out string) error {
 			return err
 		}
 	}
-	if err := tw.WriteHeader(&tar.Header{Name: "fencer", Mode: 0o555, Size: int64(len(bin)), ModTime: epoch}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Name: entry, Mode: 0o555, Size: int64(len(bin)), ModTime: epoch}); err != nil {
 		return err
 	}
 	if _, err := tw.Write(bin); err != nil {
@@ -76,8 +84,8 @@ func build(binary, tag, out string) error {
 	cfg = cfg.DeepCopy()
 	cfg.Architecture, cfg.OS = "amd64", "linux"
 	cfg.Created = v1.Time{Time: epoch}
-	cfg.Config.User = "65532:65532"
-	cfg.Config.Entrypoint = []string{"/fencer"}
+	cfg.Config.User = user
+	cfg.Config.Entrypoint = []string{"/" + entry}
 	cfg.Config.Labels = map[string]string{"org.opencontainers.image.source": "https://github.com/fencer-io/fencer"}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return err
