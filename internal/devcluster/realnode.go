@@ -455,3 +455,11 @@ func run(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// PodAPIServer is the host and port pods on the real node reach the
+// apiserver at (there is no kube-proxy for the kubernetes Service): set
+// them as KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
+func (c *Cluster) PodAPIServer() (host, port string) {
+	_, port, _ = net.SplitHostPort(strings.TrimPrefix(c.server, "https://"))
+	return realBridgeIP, port
+}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,8 +47,16 @@ func machineState(t *testing.T) string {
 		_, err := os.Stat(d)
 		fmt.Fprintf(&b, "%s=%v ", d, err == nil)
 	}
-	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|pause)").Output()
-	fmt.Fprintf(&b, "processes=%q", strings.TrimSpace(string(out)))
+	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|pause|worker)").Output()
+	var live []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		// A killed shim or container is a zombie until this machine's
+		// PID 1 reaps it; it holds nothing but its process ID.
+		if l != "" && !strings.HasSuffix(l, "<defunct>") {
+			live = append(live, l)
+		}
+	}
+	fmt.Fprintf(&b, "processes=%q", live)
 	return b.String()
 }
 
@@ -117,6 +126,12 @@ func realNodeRun(t *testing.T, measure bool) {
 	if !measure {
 		return
 	}
+	measureDownwardAPI(t, c, file)
+	electRealWorkers(t, c, root)
+}
+
+func measureDownwardAPI(t *testing.T, c *devcluster.Cluster, file string) {
+	ctx := context.Background()
 	var lat []time.Duration
 	for i := 1; i <= 20; i++ {
 		want := fmt.Sprintf(`lease.fencer.io/report="%d"`, 1000+i)
@@ -158,3 +173,155 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+// electRealWorkers runs the fencer manager, and a Lease over three worker
+// pods in real containers. The holder reads its token from its Downward API
+// file and from the API, and writes a fenced ConfigMap with it. Killing the
+// holder's container process, and then the whole pod, hands the Lease on,
+// and the next holder's write carries a larger token.
+func electRealWorkers(t *testing.T, c *devcluster.Cluster, root string) {
+	ctx := context.Background()
+	bin, _ := testenv.BinDir()
+	if err := c.InstallCRDs(ctx, filepath.Join(root, "config", "crd", "bases")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartManager(ctx, filepath.Join(bin, "fencer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	worker := filepath.Join(t.TempDir(), "worker")
+	build := exec.Command("go", "build", "-trimpath", "-o", worker, "./test/realnode/worker")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the worker: %v\n%s", err, out)
+	}
+	if err := c.BuildImage(ctx, worker, "fencer.test/realnode-worker:dev", "worker", "65532:65532"); err != nil {
+		t.Fatal(err)
+	}
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := c.Kubectl(ctx, args...)
+		if err != nil {
+			t.Fatalf("kubectl %s: %v", strings.Join(args, " "), err)
+		}
+		return out
+	}
+	kubectl("create", "role", "worker", "--verb=get,list,watch", "--resource=pods", "-n", "default")
+	kubectl("create", "role", "worker-cm", "--verb=get,create,update,patch", "--resource=configmaps", "-n", "default")
+	kubectl("create", "rolebinding", "worker", "--role=worker", "--serviceaccount=default:default", "-n", "default")
+	kubectl("create", "rolebinding", "worker-cm", "--role=worker-cm", "--serviceaccount=default:default", "-n", "default")
+	host, port := c.PodAPIServer()
+	manifest := `apiVersion: fencer.io/v1alpha1
+kind: Lease
+metadata: {name: report, namespace: default}
+spec: {ttlSeconds: 5, holderSelector: {matchLabels: {app: worker}}}
+`
+	for i := range 3 {
+		manifest += fmt.Sprintf(`---
+apiVersion: v1
+kind: Pod
+metadata: {name: worker-%d, namespace: default, labels: {app: worker}}
+spec:
+  nodeName: %s
+  containers:
+  - name: worker
+    image: fencer.test/realnode-worker:dev
+    imagePullPolicy: Never
+    env:
+    - {name: KUBERNETES_SERVICE_HOST, value: %q}
+    - {name: KUBERNETES_SERVICE_PORT, value: %q}
+    - {name: LEASE, value: report}
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - name: POD_NAMESPACE
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    volumeMounts: [{name: podinfo, mountPath: /etc/podinfo}]
+  volumes:
+  - name: podinfo
+    downwardAPI: {items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]}
+`, i, devcluster.RealNodeName, host, port)
+	}
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl("apply", "-f", path)
+
+	first := waitWrite(t, c, 0)
+	t.Logf("pods on the real node:\n%s", kubectl("get", "pods", "-o", "wide"))
+	t.Logf("first tenure: %s wrote report-output under token %s", first.writer, first.token)
+
+	// Kill the holder's container process; the kubelet restarts it.
+	killWorker(t, c, first.writer)
+	// Then delete the holder pod: the next holder writes a larger token.
+	kubectl("delete", "pod", first.writer, "--wait=false")
+	next := waitWrite(t, c, mustInt(t, first.token))
+	if next.writer == first.writer {
+		t.Fatalf("the deleted holder %s wrote again", next.writer)
+	}
+	t.Logf("after the holder was killed and deleted: %s wrote under token %s (> %s)", next.writer, next.token, first.token)
+}
+
+type written struct{ writer, token string }
+
+// waitWrite waits until report-output was written under a token above
+// above, and that token is the Lease's.
+func waitWrite(t *testing.T, c *devcluster.Cluster, above int64) written {
+	t.Helper()
+	ctx := context.Background()
+	var w written
+	waitFor(t, 90*time.Second, fmt.Sprintf("a fenced write under a token above %d", above), func() (bool, error) {
+		cm, err := c.Client.CoreV1().ConfigMaps("default").Get(ctx, "report-output", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		w = written{writer: cm.Data["writer"], token: cm.Data["token"]}
+		tok, _ := strconvParse(w.token)
+		if tok <= above {
+			return false, nil
+		}
+		status, err := c.Kubectl(ctx, "get", "flease", "report", "-o", "jsonpath={.status.token}")
+		return err == nil && strings.TrimSpace(status) == w.token, nil
+	})
+	return w
+}
+
+// killWorker SIGKILLs the worker process of pod, found by its cgroup.
+func killWorker(t *testing.T, c *devcluster.Cluster, pod string) {
+	t.Helper()
+	p, err := c.Client.CoreV1().Pods("default").Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := strings.ReplaceAll(string(p.UID), "-", "_")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "worker" {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if !strings.Contains(string(cg), string(p.UID)) && !strings.Contains(string(cg), uid) {
+			continue
+		}
+		if err := exec.Command("kill", "-9", e.Name()).Run(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed %s's worker process %s", pod, e.Name())
+		return
+	}
+	t.Fatalf("no worker process of %s found", pod)
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconvParse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func strconvParse(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
