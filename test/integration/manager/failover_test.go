@@ -50,28 +50,12 @@ type leader struct {
 // does not change. It logs the takeover time, which docs/operations.md
 // states as the smallest safe ttlSeconds.
 func TestControllerCrashKeepsToken(t *testing.T) {
-	endpoint := fencerEtcd(t)
-	ctx := context.Background()
-	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcdCli.Close()
-	elected := leaders(t, etcdCli)
-	readyPod(t, cl, "w-0", "crash")
 	// The smallest ttlSeconds docs/operations.md promises survives a crash.
 	const ttl = 10
-	lease := &fencerv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: "crash", Namespace: "default"},
-		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "crash"}}},
-	}
-	if err := cl.Create(ctx, lease); err != nil {
-		t.Fatal(err)
-	}
+	f := newFailover(t, "crash", ttl)
+	endpoint, cl, etcdCli, elected := f.endpoint, f.cl, f.etcdCli, f.elected
+	ctx := context.Background()
+	lease := f.lease
 
 	a := startFencer(t, "a", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
 	token := waitToken(t, cl, 0)
@@ -117,6 +101,39 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	if l.Status.Token != token || l.Status.Transitions != 0 {
 		t.Fatalf("status token %d transitions %d, want %d and 0", l.Status.Token, l.Status.Transitions, token)
 	}
+}
+
+// failover is what the failover tests share: a fresh etcd, clients, the
+// election's leaders, a Ready candidate pod and the Lease named name.
+type failover struct {
+	endpoint string
+	cl       client.Client
+	etcdCli  *clientv3.Client
+	elected  <-chan leader
+	lease    *fencerv1.Lease
+}
+
+func newFailover(t *testing.T, name string, ttl int32) failover {
+	t.Helper()
+	f := failover{endpoint: fencerEtcd(t)}
+	var err error
+	if f.cl, err = client.New(env.Config, client.Options{Scheme: testenv.Scheme()}); err != nil {
+		t.Fatal(err)
+	}
+	if f.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{f.endpoint}, DialTimeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.etcdCli.Close() })
+	f.elected = leaders(t, f.etcdCli)
+	readyPod(t, f.cl, "w-"+name, name)
+	f.lease = &fencerv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}},
+	}
+	if err := f.cl.Create(context.Background(), f.lease); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // next waits for the election's next leader.

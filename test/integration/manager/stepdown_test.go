@@ -1,18 +1,11 @@
 package manager
 
 import (
-	"context"
 	"net/http"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/faultproxy"
-	"github.com/fencer-io/fencer/internal/testenv"
 )
 
 // TestLeaderCutFromEtcdStepsDown cuts only the leader's link to etcd; it
@@ -20,27 +13,8 @@ import (
 // leadership. The standby, which reaches etcd, must take over and keep the
 // grant's token. The takeover time is logged (docs/operations.md).
 func TestLeaderCutFromEtcdStepsDown(t *testing.T) {
-	endpoint := fencerEtcd(t)
-	ctx := context.Background()
-	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	etcdCli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcdCli.Close()
-	elected := leaders(t, etcdCli)
-	readyPod(t, cl, "w-cut", "cut")
-	const ttl = 20
-	lease := &fencerv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: "cut", Namespace: "default"},
-		Spec:       fencerv1.LeaseSpec{TTLSeconds: ttl, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "cut"}}},
-	}
-	if err := cl.Create(ctx, lease); err != nil {
-		t.Fatal(err)
-	}
+	f := newFailover(t, "cut", 20)
+	endpoint, cl, elected := f.endpoint, f.cl, f.elected
 
 	proxy := func() *faultproxy.Proxy {
 		p, err := faultproxy.Start(endpoint[len("http://"):])
