@@ -1,27 +1,25 @@
 package devcluster
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/fencer-io/fencer/internal/identity"
 )
 
 // pki is the dev cluster's certificate authority and the files made from it.
 // Everything is regenerated on each start: a dev cluster lives for one run.
 type pki struct {
 	dir string
-	ca  *x509.Certificate
-	key *ecdsa.PrivateKey
+	ca  *identity.CA
 }
 
 func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
@@ -30,70 +28,32 @@ func newPKI(dir string) (*pki, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := identity.NewCA("fencer-dev-ca", time.Now())
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "fencer-dev-ca"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	p := &pki{dir: dir, ca: ca}
+	keyPEM, err := ca.KeyPEM()
 	if err != nil {
 		return nil, err
 	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
+	if err := os.WriteFile(p.path("ca.crt"), ca.CertPEM, 0o600); err != nil {
 		return nil, err
 	}
-	p := &pki{dir: dir, ca: ca, key: key}
-	if err := writePEM(p.path("ca.crt"), "CERTIFICATE", der); err != nil {
-		return nil, err
-	}
-	return p, p.writeKey("ca.key", key)
+	return p, os.WriteFile(p.path("ca.key"), keyPEM, 0o600)
 }
 
-func (p *pki) writeKey(name string, key *ecdsa.PrivateKey) error {
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	return writePEM(p.path(name), "EC PRIVATE KEY", der)
-}
-
-// issue writes <name>.crt and <name>.key, signed by the CA.
-func (p *pki) issue(name string, subject pkix.Name, usage x509.ExtKeyUsage, dnsNames []string, ips []net.IP) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      subject,
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(365 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		DNSNames:     dnsNames,
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.key)
+// issue writes <name>.crt and <name>.key, signed by the CA: a serving
+// certificate for dnsNames and ips when server is set, else a client one.
+func (p *pki) issue(name string, subject pkix.Name, server bool, dnsNames []string, ips []net.IP) error {
+	c, err := p.ca.Issue(identity.Request{CommonName: subject.CommonName, Organization: subject.Organization, Server: server, DNSNames: dnsNames, IPs: ips}, time.Now())
 	if err != nil {
 		return fmt.Errorf("issuing %s: %w", name, err)
 	}
-	if err := writePEM(p.path(name+".crt"), "CERTIFICATE", der); err != nil {
+	if err := os.WriteFile(p.path(name+".crt"), c.CertPEM, 0o600); err != nil {
 		return err
 	}
-	return p.writeKey(name+".key", key)
+	return os.WriteFile(p.path(name+".key"), c.KeyPEM, 0o600)
 }
 
 // serviceAccountKeys writes the RSA key pair the apiserver signs and verifies
@@ -133,7 +93,7 @@ func NewTestCA(dir string) (*TestCA, error) {
 // ServingPair issues a serving certificate for host and returns it and its
 // key, PEM-encoded.
 func (c *TestCA) ServingPair(host string) (crt, key []byte, err error) {
-	if err := c.p.issue("serving", pkix.Name{CommonName: host}, x509.ExtKeyUsageServerAuth, []string{host}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+	if err := c.p.issue("serving", pkix.Name{CommonName: host}, true, []string{host}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
 		return nil, nil, err
 	}
 	if crt, err = os.ReadFile(c.p.path("serving.crt")); err != nil {

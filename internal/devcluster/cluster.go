@@ -152,16 +152,16 @@ func (c *Cluster) makePKI() (*pki, error) {
 	}
 	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1"), net.ParseIP(realBridgeIP)}
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
-	if err := p.issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth, names, loopback); err != nil {
+	if err := p.issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, true, names, loopback); err != nil {
 		return nil, err
 	}
 	admin := pkix.Name{CommonName: "fencer-dev-admin", Organization: []string{"system:masters"}}
-	if err := p.issue("admin", admin, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := p.issue("admin", admin, false, nil, nil); err != nil {
 		return nil, err
 	}
 	// The apiserver's identity towards kubelets (logs, exec).
 	kubeletClient := pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}
-	if err := p.issue("apiserver-kubelet-client", kubeletClient, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := p.issue("apiserver-kubelet-client", kubeletClient, false, nil, nil); err != nil {
 		return nil, err
 	}
 	return p, p.serviceAccountKeys()
@@ -282,7 +282,7 @@ func (c *Cluster) adminTLS() (*tls.Config, error) {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(c.pki.ca)
+	pool.AddCert(c.pki.ca.Cert)
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}, nil
 }
 

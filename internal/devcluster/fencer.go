@@ -3,7 +3,6 @@ package devcluster
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
 	"net"
@@ -94,7 +93,7 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 // webhookCerts issues the manager's webhook serving certificate for
 // 127.0.0.1 from the dev CA, as tls.crt and tls.key.
 func (c *Cluster) webhookCerts() (string, error) {
-	if err := c.pki.issue("webhook", pkix.Name{CommonName: "fencer-webhook"}, x509.ExtKeyUsageServerAuth, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+	if err := c.pki.issue("webhook", pkix.Name{CommonName: "fencer-webhook"}, true, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
 		return "", err
 	}
 	dir := c.Path("webhook-certs")

@@ -2,7 +2,6 @@ package devcluster
 
 import (
 	"context"
-	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
@@ -227,10 +226,10 @@ func (c *Cluster) BuildImage(ctx context.Context, binary, tag, entry, user strin
 func (n *realNode) kubelet(ctx context.Context) error {
 	p := n.c.pki
 	node := pkix.Name{CommonName: "system:node:" + RealNodeName, Organization: []string{"system:nodes"}}
-	if err := p.issue("kubelet-client", node, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+	if err := p.issue("kubelet-client", node, false, nil, nil); err != nil {
 		return err
 	}
-	if err := p.issue("kubelet-serving", pkix.Name{CommonName: RealNodeName}, x509.ExtKeyUsageServerAuth, []string{RealNodeName}, []net.IP{net.ParseIP(realBridgeIP)}); err != nil {
+	if err := p.issue("kubelet-serving", pkix.Name{CommonName: RealNodeName}, true, []string{RealNodeName}, []net.IP{net.ParseIP(realBridgeIP)}); err != nil {
 		return err
 	}
 	kubeconfig := filepath.Join(n.dir, "kubelet.kubeconfig")

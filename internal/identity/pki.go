@@ -96,6 +96,9 @@ func (ca *CA) KeyPEM() ([]byte, error) {
 type Request struct {
 	// CommonName is the etcd user of a client certificate.
 	CommonName string
+	// Organization becomes the subject's O, which Kubernetes reads as
+	// groups (the dev cluster's admin and node certificates).
+	Organization []string
 	// Server makes a certificate etcd members serve with, and present to
 	// their peers, for DNSNames and IPs.
 	Server   bool
@@ -133,7 +136,7 @@ func (ca *CA) Issue(r Request, now time.Time) (Issued, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: r.CommonName},
+		Subject:      pkix.Name{CommonName: r.CommonName, Organization: r.Organization},
 		NotBefore:    now.Add(-5 * time.Minute), // tolerate small clock skew
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
