@@ -1,16 +1,13 @@
 package controllers
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
@@ -24,12 +21,9 @@ import (
 	"github.com/fencer-io/fencer/internal/identity"
 )
 
-// Keys of a namespace's etcd credentials Secret; pkg/fence.LoadEtcdAccess
-// reads them from where the Secret is mounted.
+// Keys a namespace's etcd credentials Secret has besides ca.crt, tls.crt
+// and tls.key; pkg/fence.LoadEtcdAccess reads them where it is mounted.
 const (
-	credCA        = "ca.crt"
-	credCert      = "tls.crt"
-	credKey       = "tls.key"
 	credEndpoints = "endpoints"
 	credPrefix    = "prefix"
 )
@@ -127,52 +121,16 @@ func (r *IdentityReconciler) want(ns string) identity.Request {
 // missing, stale or about to expire, and returns when to renew it next.
 func (r *IdentityReconciler) ensureSecret(ctx context.Context, ns string) (time.Time, error) {
 	key := types.NamespacedName{Namespace: ns, Name: r.SecretName}
-	var s corev1.Secret
-	err := r.Reader.Get(ctx, key, &s)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return time.Time{}, err
+	extra := map[string][]byte{credEndpoints: []byte(strings.Join(r.Endpoints, ",")), credPrefix: []byte(r.Prefix)}
+	renewAt, issued, err := identity.EnsureCertSecret(ctx, r.Reader, r.Client, r.CA, key, r.want(ns), extra, r.Clock.Now())
+	if err == nil && issued {
+		ctrl.LoggerFrom(ctx).Info("issued the namespace's etcd credentials", "secret", r.SecretName, "renewAt", renewAt)
 	}
-	exists := err == nil
-	if exists && !r.managed(&s) {
-		return time.Time{}, fmt.Errorf("secret %s exists and is not fencer's (label %s=%s missing): rename it or delete it so fencer can issue the namespace's etcd credentials", key, fencerv1.ManagedByLabel, fencerv1.ManagedByValue)
-	}
-	if exists && !r.stale(&s, ns) {
-		return identity.RenewAt(s.Data[credCert]), nil
-	}
-	issued, err := r.CA.Issue(r.want(ns), r.Clock.Now())
-	if err != nil {
-		return time.Time{}, err
-	}
-	s.ObjectMeta = metav1.ObjectMeta{Name: r.SecretName, Namespace: ns, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}, ResourceVersion: s.ResourceVersion}
-	s.Type = corev1.SecretTypeTLS
-	s.Data = map[string][]byte{
-		credCA:        r.CA.CertPEM,
-		credCert:      issued.CertPEM,
-		credKey:       issued.KeyPEM,
-		credEndpoints: []byte(strings.Join(r.Endpoints, ",")),
-		credPrefix:    []byte(r.Prefix),
-	}
-	if exists {
-		err = r.Update(ctx, &s)
-	} else {
-		err = r.Create(ctx, &s)
-	}
-	if err != nil {
-		return time.Time{}, err
-	}
-	ctrl.LoggerFrom(ctx).Info("issued the namespace's etcd credentials", "secret", r.SecretName, "notAfter", issued.NotAfter)
-	return identity.RenewAt(issued.CertPEM), nil
+	return renewAt, err
 }
 
 func (r *IdentityReconciler) managed(s *corev1.Secret) bool {
 	return s.Labels[fencerv1.ManagedByLabel] == fencerv1.ManagedByValue
-}
-
-func (r *IdentityReconciler) stale(s *corev1.Secret, ns string) bool {
-	return !bytes.Equal(s.Data[credCA], r.CA.CertPEM) ||
-		string(s.Data[credEndpoints]) != strings.Join(r.Endpoints, ",") ||
-		string(s.Data[credPrefix]) != r.Prefix ||
-		r.CA.NeedsRenewal(s.Data[credCert], r.want(ns), r.Clock.Now())
 }
 
 // remove takes a namespace's identity away once it has no fencer objects.

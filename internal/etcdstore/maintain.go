@@ -102,16 +102,25 @@ func (m *Maintainer) alarms(ctx context.Context) (nospace bool, err error) {
 
 // compact drops the revisions older than the one seen a round ago.
 func (m *Maintainer) compact(ctx context.Context) error {
-	resp, err := m.Cli.Get(ctx, "compaction-probe", clientv3.WithCountOnly())
+	rev, err := m.revision(ctx)
 	if err != nil {
 		return err
 	}
 	target := m.lastRev
-	m.lastRev = resp.Header.Revision
+	m.lastRev = rev
 	if target == 0 {
 		return nil
 	}
 	return m.compactTo(ctx, target)
+}
+
+// revision is etcd's current revision (a count-only read of any key).
+func (m *Maintainer) revision(ctx context.Context) (int64, error) {
+	resp, err := m.Cli.Get(ctx, "compaction-probe", clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
 
 func (m *Maintainer) compactTo(ctx context.Context, rev int64) error {
@@ -167,9 +176,9 @@ func (m *Maintainer) Defragment(ctx context.Context, all bool) error {
 // the quota (docs/operations.md).
 func (m *Maintainer) recover(ctx context.Context) {
 	m.Log.Info("etcd is out of space (NOSPACE alarm): compacting, defragmenting and disarming")
-	resp, err := m.Cli.Get(ctx, "compaction-probe", clientv3.WithCountOnly())
+	rev, err := m.revision(ctx)
 	if err == nil {
-		err = m.compactTo(ctx, resp.Header.Revision)
+		err = m.compactTo(ctx, rev)
 	}
 	if err == nil {
 		err = m.Defragment(ctx, true)

@@ -1,11 +1,13 @@
 package identity
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -165,31 +167,63 @@ func (s *CertSecret) NeedLeaderElection() bool { return false }
 
 // Ensure issues the certificate if the Secret lacks a current one.
 func (s *CertSecret) Ensure(ctx context.Context) error {
-	var sec corev1.Secret
-	err := s.Reader.Get(ctx, s.Key, &sec)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	exists := err == nil
-	if exists && string(sec.Data[caCertKey]) == string(s.CA.CertPEM) && !s.CA.NeedsRenewal(sec.Data[corev1.TLSCertKey], s.Request, time.Now()) {
-		return nil
-	}
-	issued, err := s.CA.Issue(s.Request, time.Now())
-	if err != nil {
-		return err
-	}
-	sec.ObjectMeta = metav1.ObjectMeta{Name: s.Key.Name, Namespace: s.Key.Namespace, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}, ResourceVersion: sec.ResourceVersion}
-	sec.Type = corev1.SecretTypeTLS
-	sec.Data = map[string][]byte{caCertKey: s.CA.CertPEM, corev1.TLSCertKey: issued.CertPEM, corev1.TLSPrivateKeyKey: issued.KeyPEM}
-	if exists {
-		err = s.Client.Update(ctx, &sec)
-	} else {
-		err = s.Client.Create(ctx, &sec)
-	}
-	if err == nil {
-		s.Log.Info("issued an etcd certificate", "secret", s.Key, "commonName", s.Request.CommonName, "notAfter", issued.NotAfter)
+	_, issued, err := EnsureCertSecret(ctx, s.Reader, s.Client, s.CA, s.Key, s.Request, nil, time.Now())
+	if err == nil && issued {
+		s.Log.Info("issued an etcd certificate", "secret", s.Key, "commonName", s.Request.CommonName)
 	}
 	return err
+}
+
+// EnsureCertSecret keeps a TLS Secret (ca.crt, tls.crt, tls.key, and the
+// extra keys) holding a current certificate from ca for r: it issues one
+// when the Secret is missing, holds another CA's certificate, differing
+// extra data, or a certificate due for renewal. It never touches a Secret
+// without fencer's label. It returns when to renew next, and whether it
+// issued now. Secrets are read through reader, uncached: caching them would
+// mean watching every Secret of the cluster.
+func EnsureCertSecret(ctx context.Context, reader client.Reader, writer client.Writer, ca *CA, key types.NamespacedName, r Request, extra map[string][]byte, now time.Time) (renewAt time.Time, issued bool, err error) {
+	var sec corev1.Secret
+	err = reader.Get(ctx, key, &sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return time.Time{}, false, err
+	}
+	exists := err == nil
+	if exists && sec.Labels[fencerv1.ManagedByLabel] != fencerv1.ManagedByValue {
+		return time.Time{}, false, fmt.Errorf("secret %s exists and is not fencer's (label %s=%s missing): rename it or delete it so fencer can issue its certificate", key, fencerv1.ManagedByLabel, fencerv1.ManagedByValue)
+	}
+	if exists && current(&sec, ca, r, extra, now) {
+		return RenewAt(sec.Data[corev1.TLSCertKey]), false, nil
+	}
+	c, err := ca.Issue(r, now)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	sec.ObjectMeta = metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{fencerv1.ManagedByLabel: fencerv1.ManagedByValue}, ResourceVersion: sec.ResourceVersion}
+	sec.Type = corev1.SecretTypeTLS
+	sec.Data = map[string][]byte{caCertKey: ca.CertPEM, corev1.TLSCertKey: c.CertPEM, corev1.TLSPrivateKeyKey: c.KeyPEM}
+	maps.Copy(sec.Data, extra)
+	if exists {
+		err = writer.Update(ctx, &sec)
+	} else {
+		err = writer.Create(ctx, &sec)
+	}
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return RenewAt(c.CertPEM), true, nil
+}
+
+// current reports whether sec already holds what EnsureCertSecret would write.
+func current(sec *corev1.Secret, ca *CA, r Request, extra map[string][]byte, now time.Time) bool {
+	if !bytes.Equal(sec.Data[caCertKey], ca.CertPEM) || ca.NeedsRenewal(sec.Data[corev1.TLSCertKey], r, now) {
+		return false
+	}
+	for k, v := range extra {
+		if !bytes.Equal(sec.Data[k], v) {
+			return false
+		}
+	}
+	return true
 }
 
 // AuthEnabler turns etcd auth on once etcd answers, retrying until then.
