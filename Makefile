@@ -100,7 +100,7 @@ test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deploy
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
 .PHONY: test-real-node
-test-real-node: tools ## Root only: a real node (kubelet, containerd, runc, CNI from Debian) next to kwok; a pod's Downward API token, its refresh latency, and a teardown that leaves nothing behind, run twice.
+test-real-node: tools image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, and a teardown that leaves nothing behind.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...
 
 FAULT_DURATION ?= 2m

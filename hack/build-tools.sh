@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every tool fencer needs into bin/ from the Go module proxy: the
-# Kubernetes control plane, kubectl and the kubelet (k8s.io/kubernetes v1.37.2), etcd and
-# etcdctl (v3.6), kwok, helm and controller-gen. Nothing prebuilt is downloaded.
+# Kubernetes control plane, kubectl, the kubelet and kube-proxy (k8s.io/kubernetes
+# v1.37.2), etcd and etcdctl (v3.6), CoreDNS (v1.15), kwok, helm and
+# controller-gen. Nothing prebuilt is downloaded.
 #
 # A build is skipped when bin/.tools-stamp records the same inputs (the tool
 # modules, this script and the Go version), so a second run costs a hash.
@@ -17,11 +18,11 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd etcdctl kwok helm controller-gen golangci-lint)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy coredns etcd etcdctl kwok helm controller-gen golangci-lint)
 
 stamp_of() {
   cat "$tools/go.mod" "$tools/go.sum" "$tools/tools.go" "$tools/etcd/go.mod" "$tools/etcd/go.sum" \
-      "$tools"/etcd/cmd/*/main.go "$tools/lint/go.mod" "$tools/lint/go.sum" "$tools/lint/tools.go" "$0" | sha256sum | cut -d' ' -f1
+      "$tools"/etcd/cmd/*/main.go "$tools/coredns/go.mod" "$tools/coredns/go.sum" "$tools/coredns/main.go" "$tools/lint/go.mod" "$tools/lint/go.sum" "$tools/lint/tools.go" "$0" | sha256sum | cut -d' ' -f1
   go version
 }
 
@@ -57,8 +58,11 @@ build "$tools" "$kube_ldflags" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserv
 build "$tools" "$kube_ldflags" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 build "$tools" "$kube_ldflags" kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build "$tools" "$kube_ldflags" kubectl k8s.io/kubernetes/cmd/kubectl
-# The real node's kubelet (make dev NODE=real, make test-real-node).
+# The real node's kubelet, kube-proxy and cluster DNS (make dev NODE=real,
+# make test-real-node).
 build "$tools" "$kube_ldflags" kubelet k8s.io/kubernetes/cmd/kubelet
+build "$tools" "$kube_ldflags" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
+build "$tools/coredns" "" coredns .
 build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etcd ./cmd/etcd
 build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etcdctl ./cmd/etcdctl
 build "$tools" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}" kwok sigs.k8s.io/kwok/cmd/kwok

@@ -150,7 +150,7 @@ func (c *Cluster) makePKI() (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1"), net.ParseIP(realBridgeIP)}
+	loopback := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(kubernetesServiceIP), net.ParseIP(realBridgeIP)}
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	if err := p.issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, true, names, loopback); err != nil {
 		return nil, err
@@ -226,21 +226,18 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
 	c.server = server
-	bind := "127.0.0.1"
+	// Without a real node nothing routes to the kubernetes Service, and the
+	// endpoint reconciler refuses a loopback address. With one, kube-proxy
+	// routes the Service to the bridge address, where pods reach it.
+	network := []string{"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"}
 	if c.opts.RealNode {
-		// Pods on the real node reach the apiserver on the bridge address.
-		bind = "0.0.0.0"
+		network = []string{"--bind-address=0.0.0.0", "--advertise-address=" + realBridgeIP}
 	}
-	p, err := c.run("kube-apiserver",
+	p, err := c.run("kube-apiserver", append(network,
 		"--etcd-servers="+c.EtcdEndpoint,
-		"--bind-address="+bind,
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
-		"--advertise-address=127.0.0.1",
-		// The endpoint reconciler refuses loopback addresses, and nothing here
-		// routes to the kubernetes Service anyway.
-		"--endpoint-reconciler-type=none",
 		"--secure-port="+strconv.Itoa(port),
 		"--tls-cert-file="+c.pki.path("apiserver.crt"),
 		"--tls-private-key-file="+c.pki.path("apiserver.key"),
@@ -249,11 +246,11 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--service-account-signing-key-file="+c.pki.path("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-cluster-ip-range="+serviceSubnet,
 		"--authorization-mode=Node,RBAC",
 		"--allow-privileged=true",
 		"--profiling=false",
-	)
+	)...)
 	if err != nil {
 		return err
 	}

@@ -35,9 +35,14 @@ var realNodePackages = map[string]string{
 	"iptables":                    "/usr/sbin/iptables",
 }
 
-// kernelSettings are the sysctls the kubelet changes at start; teardown puts
-// back what they were.
-var kernelSettings = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
+// KernelSettings are the sysctls the kubelet, kube-proxy and the CNI bridge
+// plugin may change; teardown puts back what they were. Those this kernel
+// lacks are skipped.
+var KernelSettings = []string{
+	"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops",
+	"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet",
+	"net/bridge/bridge-nf-call-iptables", "net/netfilter/nf_conntrack_max",
+}
 
 // realNode is a kubelet with containerd, runc and the CNI bridge plugin on
 // this machine, joined to the dev cluster next to the kwok nodes.
@@ -72,15 +77,22 @@ func (c *Cluster) startRealNode(ctx context.Context) error {
 		n.undo = append(n.undo, func() error { return os.RemoveAll("/var/run/netns") })
 	}
 	n.sock = filepath.Join(n.dir, "containerd", "containerd.sock")
+	if err := os.MkdirAll(n.dir, 0o755); err != nil {
+		return err
+	}
 	for _, step := range []struct {
 		name string
 		fn   func(context.Context) error
 	}{
 		{"Debian packages", n.ensurePackages},
+		{"saving iptables rules and kernel settings", n.saveMachineState},
 		{"bridge " + realBridge, n.bridge},
+		{"CoreDNS", n.clusterDNS},
 		{"containerd", n.containerd},
 		{"pause image", n.pauseImage},
 		{"kubelet", n.kubelet},
+		// After the kubelet: kube-proxy waits for its Node to exist.
+		{"kube-proxy", n.kubeProxy},
 	} {
 		c.logf("real node: %s", step.name)
 		if err := step.fn(ctx); err != nil {
@@ -118,24 +130,6 @@ func (n *realNode) ensurePackages(ctx context.Context) error {
 	return run(ctx, "apt-get", install...)
 }
 
-// bridge creates the pods' bridge with the node's address on it. The
-// kubelet refuses a loopback node IP; the apiserver listens here too, so
-// pods reach it without kube-proxy.
-func (n *realNode) bridge(ctx context.Context) error {
-	_ = run(ctx, "ip", "link", "del", realBridge) // left by a run that was killed
-	for _, args := range [][]string{
-		{"link", "add", realBridge, "type", "bridge"},
-		{"addr", "add", realBridgeIP + "/24", "dev", realBridge},
-		{"link", "set", realBridge, "up"},
-	} {
-		if err := run(ctx, "ip", args...); err != nil {
-			return err
-		}
-	}
-	n.undo = append(n.undo, func() error { return run(context.Background(), "ip", "link", "del", realBridge) })
-	return nil
-}
-
 func (n *realNode) containerd(ctx context.Context) error {
 	dir := filepath.Join(n.dir, "containerd")
 	if err := os.MkdirAll(filepath.Join(n.dir, "cni"), 0o755); err != nil {
@@ -144,10 +138,13 @@ func (n *realNode) containerd(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	// Pods get one route besides their subnet: the Service range, through
+	// the node, where kube-proxy translates it. Nothing else is reachable.
 	cni := fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "fencer-real-node", "plugins": [
   {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "subnet": %q, "gateway": %q, "dataDir": %q}},
-  {"type": "loopback"}]}`, realBridge, realPodSubnet, realBridgeIP, filepath.Join(n.dir, "cni-ipam"))
+   "ipam": {"type": "host-local", "subnet": %q, "gateway": %q, "dataDir": %q,
+            "routes": [{"dst": %q}]}},
+  {"type": "loopback"}]}`, realBridge, realPodSubnet, realBridgeIP, filepath.Join(n.dir, "cni-ipam"), serviceSubnet)
 	if err := os.WriteFile(filepath.Join(n.dir, "cni", "10-fencer.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
@@ -236,9 +233,6 @@ func (n *realNode) kubelet(ctx context.Context) error {
 	if err := writeKubeconfig(kubeconfig, n.c.server, p.path("ca.crt"), p.path("kubelet-client.crt"), p.path("kubelet-client.key")); err != nil {
 		return err
 	}
-	if err := n.saveKernelSettings(); err != nil {
-		return err
-	}
 	for _, d := range []string{"/var/log/pods", "/var/log/containers"} {
 		if _, err := os.Stat(d); os.IsNotExist(err) {
 			n.undo = append(n.undo, func() error { return os.RemoveAll(d) })
@@ -261,11 +255,13 @@ tlsPrivateKeyFile: %q
 address: %s
 failSwapOn: false
 resolvConf: ""
+clusterDNS: [%s]
+clusterDomain: %s
 podLogsDir: %q
 # The kubelet's image GC and eviction would act on the whole machine's disk.
 imageGCHighThresholdPercent: 100
 evictionHard: {}
-`, n.sock, p.path("ca.crt"), p.path("kubelet-serving.crt"), p.path("kubelet-serving.key"), realBridgeIP, filepath.Join(n.dir, "pod-logs"))
+`, n.sock, p.path("ca.crt"), p.path("kubelet-serving.crt"), p.path("kubelet-serving.key"), realBridgeIP, realBridgeIP, clusterDomain, filepath.Join(n.dir, "pod-logs"))
 	conf := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(conf, []byte(cfg), 0o644); err != nil {
 		return err
@@ -287,8 +283,11 @@ evictionHard: {}
 
 func (n *realNode) saveKernelSettings() error {
 	n.sysctl = map[string]string{}
-	for _, k := range kernelSettings {
+	for _, k := range KernelSettings {
 		raw, err := os.ReadFile(filepath.Join("/proc/sys", k))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -453,12 +452,4 @@ func run(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// PodAPIServer is the host and port pods on the real node reach the
-// apiserver at (there is no kube-proxy for the kubernetes Service): set
-// them as KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
-func (c *Cluster) PodAPIServer() (host, port string) {
-	_, port, _ = net.SplitHostPort(strings.TrimPrefix(c.server, "https://"))
-	return realBridgeIP, port
 }

@@ -62,7 +62,7 @@ func TestInstallDocCommands(t *testing.T) {
 		"make image": "make test-image (runs `make image`)",
 		"make image IMAGE=registry.example/fencer:0.1.0":                "make test-image (the IMAGE variable only sets the tag)",
 		"crane push bin/fencer-image.tar registry.example/fencer:0.1.0": "make test-image (TestCranePushAsDocumented, against a loopback registry)",
-		"helm test fencer -n fencer-system":                             "make test-dev-smoke (runs the hook's commands against a running fencer)",
+		"helm test fencer -n fencer-system --logs":                      "make test-real-node (runs it on a real node, passing and failing) and make test-dev-smoke",
 	}
 	// The Helm installs and the kustomize install are alternatives: each
 	// starts from a cluster without the previous one, and `helm upgrade`

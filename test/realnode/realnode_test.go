@@ -1,9 +1,12 @@
 // Package realnode runs fencer against a real node: a kubelet with
-// containerd, runc and CNI on this machine, next to kwok nodes
-// (`make test-real-node`, root only). It proves what kwok cannot: a holder
-// pod's token reaches a running container through its Downward API file,
-// how fast the kubelet refreshes that file, and that the node is torn down
-// to the machine's previous state.
+// containerd, runc and CNI, kube-proxy and CoreDNS on this machine, next to
+// kwok nodes (`make test-real-node`, root only). It proves what kwok cannot:
+// the chart installs and runs as pods, `helm test` tells a working webhook
+// from a broken one, a holder pod's token reaches a running container
+// through its Downward API file (and how fast the kubelet refreshes that
+// file), an IDRange consumer survives a real container restart without
+// repeating an ID, and the node is torn down to the machine's previous
+// state.
 package realnode
 
 import (
@@ -13,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,12 +32,11 @@ import (
 func machineState(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
-	for _, k := range []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"} {
+	for _, k := range devcluster.KernelSettings {
 		raw, err := os.ReadFile(filepath.Join("/proc/sys", k))
-		if err != nil {
-			t.Fatal(err)
+		if err == nil {
+			fmt.Fprintf(&b, "%s=%s ", k, strings.TrimSpace(string(raw)))
 		}
-		fmt.Fprintf(&b, "%s=%s ", k, strings.TrimSpace(string(raw)))
 	}
 	_, bridge := os.Stat("/sys/class/net/fencer0")
 	fmt.Fprintf(&b, "bridge=%v ", bridge == nil)
@@ -47,7 +48,7 @@ func machineState(t *testing.T) string {
 		_, err := os.Stat(d)
 		fmt.Fprintf(&b, "%s=%v ", d, err == nil)
 	}
-	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|pause|worker)").Output()
+	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|kube-proxy|coredns|pause|worker|ids|etcd|fencer)").Output()
 	var live []string
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		// A killed shim or container is a zombie until this machine's
@@ -56,7 +57,30 @@ func machineState(t *testing.T) string {
 			live = append(live, l)
 		}
 	}
-	fmt.Fprintf(&b, "processes=%q", live)
+	fmt.Fprintf(&b, "processes=%q\n", live)
+	b.WriteString(firewallRules(t, "iptables-save"))
+	b.WriteString(firewallRules(t, "ip6tables-save"))
+	return b.String()
+}
+
+// firewallRules lists the rules and user chains of every table. A table
+// with neither is the same as no table, whatever its built-in chains.
+func firewallRules(t *testing.T, save string) string {
+	t.Helper()
+	out, err := exec.Command(save).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", save, err)
+	}
+	var b strings.Builder
+	table := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			table = l
+		case strings.HasPrefix(l, "-A"), strings.HasPrefix(l, ":") && strings.Contains(l, " - "):
+			fmt.Fprintf(&b, "%s %s %s\n", save, table, l)
+		}
+	}
 	return b.String()
 }
 
@@ -65,16 +89,17 @@ func TestRealNode(t *testing.T) {
 		t.Fatal("the real node needs root: run `make test-real-node` as root (docs/development.md)")
 	}
 	before := machineState(t)
-	// Twice: the second run proves the first left nothing behind.
+	// Twice: the second run proves the first left nothing behind. The
+	// first measures the Downward API; the second installs the chart.
 	for run := 1; run <= 2; run++ {
-		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { realNodeRun(t, run == 1) })
+		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { realNodeRun(t, run) })
 		if after := machineState(t); after != before {
 			t.Fatalf("teardown left the machine changed:\nbefore %s\nafter  %s", before, after)
 		}
 	}
 }
 
-func realNodeRun(t *testing.T, measure bool) {
+func realNodeRun(t *testing.T, run int) {
 	ctx := context.Background()
 	bin, err := testenv.BinDir()
 	if err != nil {
@@ -89,6 +114,7 @@ func realNodeRun(t *testing.T, measure bool) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "cluster")
+	t.Cleanup(func() { keepLogs(t, dir, run) })
 	c, err := devcluster.Start(ctx, devcluster.Options{BinDir: bin, Dir: dir, Nodes: 1, KwokStages: stages, RealNode: true, Log: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
@@ -123,11 +149,11 @@ func realNodeRun(t *testing.T, measure bool) {
 	t.Logf("pod Running %s after create", time.Since(start).Round(time.Millisecond))
 	// The file the container reads at /etc/podinfo/annotations.
 	file := filepath.Join(c.RealNodeDir(), "kubelet", "pods", string(created.UID), "volumes", "kubernetes.io~downward-api", "podinfo", "annotations")
-	if !measure {
+	if run == 1 {
+		measureDownwardAPI(t, c, file)
 		return
 	}
-	measureDownwardAPI(t, c, file)
-	electRealWorkers(t, c, root)
+	chartOnRealNode(t, c, root)
 }
 
 func measureDownwardAPI(t *testing.T, c *devcluster.Cluster, file string) {
@@ -174,154 +200,19 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// electRealWorkers runs the fencer manager, and a Lease over three worker
-// pods in real containers. The holder reads its token from its Downward API
-// file and from the API, and writes a fenced ConfigMap with it. Killing the
-// holder's container process, and then the whole pod, hands the Lease on,
-// and the next holder's write carries a larger token.
-func electRealWorkers(t *testing.T, c *devcluster.Cluster, root string) {
-	ctx := context.Background()
-	bin, _ := testenv.BinDir()
-	if err := c.InstallCRDs(ctx, filepath.Join(root, "config", "crd", "bases")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartManager(ctx, filepath.Join(bin, "fencer")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	worker := filepath.Join(t.TempDir(), "worker")
-	build := exec.Command("go", "build", "-trimpath", "-o", worker, "./test/realnode/worker")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the worker: %v\n%s", err, out)
-	}
-	if err := c.BuildImage(ctx, worker, "fencer.test/realnode-worker:dev", "worker", "65532:65532"); err != nil {
-		t.Fatal(err)
-	}
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := c.Kubectl(ctx, args...)
-		if err != nil {
-			t.Fatalf("kubectl %s: %v", strings.Join(args, " "), err)
-		}
-		return out
-	}
-	kubectl("create", "role", "worker", "--verb=get,list,watch", "--resource=pods", "-n", "default")
-	kubectl("create", "role", "worker-cm", "--verb=get,create,update,patch", "--resource=configmaps", "-n", "default")
-	kubectl("create", "rolebinding", "worker", "--role=worker", "--serviceaccount=default:default", "-n", "default")
-	kubectl("create", "rolebinding", "worker-cm", "--role=worker-cm", "--serviceaccount=default:default", "-n", "default")
-	host, port := c.PodAPIServer()
-	manifest := `apiVersion: fencer.io/v1alpha1
-kind: Lease
-metadata: {name: report, namespace: default}
-spec: {ttlSeconds: 5, holderSelector: {matchLabels: {app: worker}}}
-`
-	for i := range 3 {
-		manifest += fmt.Sprintf(`---
-apiVersion: v1
-kind: Pod
-metadata: {name: worker-%d, namespace: default, labels: {app: worker}}
-spec:
-  nodeName: %s
-  containers:
-  - name: worker
-    image: fencer.test/realnode-worker:dev
-    imagePullPolicy: Never
-    env:
-    - {name: KUBERNETES_SERVICE_HOST, value: %q}
-    - {name: KUBERNETES_SERVICE_PORT, value: %q}
-    - {name: LEASE, value: report}
-    - name: POD_NAME
-      valueFrom: {fieldRef: {fieldPath: metadata.name}}
-    - name: POD_NAMESPACE
-      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
-    volumeMounts: [{name: podinfo, mountPath: /etc/podinfo}]
-  volumes:
-  - name: podinfo
-    downwardAPI: {items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]}
-`, i, devcluster.RealNodeName, host, port)
-	}
-	path := filepath.Join(t.TempDir(), "workers.yaml")
-	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kubectl("apply", "-f", path)
-
-	first := waitWrite(t, c, 0)
-	t.Logf("pods on the real node:\n%s", kubectl("get", "pods", "-o", "wide"))
-	t.Logf("first tenure: %s wrote report-output under token %s", first.writer, first.token)
-
-	// Kill the holder's container process; the kubelet restarts it.
-	killWorker(t, c, first.writer)
-	// Then delete the holder pod: the next holder writes a larger token.
-	kubectl("delete", "pod", first.writer, "--wait=false")
-	next := waitWrite(t, c, mustInt(t, first.token))
-	if next.writer == first.writer {
-		t.Fatalf("the deleted holder %s wrote again", next.writer)
-	}
-	t.Logf("after the holder was killed and deleted: %s wrote under token %s (> %s)", next.writer, next.token, first.token)
-}
-
-type written struct{ writer, token string }
-
-// waitWrite waits until report-output was written under a token above
-// above, and that token is the Lease's.
-func waitWrite(t *testing.T, c *devcluster.Cluster, above int64) written {
-	t.Helper()
-	ctx := context.Background()
-	var w written
-	waitFor(t, 90*time.Second, fmt.Sprintf("a fenced write under a token above %d", above), func() (bool, error) {
-		cm, err := c.Client.CoreV1().ConfigMaps("default").Get(ctx, "report-output", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		w = written{writer: cm.Data["writer"], token: cm.Data["token"]}
-		tok, _ := strconvParse(w.token)
-		if tok <= above {
-			return false, nil
-		}
-		status, err := c.Kubectl(ctx, "get", "flease", "report", "-o", "jsonpath={.status.token}")
-		return err == nil && strings.TrimSpace(status) == w.token, nil
-	})
-	return w
-}
-
-// killWorker SIGKILLs the worker process of pod, found by its cgroup.
-func killWorker(t *testing.T, c *devcluster.Cluster, pod string) {
-	t.Helper()
-	p, err := c.Client.CoreV1().Pods("default").Get(context.Background(), pod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid := strings.ReplaceAll(string(p.UID), "-", "_")
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "worker" {
-			continue
-		}
-		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if !strings.Contains(string(cg), string(p.UID)) && !strings.Contains(string(cg), uid) {
-			continue
-		}
-		if err := exec.Command("kill", "-9", e.Name()).Run(); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("killed %s's worker process %s", pod, e.Name())
+// keepLogs copies a failed run's component logs out of its temporary
+// directory, which the test removes, and says where.
+func keepLogs(t *testing.T, dir string, run int) {
+	if !t.Failed() {
 		return
 	}
-	t.Fatalf("no worker process of %s found", pod)
-}
-
-func mustInt(t *testing.T, s string) int64 {
-	t.Helper()
-	n, err := strconvParse(s)
-	if err != nil {
-		t.Fatal(err)
+	keep := filepath.Join(os.TempDir(), "fencer-realnode-logs", fmt.Sprintf("run-%d", run))
+	_ = os.RemoveAll(keep)
+	if err := exec.Command("cp", "-r", filepath.Join(dir, "logs"), keep).Run(); err == nil {
+		t.Logf("the components' logs are in %s", keep)
 	}
-	return n
+	// The containers' logs, which the kubelet writes below the node's directory.
+	if err := exec.Command("cp", "-r", filepath.Join(dir, "real-node", "pod-logs"), filepath.Join(keep, "pods")).Run(); err == nil {
+		t.Logf("the pods' logs are in %s", filepath.Join(keep, "pods"))
+	}
 }
-
-func strconvParse(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }

@@ -1,8 +1,8 @@
 // Command image writes fencer's container image as a tarball that
 // `docker load`, `podman load`, `crane push` and kind/k3d importers accept,
 // without a container runtime: one layer holding the static manager binary
-// at /fencer, run as UID/GID 65532 (non-root) with /fencer as entrypoint, on
-// an empty base (nothing else in the image, distroless-style).
+// at /fencer, run as UID/GID 65532 (non-root) with /fencer as entrypoint and
+// PATH=/, on an empty base (nothing else in the image, distroless-style).
 //
 //	go run . --binary ../../../bin/fencer-linux-amd64 --tag ghcr.io/fencer-io/fencer:0.1.0 --out ../../../bin/fencer-image.tar
 package main
@@ -86,6 +86,8 @@ func buildAs(binary, tag, out, entry, user string) error {
 	cfg.Created = v1.Time{Time: epoch}
 	cfg.Config.User = user
 	cfg.Config.Entrypoint = []string{"/" + entry}
+	// Pods that name the binary as their command (etcd, kubectl) find it.
+	cfg.Config.Env = []string{"PATH=/"}
 	cfg.Config.Labels = map[string]string{"org.opencontainers.image.source": "https://github.com/fencer-io/fencer"}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return err
