@@ -120,6 +120,7 @@ var variants = []variant{
 	{"second install", []string{"--set", "fullnameOverride=team-b", "--set", "crds.enabled=false", "--set", "namespaces={b1,b2}", "--set", "etcd.prefix=/team-b"}},
 	{"scheduling knobs", []string{"--set", "nodeSelector.pool=infra", "--set", "tolerations[0].key=infra", "--set", "tolerations[0].operator=Exists", "--set", "priorityClassName=system-cluster-critical", "--set", "podLabels.team=a", "--set", "podAnnotations.note=x", "--set", "commonLabels.env=prod", "--set", "extraArgs={--etcd-step-down-after=10s}", "--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=y", "--set", "podDisruptionBudget.enabled=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing", "--set", "global.imageRegistry=r.example"}},
 	{"ephemeral etcd without backups", []string{"--set", "etcd.bundled.storage.persistent=false", "--set", "etcd.backup.enabled=false"}},
+	{"no helm test", []string{"--set", "helmTest.enabled=false"}},
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
@@ -397,6 +398,11 @@ func TestVariantsRenderWhatTheySay(t *testing.T) {
 	}
 	if len(find(render(t, "--set", "metrics.serviceMonitor.enabled=true"), "ServiceMonitor")) != 0 {
 		t.Error("ServiceMonitor rendered although the API does not exist")
+	}
+	// helm test's pod, ServiceAccount, RBAC and probe, and nothing else.
+	withTests, without := render(t), render(t, "--set", "helmTest.enabled=false")
+	if len(withTests)-len(without) != 7 || len(find(without, "Pod")) != 0 || len(find(without, "ServiceAccount")) != 1 {
+		t.Errorf("helmTest.enabled=false removes %d objects, want the 7 of helm test", len(withTests)-len(without))
 	}
 }
 
