@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -170,10 +171,17 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		why := fencerv1.TenureExpired
 		if _, ok := r.takeEnding(key); ok {
 			why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
+		} else if r.releasedByHolder(ctx, lease) {
+			why = fencerv1.TenureReleased
 		}
 		closeTenure(lease, now, why)
-		metrics.LeaseExpiries.Inc()
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
+		if why == fencerv1.TenureReleased {
+			metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
+			out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", open.Holder, open.Token)
+		} else {
+			metrics.LeaseExpiries.Inc()
+			out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
+		}
 	}
 
 	clearHolder(lease)
@@ -333,6 +341,22 @@ func (r *LeaseReconciler) takeEnding(key string) (time.Time, bool) {
 	at, ok := r.endAt[key]
 	delete(r.endAt, key)
 	return at, ok
+}
+
+// releasedByHolder tells a Direct grant its holder released
+// (fence.Release deletes the key, conditional on its token) from one that
+// expired: the released grant's etcd lease is still alive. The controller
+// revokes it, as nothing is attached to it any more.
+func (r *LeaseReconciler) releasedByHolder(ctx context.Context, lease *fencerv1.Lease) bool {
+	id := clientv3.LeaseID(lease.Status.LeaseID)
+	if lease.Spec.Renewal != fencerv1.RenewalDirect || id == 0 {
+		return false
+	}
+	if ttl, err := r.Store.RemainingTTL(ctx, id); err != nil || ttl <= 0 {
+		return false
+	}
+	r.Store.Revoke(id)
+	return true
 }
 
 func (r *LeaseReconciler) clearEnd(key string) {

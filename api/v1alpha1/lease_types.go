@@ -71,11 +71,14 @@ type LeaseSpec struct {
 }
 
 // TenureEndReason says why a tenure ended.
-// +kubebuilder:validation:Enum=Expired;HolderGone;HolderNotReady;Suspended;Deleted
+// +kubebuilder:validation:Enum=Expired;Released;HolderGone;HolderNotReady;Suspended;Deleted
 type TenureEndReason string
 
 const (
-	TenureExpired        TenureEndReason = "Expired"
+	TenureExpired TenureEndReason = "Expired"
+	// TenureReleased: a renewal: Direct holder gave the lease back with
+	// fence.Release before its TTL ran out.
+	TenureReleased       TenureEndReason = "Released"
 	TenureHolderGone     TenureEndReason = "HolderGone"
 	TenureHolderNotReady TenureEndReason = "HolderNotReady"
 	TenureSuspended      TenureEndReason = "Suspended"
@@ -165,9 +168,11 @@ const ConditionHeld = "Held"
 
 // Reasons of the Held condition.
 const (
-	ReasonGranted         = "Granted"
-	ReasonNoCandidates    = "NoCandidates"
-	ReasonExpired         = "Expired"
+	ReasonGranted      = "Granted"
+	ReasonNoCandidates = "NoCandidates"
+	ReasonExpired      = "Expired"
+	// ReasonReleased (an Event): a renewal: Direct holder released its grant.
+	ReasonReleased        = "Released"
 	ReasonSuspended       = "Suspended"
 	ReasonEtcdUnavailable = "EtcdUnavailable"
 	// ReasonEtcdNoSpace: etcd raised its NOSPACE alarm and refuses writes

@@ -181,13 +181,13 @@ func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl tim
 	}
 	val, err := value(lease)
 	if err != nil {
-		s.revoke(lease.ID)
+		s.Revoke(lease.ID)
 		return nil, false, 0, err
 	}
 	resp, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
 		append([]clientv3.Op{clientv3.OpPut(key, val, clientv3.WithLease(lease.ID))}, also...)...)
 	if !ok {
-		s.revoke(lease.ID)
+		s.Revoke(lease.ID)
 	}
 	return resp, ok, lease.ID, err
 }
@@ -211,7 +211,7 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 	if !ok {
 		return ErrTokenMismatch
 	}
-	s.revoke(g.LeaseID)
+	s.Revoke(g.LeaseID)
 	return nil
 }
 
@@ -225,9 +225,9 @@ func (s *Store) ForgetLease(ctx context.Context, namespace, name string) error {
 	return err
 }
 
-// revoke drops an etcd lease that no key needs, best effort: an unrevoked
+// Revoke drops an etcd lease that no key needs, best effort: an unrevoked
 // lease only expires later, attached to nothing.
-func (s *Store) revoke(id clientv3.LeaseID) {
+func (s *Store) Revoke(id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, _ = s.cli.Revoke(ctx, id)

@@ -46,10 +46,10 @@ var (
 		Help: "Grants of fencer Leases. Label transition: \"first\" for a Lease's first grant, \"new\" when the holder differs from the previous one, \"same\" when the previous holder is granted again.",
 	}, []string{"transition"})
 
-	// LeaseReleases counts tenures the controller ended itself.
+	// LeaseReleases counts tenures ended before their etcd lease expired.
 	LeaseReleases = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_lease_releases_total",
-		Help: "Tenures ended by the controller's conditional delete. Label reason: HolderNotReady, HolderGone (deleted or being deleted), Suspended, Deleted.",
+		Help: "Tenures ended before their etcd lease expired: by the controller's conditional delete, or by a renewal: Direct holder's fence.Release. Label reason: HolderNotReady, HolderGone (deleted or being deleted), Suspended, Deleted, Released (by the holder).",
 	}, []string{"reason"})
 
 	// LeaseExpiries counts tenures that ended by their etcd lease expiring.

@@ -210,3 +210,23 @@ func WatchHeld(ctx context.Context, cli *clientv3.Client, key string, token, fro
 	}
 	return ctx.Err()
 }
+
+// Release gives a renewal: Direct lease back before its TTL runs out, so
+// the next holder is granted it at once instead of one TTL later. It
+// deletes the lease key only while t is its live token, in one etcd
+// transaction (If CreateRevision(key) == t.Value Then Delete(key)): a
+// holder that already lost the lease, or a stale copy of its token, can
+// never end another holder's grant; that is the unlock a TTL lock lacks.
+// It returns a *FencedError, having deleted nothing, when t is not live.
+//
+// Stop the Hold that renews the lease first (cancel its context), and stop
+// the work done under t: once Release returns, the token is refused.
+// fencer records the tenure's end as Released.
+func Release(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t Token) error {
+	if t.LeaseID == 0 {
+		return fmt.Errorf("fence: token of lease %s has no etcd lease ID; Release is for renewal: Direct leases", t.Lease)
+	}
+	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
+	_, err := NewTxn(cli, prefix, namespace, t).Then(clientv3.OpDelete(key)).Commit(ctx)
+	return err
+}

@@ -204,6 +204,33 @@ func TestHoldCancelsWhenTheKeyIsRegranted(t *testing.T) {
 	}
 }
 
+// TestReleaseEndsOnlyItsOwnGrant: Release deletes the key while the token
+// is live, and a stale token (the old holder's unlock arriving after a new
+// grant) deletes nothing.
+func TestReleaseEndsOnlyItsOwnGrant(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	key := etcdkeys.LeaseKey(prefix, "ns", "job")
+	old := grant(t, cli, "job", 30)
+	if err := Release(ctx, cli, prefix, "ns", old); err != nil {
+		t.Fatalf("Release of the live token: %v", err)
+	}
+	if resp, _ := cli.Get(ctx, key); len(resp.Kvs) != 0 {
+		t.Fatal("Release left the key")
+	}
+	next := grant(t, cli, "job", 30)
+	var fenced *FencedError
+	if err := Release(ctx, cli, prefix, "ns", old); !errors.As(err, &fenced) || fenced.Current != next.Value {
+		t.Fatalf("a stale Release: %v, want a FencedError naming token %d", err, next.Value)
+	}
+	if resp, _ := cli.Get(ctx, key); len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != next.Value {
+		t.Fatal("a stale Release ended the next holder's grant")
+	}
+	if err := Release(ctx, cli, prefix, "ns", Token{Lease: "job", Value: next.Value}); err == nil {
+		t.Fatal("Release accepted a token without an etcd lease ID (not renewal: Direct)")
+	}
+}
+
 // TestWatchHeldSeesThroughCompaction: a watch that must resume from a
 // compacted revision re-reads the key instead of going blind, so a grant
 // still held is not reported lost, and its deletion afterwards is seen.

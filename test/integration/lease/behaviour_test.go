@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
@@ -398,6 +399,62 @@ func TestDirectHolderRenewsWithHold(t *testing.T) {
 			return fmt.Errorf("token %d", st.Token)
 		}
 		return nil
+	})
+}
+
+// TestDirectHolderReleases: a Direct holder that finishes early gives the
+// lease back with fence.Release, and the next candidate is granted long
+// before the TTL (60 s) would have run out; the tenure ends as Released.
+// The first holder's release, repeated with its old token, ends nothing.
+func TestDirectHolderReleases(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 60)
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	create(t, l)
+	first := heldBy(t, ns, "job").Holder
+	readyPod(t, ns, "w-1", "w")
+	tok, err := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: first}.Token(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := fx.ConnectEtcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, stopRenewing := context.WithCancel(context.Background())
+	if _, err := fence.Hold(ctx, cli, prefix, ns, tok); err != nil {
+		t.Fatal(err)
+	}
+	stopRenewing()
+	if err := fence.Release(context.Background(), cli, prefix, ns, tok); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "granted again well within the 60 s TTL", func() error {
+		if st := getLease(t, ns, "job").Status; st.Token <= tok.Value || st.Holder == "" {
+			return fmt.Errorf("holder %q token %d", st.Holder, st.Token)
+		}
+		return nil
+	})
+	st := getLease(t, ns, "job").Status
+	if ended := st.History[1]; ended.Token != tok.Value || ended.EndReason != fencerv1.TenureReleased {
+		t.Fatalf("the released tenure: %+v, want token %d ended Released", ended, tok.Value)
+	}
+	var fenced *fence.FencedError
+	if err := fence.Release(context.Background(), cli, prefix, ns, tok); !errors.As(err, &fenced) {
+		t.Fatalf("the old token's second Release: %v, want a FencedError", err)
+	}
+	if got := etcdToken(t, ns, "job"); got != st.Token {
+		t.Fatalf("etcd token %d after a stale Release, want %d", got, st.Token)
+	}
+	eventually(t, 30*time.Second, "a Released Event", func() error {
+		reasons, err := eventReasons(ns, "job")
+		if err == nil && reasons[fencerv1.ReasonReleased] == 0 {
+			err = fmt.Errorf("events by reason: %v", reasons)
+		}
+		return err
 	})
 }
 
