@@ -193,7 +193,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
 		return out, r.publish(ctx, lease, pods, nil)
 	}
-	next := holder.Pick(pods)
+	next := holder.Pick(pods, passOver(lease)...)
 	if next == nil {
 		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
 		return out, r.publish(ctx, lease, pods, nil)
@@ -343,6 +343,17 @@ func (r *LeaseReconciler) takeEnding(key string) (time.Time, bool) {
 	return at, ok
 }
 
+// passOver is the holder whose grant just expired: it stopped renewing
+// (a renewal: Direct process that froze or died while its pod stays
+// Ready), so granting it again would only expire again, one TTL at a time,
+// while other candidates wait. Pick prefers anyone else.
+func passOver(lease *fencerv1.Lease) []types.UID {
+	if t := lastTenure(lease); t != nil && t.EndReason == fencerv1.TenureExpired {
+		return []types.UID{t.HolderUID}
+	}
+	return nil
+}
+
 // releasedByHolder tells a Direct grant its holder released
 // (fence.Release deletes the key, conditional on its token) from one that
 // expired: the released grant's etcd lease is still alive. The controller
@@ -373,7 +384,7 @@ func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g 
 	r.markDeleted(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name), r.Clock.Now())
 	closeTenure(lease, now, why)
 	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-	out.event(corev1.EventTypeNormal, "Released", "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
 	return nil
 }
 

@@ -171,7 +171,9 @@ const (
 	ReasonGranted      = "Granted"
 	ReasonNoCandidates = "NoCandidates"
 	ReasonExpired      = "Expired"
-	// ReasonReleased (an Event): a renewal: Direct holder released its grant.
+	// ReasonReleased (an Event): a tenure ended before its etcd lease
+	// expired: by the controller, or by a renewal: Direct holder's
+	// fence.Release.
 	ReasonReleased        = "Released"
 	ReasonSuspended       = "Suspended"
 	ReasonEtcdUnavailable = "EtcdUnavailable"

@@ -3,9 +3,11 @@
 package holder
 
 import (
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Qualifies reports whether pod may hold (or keep holding) a lease: it exists,
@@ -26,13 +28,22 @@ func Qualifies(pod *corev1.Pod) bool {
 // qualifies. The order is stable and documented (docs/concepts.md): the
 // Ready pod created first wins, ties broken by name. Oldest-first keeps a
 // lease on long-lived pods during a rolling update, and a pod's position
-// never depends on which controller replica decides.
-func Pick(pods []corev1.Pod) *corev1.Pod {
-	var ready []*corev1.Pod
+// never depends on which controller replica decides. Pods in passOver go
+// after every other Ready pod: they are picked only when no one else
+// qualifies.
+func Pick(pods []corev1.Pod, passOver ...types.UID) *corev1.Pod {
+	var ready, passed []*corev1.Pod
 	for i := range pods {
-		if Qualifies(&pods[i]) {
+		switch {
+		case !Qualifies(&pods[i]):
+		case slices.Contains(passOver, pods[i].UID):
+			passed = append(passed, &pods[i])
+		default:
 			ready = append(ready, &pods[i])
 		}
+	}
+	if len(ready) == 0 {
+		ready = passed
 	}
 	if len(ready) == 0 {
 		return nil

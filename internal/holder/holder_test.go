@@ -45,3 +45,21 @@ func TestPickNone(t *testing.T) {
 		t.Fatal("a missing pod qualified")
 	}
 }
+
+// TestPickPassesOver: a holder whose grant just expired goes after every
+// other Ready pod, and is still picked when it is the only one.
+func TestPickPassesOver(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, b := pod("a", t0, true), pod("b", t0.Add(time.Second), true)
+	a.UID, b.UID = "uid-a", "uid-b"
+	if got := Pick([]corev1.Pod{a, b}, "uid-a"); got == nil || got.Name != "b" {
+		t.Fatalf("Pick passing over a = %v, want b", got)
+	}
+	if got := Pick([]corev1.Pod{a}, "uid-a"); got == nil || got.Name != "a" {
+		t.Fatalf("Pick with only a, passed over = %v, want a", got)
+	}
+	b.Status.Conditions[0].Status = corev1.ConditionFalse
+	if got := Pick([]corev1.Pod{a, b}, "uid-a"); got == nil || got.Name != "a" {
+		t.Fatalf("Pick with b not Ready = %v, want a", got)
+	}
+}

@@ -339,6 +339,30 @@ func TestDirectRenewalExpiresWithoutTheHolder(t *testing.T) {
 	})
 }
 
+// TestExpiredDirectHolderIsPassedOver: a Direct holder that never renews
+// (its process frozen, its pod still Ready) is not granted again while
+// another candidate is Ready.
+func TestExpiredDirectHolderIsPassedOver(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 2)
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	create(t, l)
+	heldBy(t, ns, "job")
+	readyPod(t, ns, "w-1", "w")
+	eventually(t, 60*time.Second, "the expired grant passed to w-1", func() error {
+		st := getLease(t, ns, "job").Status
+		if st.Holder != "w-1" {
+			return fmt.Errorf("holder %q, history %d", st.Holder, len(st.History))
+		}
+		if st.History[1].Holder != "w-0" || st.History[1].EndReason != fencerv1.TenureExpired {
+			return fmt.Errorf("previous tenure %+v, want w-0 Expired", st.History[1])
+		}
+		return nil
+	})
+}
+
 // TestEventsAreRecorded: grants and tenure ends show up as Events on the Lease.
 func TestEventsAreRecorded(t *testing.T) {
 	startController(t, "c1")

@@ -1,0 +1,232 @@
+// Command index-publisher is the story of a single publisher of a shared
+// search index (README.md). The elected publisher builds an index and
+// publishes it to a ConfigMap. The demo freezes it between building and
+// publishing, past its lease; a new publisher takes over and publishes
+// newer indexes; then the old one wakes up and publishes its old index.
+// Without fencing that write lands and the index goes back in time. With
+// the ConfigMap fenced (label fencer.io/lease) and the token sent with the
+// write, the webhook refuses it.
+//
+//	go run ./examples/index-publisher demo      # make demo STORY=index-publisher
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/examples/internal/story"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+const lease = "index-publisher"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: index-publisher demo | publisher [--fenced]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(context.Background())
+	case "publisher":
+		fs := flag.NewFlagSet("publisher", flag.ExitOnError)
+		fenced := fs.Bool("fenced", false, "publish to the fenced ConfigMap, sending the token")
+		_ = fs.Parse(os.Args[2:])
+		err = publisher(context.Background(), *fenced)
+	default:
+		err = fmt.Errorf("unknown role %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "index-publisher:", err)
+		os.Exit(1)
+	}
+}
+
+// indexName is the ConfigMap the publishers write: fenced or not.
+func indexName(fenced bool) string {
+	if fenced {
+		return "search-index"
+	}
+	return "search-index-unfenced"
+}
+
+// publisher is one pod's program: while it holds the lease, build an
+// index, then publish it.
+func publisher(ctx context.Context, fenced bool) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	me := story.Pod()
+	var held fence.Token
+	for {
+		tok, err := story.WaitToken(ctx, k, lease)
+		if err != nil {
+			return err
+		}
+		if tok != held {
+			if _, err := fence.Hold(ctx, etcd, prefix, story.Namespace, tok); err != nil {
+				continue // lost already
+			}
+			held = tok
+			story.Say(me, "elected publisher, token %d", tok.Value)
+		}
+		// Building takes a while; the version is when it started.
+		version := time.Now().UnixMilli() % 1_000_000
+		time.Sleep(300 * time.Millisecond)
+		story.Say(me, "built index v%d", version)
+		time.Sleep(700 * time.Millisecond) // uploading
+		if err := publish(ctx, k, fenced, tok, me, version); err != nil {
+			story.Say(me, "publish of v%d REFUSED: %v", version, err)
+		} else {
+			story.Say(me, "published index v%d", version)
+		}
+	}
+}
+
+func publish(ctx context.Context, k client.Client, fenced bool, tok fence.Token, me string, version int64) error {
+	var c client.Client = k
+	if fenced {
+		// Every write carries the token; the webhook compares it with the
+		// lease's live token.
+		c = fence.NewClient(k, tok)
+	}
+	data := map[string]string{"version": strconv.FormatInt(version, 10), "publisher": me}
+	var cm corev1.ConfigMap
+	err := c.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: indexName(fenced)}, &cm)
+	if apierrors.IsNotFound(err) {
+		cm = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: story.Namespace, Name: indexName(fenced)}, Data: data}
+		if fenced {
+			cm.Labels = map[string]string{"fencer.io/lease": lease}
+		}
+		return c.Create(ctx, &cm)
+	}
+	if err != nil {
+		return err
+	}
+	cm.Data = data
+	return c.Update(ctx, &cm)
+}
+
+// demo plays the story twice, without fencing and with it.
+func demo(ctx context.Context) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	if err := story.Apply(ctx, k, manifests()); err != nil {
+		return err
+	}
+	if err := story.WaitReady(ctx, k, "publisher-0", "publisher-1"); err != nil {
+		return err
+	}
+	for _, fenced := range []bool{false, true} {
+		if err := run(ctx, k, fenced); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func manifests() string {
+	if dir := os.Getenv("STORY_DIR"); dir != "" {
+		return dir + "/manifests.yaml"
+	}
+	return "examples/index-publisher/manifests.yaml"
+}
+
+func run(ctx context.Context, k client.Client, fenced bool) error {
+	mode := "without fencer"
+	if fenced {
+		mode = "with fencer"
+	}
+	story.Section(fmt.Sprintf("%s: ConfigMap %s", mode, indexName(fenced)))
+	a, err := story.Start("publisher", "publisher-0", fmt.Sprintf("--fenced=%v", fenced))
+	if err != nil {
+		return err
+	}
+	b, err := story.Start("publisher", "publisher-1", fmt.Sprintf("--fenced=%v", fenced))
+	if err != nil {
+		return err
+	}
+	defer story.KillAll(a, b)
+	old, next, err := leader(ctx, a, b)
+	if err != nil {
+		return err
+	}
+	// Freeze the leader between building and publishing.
+	before := old.Count("built index")
+	if err := old.WaitForCount(ctx, "built index", before+1, 10*time.Second); err != nil {
+		return err
+	}
+	old.Pause()
+	published := next.Count("published index")
+	if err := next.WaitForCount(ctx, "published index", published+2, 30*time.Second); err != nil {
+		return err
+	}
+	refusedOrPublished := old.Count("published index") + old.Count("REFUSED")
+	old.Resume()
+	if err := waitEither(ctx, old, refusedOrPublished); err != nil {
+		return err
+	}
+	story.KillAll(a, b)
+	var cm corev1.ConfigMap
+	if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: indexName(fenced)}, &cm); err != nil {
+		return err
+	}
+	newest := next.Max("published index v")
+	now, _ := strconv.ParseInt(cm.Data["version"], 10, 64)
+	story.Say("demo", "the index now: v%d by %s; the newest published: v%d by %s", now, cm.Data["publisher"], newest, next.Pod)
+	anomaly := ""
+	if now < newest {
+		anomaly = fmt.Sprintf("the index went back in time: the frozen %s overwrote v%d with its old v%d", old.Pod, newest, now)
+	}
+	story.Verdict(mode, anomaly)
+	return nil
+}
+
+// leader waits until one publisher has published, and returns it and the
+// other.
+func leader(ctx context.Context, a, b *story.Actor) (*story.Actor, *story.Actor, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		switch {
+		case a.Printed("published index"):
+			return a, b, nil
+		case b.Printed("published index"):
+			return b, a, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil, nil, fmt.Errorf("no publisher published within 60 s: is the Lease %s granted (kubectl get flease)?", lease)
+}
+
+// waitEither waits until the woken publisher's write landed or was refused.
+func waitEither(ctx context.Context, a *story.Actor, before int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if a.Count("published index")+a.Count("REFUSED") > before {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s neither published nor was refused after waking", a.Pod)
+}

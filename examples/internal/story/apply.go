@@ -1,0 +1,72 @@
+package story
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Apply server-side applies every object of a manifest file, as
+// `kubectl apply --server-side -f file` would.
+func Apply(ctx context.Context, k client.Client, file string) error {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if u.GetNamespace() == "" && u.GetKind() != "Namespace" {
+			u.SetNamespace(Namespace)
+		}
+		if err := k.Patch(ctx, &u, client.Apply, client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+// WaitReady waits until the pods are Ready: on kwok nodes they are
+// simulated, and the Lease elects only Ready pods.
+func WaitReady(ctx context.Context, k client.Client, pods ...string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for _, name := range pods {
+		for {
+			var p corev1.Pod
+			err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, &p)
+			if err == nil && podReady(&p) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pod %s not Ready after 60 s (is `make dev` running?): %v", name, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

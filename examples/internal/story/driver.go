@@ -1,0 +1,147 @@
+package story
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Actor is a process the driver started, standing in for one pod.
+type Actor struct {
+	Pod  string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	seen []string
+	done chan struct{}
+}
+
+// Start runs this binary again in role for pod. Its timeline lines go to
+// stdout as they come, and WaitFor can wait for one of them.
+func Start(role, pod string, args ...string) (*Actor, error) {
+	cmd := exec.Command(os.Args[0], append([]string{role}, args...)...)
+	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "STORY_T0="+strconv.FormatInt(t0.UnixNano(), 10))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	a := &Actor{Pod: pod, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			fmt.Println(sc.Text())
+			a.mu.Lock()
+			a.seen = append(a.seen, sc.Text())
+			a.mu.Unlock()
+		}
+		_ = cmd.Wait()
+	}()
+	return a, nil
+}
+
+// Count is how many lines the actor printed that contain s.
+func (a *Actor) Count(s string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, l := range a.seen {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// Printed reports whether the actor printed a line containing s.
+func (a *Actor) Printed(s string) bool { return a.Count(s) > 0 }
+
+// WaitForCount waits until the actor printed n lines containing s.
+func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for a.Count(s) < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not print %q %d times within %s", a.Pod, s, n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-a.done:
+			return fmt.Errorf("%s exited before printing %q %d times", a.Pod, s, n)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Max is the largest number that follows prefix in the actor's lines.
+func (a *Actor) Max(prefix string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var most int64
+	for _, l := range a.seen {
+		if _, after, ok := strings.Cut(l, prefix); ok {
+			digits := strings.FieldsFunc(after, func(r rune) bool { return r < '0' || r > '9' })
+			if len(digits) > 0 {
+				if n, err := strconv.ParseInt(digits[0], 10, 64); err == nil && n > most {
+					most = n
+				}
+			}
+		}
+	}
+	return most
+}
+
+// Pause stops the process (SIGSTOP), as a GC pause or a frozen VM would.
+func (a *Actor) Pause() {
+	_ = a.cmd.Process.Signal(syscall.SIGSTOP)
+	Say("demo", "SIGSTOP %s: the process is frozen", a.Pod)
+}
+
+// Resume continues a paused process (SIGCONT).
+func (a *Actor) Resume() {
+	_ = a.cmd.Process.Signal(syscall.SIGCONT)
+	Say("demo", "SIGCONT %s: it wakes up and carries on where it stopped", a.Pod)
+}
+
+// Kill ends the process and waits for it.
+func (a *Actor) Kill() {
+	_ = a.cmd.Process.Signal(syscall.SIGCONT)
+	_ = a.cmd.Process.Kill()
+	<-a.done
+}
+
+// KillAll kills every actor.
+func KillAll(actors ...*Actor) {
+	for _, a := range actors {
+		if a != nil {
+			a.Kill()
+		}
+	}
+}
+
+// Verdict is how a run of the story ended: Anomaly says what went wrong,
+// empty when nothing did. The driver prints one RESULT line per run, which
+// the e2e test reads.
+func Verdict(mode, anomaly string) {
+	if anomaly == "" {
+		Say("demo", "RESULT %s: no anomaly", mode)
+		return
+	}
+	Say("demo", "RESULT %s: ANOMALY: %s", mode, anomaly)
+}
+
+// Section prints a heading between the runs of a story.
+func Section(title string) {
+	fmt.Printf("\n=== %s\n\n", title)
+}

@@ -1,0 +1,142 @@
+// Package story is the shared kit of the runnable examples: a timeline every
+// process prints to in one format, the connections a program needs (the
+// Kubernetes API and the namespace's etcd identity), and the driver's
+// handles on the processes it plays the story with (start, pause with
+// SIGSTOP, resume, kill).
+//
+// Each example is one binary with two roles: `demo` is the driver, which
+// `make demo STORY=<name>` runs against `make dev`; every other role is an
+// actor the driver starts as a process of its own, standing in for one pod
+// (POD_NAME) and reading that pod's annotations through the API
+// (fence.PodSource), as it would in a container.
+package story
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+// Namespace is where the stories run.
+const Namespace = "default"
+
+// t0 is the timeline's origin, shared by the driver and its actors through
+// STORY_T0, so every line of every process is on one clock.
+var t0 = func() time.Time {
+	if ns, err := strconv.ParseInt(os.Getenv("STORY_T0"), 10, 64); err == nil {
+		return time.Unix(0, ns)
+	}
+	return time.Now()
+}()
+
+var sayMu sync.Mutex
+
+// Say prints one line of the timeline: seconds since the story began, who,
+// and what happened.
+func Say(who, format string, args ...any) {
+	sayMu.Lock()
+	defer sayMu.Unlock()
+	fmt.Printf("%7.2fs  %-12s %s\n", time.Since(t0).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+// Kube connects to the cluster from $KUBECONFIG, or in-cluster in a pod.
+func Kube() (client.Client, error) {
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: scheme})
+}
+
+// Etcd connects as the namespace's etcd identity: from the mounted Secret
+// in a pod, and otherwise from the Secret itself, read through the API,
+// as a local process standing in for a pod does.
+func Etcd(ctx context.Context, k client.Client) (*clientv3.Client, string, error) {
+	dir := fence.DefaultCredentialsDir
+	if _, err := os.Stat(dir); err != nil {
+		var err error
+		if dir, err = secretToDir(ctx, k); err != nil {
+			return nil, "", err
+		}
+	}
+	access, err := fence.LoadEtcdAccess(dir)
+	if err != nil {
+		return nil, "", err
+	}
+	access.Config.Logger = zap.NewNop()
+	cli, err := clientv3.New(access.Config)
+	return cli, access.Prefix, err
+}
+
+func secretToDir(ctx context.Context, k client.Client) (string, error) {
+	var s corev1.Secret
+	for {
+		err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "fencer-etcd-client"}, &s)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("waiting for the Secret fencer-etcd-client: %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	dir, err := os.MkdirTemp("", "story-etcd-")
+	if err != nil {
+		return "", err
+	}
+	for name, data := range s.Data {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// Pod is the pod this actor stands in for.
+func Pod() string { return os.Getenv("POD_NAME") }
+
+// Token reads this pod's token for lease through the API; zero when it
+// does not hold it.
+func Token(ctx context.Context, k client.Client, lease string) fence.Token {
+	t, err := fence.PodSource{Client: k, Namespace: Namespace, Pod: Pod(), Lease: lease}.Token(ctx)
+	if err != nil {
+		return fence.Token{}
+	}
+	return t
+}
+
+// WaitToken waits until this pod holds lease.
+func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
+	for {
+		if t := Token(ctx, k, lease); t.Value > 0 {
+			return t, nil
+		}
+		select {
+		case <-ctx.Done():
+			return fence.Token{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
