@@ -72,17 +72,13 @@ func publisher(ctx context.Context, fenced bool) error {
 		return err
 	}
 	me := story.Pod()
-	var held fence.Token
+	var tok fence.Token
+	var held context.Context
 	for {
-		tok, err := story.WaitToken(ctx, k, lease)
-		if err != nil {
-			return err
-		}
-		if tok != held {
-			if _, err := fence.Hold(ctx, etcd, prefix, story.Namespace, tok); err != nil {
-				continue // lost already
+		if held == nil || held.Err() != nil {
+			if tok, held, err = story.Acquire(ctx, k, etcd, prefix, lease); err != nil {
+				return err
 			}
-			held = tok
 			story.Say(me, "elected publisher, token %d", tok.Value)
 		}
 		// Building takes a while; the version is when it started.
@@ -128,7 +124,7 @@ func demo(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := story.Apply(ctx, k, manifests()); err != nil {
+	if err := story.Apply(ctx, k, story.Manifests("index-publisher")); err != nil {
 		return err
 	}
 	if err := story.WaitReady(ctx, k, "publisher-0", "publisher-1"); err != nil {
@@ -140,13 +136,6 @@ func demo(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-func manifests() string {
-	if dir := os.Getenv("STORY_DIR"); dir != "" {
-		return dir + "/manifests.yaml"
-	}
-	return "examples/index-publisher/manifests.yaml"
 }
 
 func run(ctx context.Context, k client.Client, fenced bool) error {
@@ -164,7 +153,7 @@ func run(ctx context.Context, k client.Client, fenced bool) error {
 		return err
 	}
 	defer story.KillAll(a, b)
-	old, next, err := leader(ctx, a, b)
+	old, next, err := story.FirstTo(ctx, "published index", a, b)
 	if err != nil {
 		return err
 	}
@@ -197,26 +186,6 @@ func run(ctx context.Context, k client.Client, fenced bool) error {
 	}
 	story.Verdict(mode, anomaly)
 	return nil
-}
-
-// leader waits until one publisher has published, and returns it and the
-// other.
-func leader(ctx context.Context, a, b *story.Actor) (*story.Actor, *story.Actor, error) {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		switch {
-		case a.Printed("published index"):
-			return a, b, nil
-		case b.Printed("published index"):
-			return b, a, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil, nil, fmt.Errorf("no publisher published within 60 s: is the Lease %s granted (kubectl get flease)?", lease)
 }
 
 // waitEither waits until the woken publisher's write landed or was refused.

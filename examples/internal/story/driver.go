@@ -77,6 +77,9 @@ func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-a.done:
+			if a.Count(s) >= n {
+				return nil
+			}
 			return fmt.Errorf("%s exited before printing %q %d times", a.Pod, s, n)
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -144,4 +147,33 @@ func Verdict(mode, anomaly string) {
 // Section prints a heading between the runs of a story.
 func Section(title string) {
 	fmt.Printf("\n=== %s\n\n", title)
+}
+
+// FirstTo waits until one of two actors prints a line containing s, and
+// returns it, then the other.
+func FirstTo(ctx context.Context, s string, a, b *Actor) (*Actor, *Actor, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		switch {
+		case a.Printed(s):
+			return a, b, nil
+		case b.Printed(s):
+			return b, a, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil, nil, fmt.Errorf("neither %s nor %s printed %q within 60 s: is the Lease granted (kubectl get flease)?", a.Pod, b.Pod, s)
+}
+
+// Manifests is the manifest file of story: below $STORY_DIR when set
+// (make demo sets it), else below examples/ in the working directory.
+func Manifests(story string) string {
+	if dir := os.Getenv("STORY_DIR"); dir != "" {
+		return dir + "/manifests.yaml"
+	}
+	return "examples/" + story + "/manifests.yaml"
 }

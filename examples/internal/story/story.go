@@ -140,3 +140,26 @@ func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token,
 		}
 	}
 }
+
+// Acquire waits until this pod holds the renewal: Direct lease and its
+// process keeps the grant alive (fence.Hold). The returned context ends
+// when the lease is lost. A token the pod's annotation still shows from a
+// grant that already expired is skipped.
+func Acquire(ctx context.Context, k client.Client, etcd *clientv3.Client, prefix, lease string) (fence.Token, context.Context, error) {
+	var stale int64
+	for {
+		t, err := WaitToken(ctx, k, lease)
+		if err != nil {
+			return fence.Token{}, nil, err
+		}
+		if t.Value == stale {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		held, err := fence.Hold(ctx, etcd, prefix, Namespace, t)
+		if err == nil {
+			return t, held, nil
+		}
+		stale = t.Value
+	}
+}
