@@ -119,7 +119,9 @@ func writeResult(ctx context.Context, c *fence.Client, result string) error {
 	return c.Patch(ctx, task, client.RawPatch("application/merge-patch+json", []byte(patch)))
 }
 
-func key(name string) client.ObjectKey { return client.ObjectKey{Namespace: story.Namespace, Name: name} }
+func key(name string) client.ObjectKey {
+	return client.ObjectKey{Namespace: story.Namespace, Name: name}
+}
 
 func demo(ctx context.Context) error {
 	k, err := story.Kube()

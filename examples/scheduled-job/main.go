@@ -1,0 +1,263 @@
+// Command scheduled-job is the story of duplicate scheduled jobs
+// (README.md). Three replicas of a service each try to run tonight's
+// report, and a lock with a TTL is meant to let only one do it. A GC pause
+// longer than the TTL lets a second replica in, and the first one's unlock,
+// a plain delete, then removes the second one's lock. With a fencer Lease
+// the report is written in an etcd transaction fenced by the token, and
+// the lease is given back with fence.Release, which is conditional on the
+// token too.
+//
+//	go run ./examples/scheduled-job demo      # make demo STORY=scheduled-job
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/examples/internal/story"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+const lease = "nightly-report"
+
+func main() {
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: scheduled-job demo | ttl-lock NIGHT | fenced NIGHT")
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(ctx)
+	case "ttl-lock":
+		err = withTTLLock(ctx, os.Args[2])
+	case "fenced":
+		err = withLease(ctx, os.Args[2])
+	default:
+		err = fmt.Errorf("unknown role %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scheduled-job:", err)
+		os.Exit(1)
+	}
+}
+
+// keys of the story, below the namespace's data prefix in fencer's etcd.
+func reportsKey(prefix, night string) string {
+	return path.Join(etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace), "reports", night) + "/"
+}
+
+func lockKey(prefix string) string {
+	return path.Join(etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace), "locks", lease)
+}
+
+// report is the job: it takes a while.
+func report(me string) {
+	story.Say(me, "running tonight's report")
+	time.Sleep(1500 * time.Millisecond)
+}
+
+// withTTLLock is the unfenced replica: a lock key with a 2 s TTL, renewed
+// while the process runs, taken with a create-if-absent; unlock is a delete.
+func withTTLLock(ctx context.Context, night string) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	me, lock, reports := story.Pod(), lockKey(prefix), reportsKey(prefix, night)
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		l, err := etcd.Grant(ctx, 2)
+		if err != nil {
+			return err
+		}
+		got, err := etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(lock), "=", 0)).
+			Then(clientv3.OpPut(lock, me, clientv3.WithLease(l.ID))).Commit()
+		if err != nil {
+			return err
+		}
+		if !got.Succeeded {
+			_, _ = etcd.Revoke(ctx, l.ID)
+			continue
+		}
+		if _, err := etcd.KeepAlive(ctx, l.ID); err != nil {
+			return err
+		}
+		story.Say(me, "took the lock")
+		if done, _ := etcd.Get(ctx, reports, clientv3.WithPrefix(), clientv3.WithCountOnly()); done.Count > 0 {
+			story.Say(me, "tonight's report exists: nothing to do")
+		} else {
+			report(me)
+			if _, err := etcd.Put(ctx, reports+me, time.Now().Format(time.RFC3339Nano)); err != nil {
+				return err
+			}
+			story.Say(me, "report written")
+		}
+		owner, _ := etcd.Get(ctx, lock)
+		if _, err := etcd.Delete(ctx, lock); err != nil {
+			return err
+		}
+		if len(owner.Kvs) > 0 && string(owner.Kvs[0].Value) != me {
+			story.Say(me, "unlocked: deleted the lock, which %s held", owner.Kvs[0].Value)
+		} else {
+			story.Say(me, "unlocked")
+		}
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// withLease is the fenced replica: the report is written only under the
+// live token, and the lease is given back conditionally.
+func withLease(ctx context.Context, night string) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	me, reports := story.Pod(), reportsKey(prefix, night)
+	tok, _, err := story.Acquire(ctx, k, etcd, prefix, lease)
+	if err != nil {
+		return err
+	}
+	story.Say(me, "holds the lease, token %d", tok.Value)
+	if done, _ := etcd.Get(ctx, reports, clientv3.WithPrefix(), clientv3.WithCountOnly()); done.Count > 0 {
+		story.Say(me, "tonight's report exists: nothing to do")
+	} else {
+		report(me)
+		_, err := fence.NewTxn(etcd, prefix, story.Namespace, tok).
+			Then(clientv3.OpPut(reports+me, strconv.FormatInt(tok.Value, 10))).Commit(ctx)
+		var fenced *fence.FencedError
+		switch {
+		case errors.As(err, &fenced):
+			story.Say(me, "report REFUSED: %v", err)
+		case err != nil:
+			return err
+		default:
+			story.Say(me, "report written under token %d", tok.Value)
+		}
+	}
+	// Done early: give the lease back, only if it is still ours.
+	if err := fence.Release(ctx, etcd, prefix, story.Namespace, tok); err != nil {
+		story.Say(me, "release REFUSED: %v", err)
+	} else {
+		story.Say(me, "released the lease (token %d)", tok.Value)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func demo(ctx context.Context) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	if err := story.Apply(ctx, k, story.Manifests("scheduled-job")); err != nil {
+		return err
+	}
+	if err := story.WaitReady(ctx, k, "cron-0", "cron-1", "cron-2"); err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	night := "night-" + strconv.FormatInt(time.Now().Unix(), 10)
+	for _, mode := range []struct{ role, title, done, after string }{
+		{"ttl-lock", "without fencer: a lock with a TTL", "unlocked", "unlocked"},
+		{"fenced", "with fencer: Lease nightly-report", "released the lease", "REFUSED"},
+	} {
+		story.Section(mode.title)
+		if err := play(ctx, etcd, reportsKey(prefix, night+"-"+mode.role), mode.role, night+"-"+mode.role, mode.done, mode.after); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// play starts the three replicas, freezes the one running the report past
+// the TTL, lets the others go on, wakes it, and counts tonight's reports.
+func play(ctx context.Context, etcd *clientv3.Client, reports, role, night, done, after string) error {
+	var actors []*story.Actor
+	for i := range 3 {
+		a, err := story.Start(role, fmt.Sprintf("cron-%d", i), night)
+		if err != nil {
+			return err
+		}
+		actors = append(actors, a)
+	}
+	defer story.KillAll(actors...)
+	var frozen *story.Actor
+	for frozen == nil {
+		for _, a := range actors {
+			if a.Printed("running tonight's report") {
+				frozen = a
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	frozen.Pause()
+	// Another replica gets in past the TTL; wake the frozen one while
+	// that one is still running the report.
+	if err := untilAnother(ctx, actors, frozen, "running tonight's report"); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)
+	frozen.Resume()
+	if err := frozen.WaitForCount(ctx, after, 1, 10*time.Second); err != nil {
+		return err
+	}
+	time.Sleep(3 * time.Second) // the running replica finishes; whoever comes next
+	resp, err := etcd.Get(ctx, reports, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	var by []string
+	for _, kv := range resp.Kvs {
+		by = append(by, path.Base(string(kv.Key)))
+	}
+	story.Say("demo", "tonight's reports: %d, by %v", len(by), by)
+	anomaly := ""
+	if len(by) != 1 {
+		anomaly = fmt.Sprintf("the report ran %d times", len(by))
+	}
+	if frozen.Printed("which cron-") {
+		anomaly += fmt.Sprintf("; %s's unlock deleted another replica's lock", frozen.Pod)
+	}
+	mode := "without fencer"
+	if role == "fenced" {
+		mode = "with fencer"
+	}
+	story.Verdict(mode, anomaly)
+	return nil
+}
+
+// untilAnother waits until an actor other than not prints s.
+func untilAnother(ctx context.Context, actors []*story.Actor, not *story.Actor, s string) error {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, a := range actors {
+			if a != not && a.Printed(s) {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("no other replica printed %q within 30 s", s)
+}
