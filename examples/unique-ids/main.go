@@ -1,0 +1,267 @@
+// Command unique-ids is the story of unique IDs without a central service
+// (README.md). Two replicas issue order IDs and event IDs. Without fencer
+// the order IDs come from a shared counter read and written back (two
+// replicas read the same value), and the event IDs from a snowflake
+// generator whose worker ID is in the pod template (every replica has the
+// same one); a restart with the clock stepped back repeats IDs as well.
+// With fencer the order IDs come from blocks of an IDRange, claimed
+// atomically, and the event IDs from a snowflake generator on a leased
+// worker slot, which reserves its time in etcd so that a restart with an
+// earlier clock waits instead of repeating.
+//
+//	go run ./examples/unique-ids demo      # make demo STORY=unique-ids
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/examples/internal/story"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/idgen"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: unique-ids demo | issue naive|fenced OUT-FILE")
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(ctx)
+	case "issue":
+		err = issue(ctx, os.Args[2], os.Args[3])
+	default:
+		err = fmt.Errorf("unknown role %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "unique-ids:", err)
+		os.Exit(1)
+	}
+}
+
+// now is this process's clock: CLOCK_OFFSET steps it, as an NTP correction
+// after a restart would.
+func now() time.Time {
+	d, _ := time.ParseDuration(os.Getenv("CLOCK_OFFSET"))
+	return time.Now().Add(d)
+}
+
+// issue hands out order and event IDs for 1.5 s, appending each to out.
+func issue(ctx context.Context, mode, out string) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	order, event, err := generators(ctx, k, etcd, prefix, mode)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	n := 0
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); n++ {
+		o, err := order(ctx)
+		if err != nil {
+			return err
+		}
+		e, err := event(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "order %d\nevent %d\n", o, e)
+		time.Sleep(time.Millisecond)
+	}
+	story.Say(story.Pod(), "issued %d order IDs and %d event IDs", n, n)
+	return w.Flush()
+}
+
+type next func(context.Context) (int64, error)
+
+func generators(ctx context.Context, k client.Client, etcd *clientv3.Client, prefix, mode string) (next, next, error) {
+	if mode == "naive" {
+		counter := etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace) + "order-counter"
+		story.Say(story.Pod(), "order IDs: read the counter, add 100, write it back; event IDs: snowflake with WORKER_ID=1 from the pod template")
+		return naiveCounter(etcd, counter), naiveSnowflake(1), nil
+	}
+	blocks, err := idgen.NewBlocks(etcd, idgen.BlockOptions{Prefix: prefix, Namespace: story.Namespace, Name: "order-ids", Min: 1, Max: 1_000_000_000_000, BlockSize: 100})
+	if err != nil {
+		return nil, nil, err
+	}
+	slot, token, err := waitSlot(ctx, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	story.Say(story.Pod(), "order IDs: blocks of IDRange order-ids; event IDs: snowflake on slot %d (token %d) of IDRange event-workers", slot, token)
+	sf, err := idgen.NewSnowflake(ctx, etcd, idgen.SnowflakeOptions{Prefix: prefix, Namespace: story.Namespace, Name: "event-workers", Slot: slot, Token: token, Now: now})
+	if err != nil {
+		return nil, nil, err
+	}
+	return blocks.Next, sf.Next, nil
+}
+
+// naiveCounter claims 100 IDs by reading the counter and writing it back:
+// two replicas that read at once get the same 100.
+func naiveCounter(etcd *clientv3.Client, key string) next {
+	var nextID, last int64
+	return func(ctx context.Context) (int64, error) {
+		if nextID == 0 || nextID > last {
+			resp, err := etcd.Get(ctx, key)
+			if err != nil {
+				return 0, err
+			}
+			var c int64
+			if len(resp.Kvs) > 0 {
+				c, _ = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+			}
+			time.Sleep(5 * time.Millisecond) // the round trip a real service has
+			if _, err := etcd.Put(ctx, key, strconv.FormatInt(c+100, 10)); err != nil {
+				return 0, err
+			}
+			nextID, last = c+1, c+100
+		}
+		nextID++
+		return nextID - 1, nil
+	}
+}
+
+// naiveSnowflake is the textbook generator: milliseconds, a fixed worker
+// ID and a sequence that restarts every millisecond.
+func naiveSnowflake(worker int64) next {
+	var lastMs, seq int64
+	return func(context.Context) (int64, error) {
+		ms := now().Sub(idgen.Epoch).Milliseconds()
+		if ms == lastMs {
+			seq++
+		} else {
+			lastMs, seq = ms, 0
+		}
+		return ms<<22 | worker<<12 | seq, nil
+	}
+}
+
+// waitSlot reads the pod's slot annotation, once the controller wrote it.
+func waitSlot(ctx context.Context, k client.Client) (int64, int64, error) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var p corev1.Pod
+		if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: story.Pod()}, &p); err != nil {
+			return 0, 0, err
+		}
+		if a, ok := p.Annotations["idrange.fencer.io/event-workers"]; ok {
+			return idgen.ParseSlot(a)
+		}
+	}
+	return 0, 0, fmt.Errorf("pod %s has no slot of IDRange event-workers after 30 s", story.Pod())
+}
+
+func demo(ctx context.Context) error {
+	k, err := story.Kube()
+	if err != nil {
+		return err
+	}
+	if err := story.Apply(ctx, k, story.Manifests("unique-ids")); err != nil {
+		return err
+	}
+	if err := story.WaitReady(ctx, k, "ids-0", "ids-1"); err != nil {
+		return err
+	}
+	for _, mode := range []struct{ name, title, verdict string }{
+		{"naive", "without fencer: a shared counter and a worker ID in the pod template", "without fencer"},
+		{"fenced", "with fencer: IDRange blocks and a snowflake on a leased slot", "with fencer"},
+	} {
+		story.Section(mode.title)
+		if err := play(ctx, mode.name, mode.verdict); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// play runs both replicas at once, then restarts ids-0 with its clock
+// stepped back half a second, and counts repeated IDs.
+func play(ctx context.Context, mode, verdict string) error {
+	dir, err := os.MkdirTemp("", "unique-ids-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	out := func(pod string) string { return filepath.Join(dir, pod) }
+	a, err := story.Start("issue", "ids-0", mode, out("ids-0"))
+	if err != nil {
+		return err
+	}
+	b, err := story.Start("issue", "ids-1", mode, out("ids-1"))
+	if err != nil {
+		return err
+	}
+	for _, x := range []*story.Actor{a, b} {
+		if err := x.WaitForCount(ctx, "issued", 1, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	story.KillAll(a, b)
+	story.Say("demo", "restart ids-0 with its clock stepped back 500 ms")
+	if err := os.Setenv("CLOCK_OFFSET", "-500ms"); err != nil {
+		return err
+	}
+	defer os.Unsetenv("CLOCK_OFFSET")
+	r, err := story.Start("issue", "ids-0", mode, out("ids-0"))
+	if err != nil {
+		return err
+	}
+	if err := r.WaitForCount(ctx, "issued", 1, 60*time.Second); err != nil {
+		return err
+	}
+	story.KillAll(r)
+	dups, total, err := repeats(out("ids-0"), out("ids-1"))
+	if err != nil {
+		return err
+	}
+	story.Say("demo", "%d IDs issued; repeated: %d order IDs, %d event IDs", total, dups["order"], dups["event"])
+	anomaly := ""
+	if dups["order"]+dups["event"] > 0 {
+		anomaly = fmt.Sprintf("%d order IDs and %d event IDs were issued more than once", dups["order"], dups["event"])
+	}
+	story.Verdict(verdict, anomaly)
+	return nil
+}
+
+// repeats counts, per kind, the IDs that appear more than once.
+func repeats(files ...string) (map[string]int, int, error) {
+	seen := map[string]int{}
+	dups := map[string]int{}
+	total := 0
+	for _, file := range files {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			total++
+			if seen[line]++; seen[line] == 2 {
+				dups[strings.Fields(line)[0]]++
+			}
+		}
+	}
+	return dups, total, nil
+}
