@@ -99,6 +99,14 @@ test-image: image ## make image, then read the tarball back, run its binary, and
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
+STORIES := scheduled-job index-publisher attempt-ids unique-ids
+
+.PHONY: demo
+demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids.
+	@if [ -z "$(filter $(STORY),$(STORIES))" ]; then echo "make demo STORY=<name>, one of: $(STORIES)"; exit 2; fi
+	go build -o $(BIN)/story-$(STORY) ./examples/$(STORY)
+	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/bin/dev/kubeconfig} STORY_DIR=$(CURDIR)/examples/$(STORY) $(BIN)/story-$(STORY) demo
+
 .PHONY: test-real-node
 test-real-node: tools image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, and a teardown that leaves nothing behind.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...

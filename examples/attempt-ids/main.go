@@ -29,7 +29,7 @@ import (
 const lease = "task-42"
 
 func main() {
-	if len(os.Args) < 2 {
+	if len(os.Args) < 2 || (os.Args[1] == "attempt" && len(os.Args) < 3) {
 		fmt.Fprintln(os.Stderr, "usage: attempt-ids demo | attempt ATTEMPT-ID | fenced-attempt")
 		os.Exit(2)
 	}

@@ -29,7 +29,7 @@ import (
 const lease = "nightly-report"
 
 func main() {
-	if len(os.Args) < 3 {
+	if len(os.Args) < 2 || (os.Args[1] != "demo" && len(os.Args) < 3) {
 		fmt.Fprintln(os.Stderr, "usage: scheduled-job demo | ttl-lock NIGHT | fenced NIGHT")
 		os.Exit(2)
 	}

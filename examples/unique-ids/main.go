@@ -32,7 +32,7 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 {
+	if len(os.Args) < 2 || (os.Args[1] == "issue" && len(os.Args) < 4) {
 		fmt.Fprintln(os.Stderr, "usage: unique-ids demo | issue naive|fenced OUT-FILE")
 		os.Exit(2)
 	}

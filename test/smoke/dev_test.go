@@ -341,6 +341,10 @@ spec:
 		}
 	})
 
+	t.Run("the example stories: an anomaly without fencer, none with it", func(t *testing.T) {
+		runStories(t, root, filepath.Join(state, "kubeconfig"))
+	})
+
 	t.Run("the chart's helm test hook passes against fencer and fails without its webhook", func(t *testing.T) {
 		runHelmTestHook(t, bin, root, filepath.Join(state, "kubeconfig"), kubectl)
 	})
