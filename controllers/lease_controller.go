@@ -171,7 +171,10 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		why := fencerv1.TenureExpired
 		if _, ok := r.takeEnding(key); ok {
 			why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
-		} else if r.releasedByHolder(ctx, lease) {
+		} else if released, err := r.releasedByHolder(ctx, lease); err != nil {
+			r.etcdUnavailable(lease, &out, err)
+			return out, nil
+		} else if released {
 			why = fencerv1.TenureReleased
 		}
 		closeTenure(lease, now, why)
@@ -343,31 +346,48 @@ func (r *LeaseReconciler) takeEnding(key string) (time.Time, bool) {
 	return at, ok
 }
 
-// passOver is the holder whose grant just expired: it stopped renewing
-// (a renewal: Direct process that froze or died while its pod stays
-// Ready), so granting it again would only expire again, one TTL at a time,
-// while other candidates wait. Pick prefers anyone else.
+// passOver lists, for a renewal: Direct Lease, the holders whose latest
+// tenure ended Expired or Released, most recent first. One that expired
+// stopped renewing (its process froze or died while its pod stays Ready):
+// granting it again would only expire again, one TTL at a time, while the
+// others wait. One that released gave the lease back for someone else.
+// Pick prefers anyone not listed, then the one listed last. With renewal
+// PodReady the controller renews, and an expiry is not the holder's doing.
 func passOver(lease *fencerv1.Lease) []types.UID {
-	if t := lastTenure(lease); t != nil && t.EndReason == fencerv1.TenureExpired {
-		return []types.UID{t.HolderUID}
+	if lease.Spec.Renewal != fencerv1.RenewalDirect {
+		return nil
 	}
-	return nil
+	seen := map[types.UID]bool{}
+	var out []types.UID
+	for _, t := range lease.Status.History { // newest first
+		if seen[t.HolderUID] {
+			continue
+		}
+		seen[t.HolderUID] = true
+		if t.EndReason == fencerv1.TenureExpired || t.EndReason == fencerv1.TenureReleased {
+			out = append(out, t.HolderUID)
+		}
+	}
+	return out
 }
 
 // releasedByHolder tells a Direct grant its holder released
 // (fence.Release deletes the key, conditional on its token) from one that
 // expired: the released grant's etcd lease is still alive. The controller
-// revokes it, as nothing is attached to it any more.
-func (r *LeaseReconciler) releasedByHolder(ctx context.Context, lease *fencerv1.Lease) bool {
+// revokes it, as nothing is attached to it any more. The lease ID is the
+// one the controller's own grant recorded: a key rewritten to point
+// elsewhere is no grant (etcdstore.readGrant), so it is never published.
+func (r *LeaseReconciler) releasedByHolder(ctx context.Context, lease *fencerv1.Lease) (bool, error) {
 	id := clientv3.LeaseID(lease.Status.LeaseID)
 	if lease.Spec.Renewal != fencerv1.RenewalDirect || id == 0 {
-		return false
+		return false, nil
 	}
-	if ttl, err := r.Store.RemainingTTL(ctx, id); err != nil || ttl <= 0 {
-		return false
+	alive, err := r.Store.LeaseAlive(ctx, id)
+	if err != nil || !alive {
+		return false, err
 	}
 	r.Store.Revoke(id)
-	return true
+	return true, nil
 }
 
 func (r *LeaseReconciler) clearEnd(key string) {

@@ -134,7 +134,7 @@ func naiveCounter(etcd *clientv3.Client, key string) next {
 			if len(resp.Kvs) > 0 {
 				c, _ = strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
 			}
-			time.Sleep(5 * time.Millisecond) // the round trip a real service has
+			time.Sleep(20 * time.Millisecond) // a round trip and some work between the read and the write
 			if _, err := etcd.Put(ctx, key, strconv.FormatInt(c+100, 10)); err != nil {
 				return 0, err
 			}

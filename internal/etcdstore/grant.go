@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -121,7 +122,12 @@ func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, 
 		return nil, resp.Header.Revision, nil
 	}
 	kv := keys[0]
-	if len(markers) == 0 || markers[0].ModRevision != kv.CreateRevision {
+	// A grant is written once, by the transaction that also writes the
+	// marker, and never rewritten: a key re-created (CreateRevision) or
+	// rewritten in place (Version), as a namespace identity may do to a
+	// Direct lease's key to change its holder or detach it from its etcd
+	// lease, is no grant.
+	if len(markers) == 0 || markers[0].ModRevision != kv.CreateRevision || kv.Version != 1 {
 		// Whatever it holds, even garbage, it is to be deleted, not decoded.
 		return &Grant{Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease), Unissued: true}, resp.Header.Revision, nil
 	}
@@ -243,6 +249,22 @@ func (s *Store) RemainingTTL(ctx context.Context, id clientv3.LeaseID) (d time.D
 		return 0, err
 	}
 	return max(time.Duration(resp.TTL)*time.Second, 0), nil
+}
+
+// LeaseAlive tells whether etcd still has lease id, however little of its
+// TTL is left (etcd reports whole seconds, rounded down).
+func (s *Store) LeaseAlive(ctx context.Context, id clientv3.LeaseID) (alive bool, err error) {
+	defer s.timed("ttl")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	resp, err := s.cli.TimeToLive(ctx, id)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return resp.TTL >= 0, nil
 }
 
 // readLive is one linearizable read of a lease key and etcd's revision. A

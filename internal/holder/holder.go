@@ -30,7 +30,7 @@ func Qualifies(pod *corev1.Pod) bool {
 // lease on long-lived pods during a rolling update, and a pod's position
 // never depends on which controller replica decides. Pods in passOver go
 // after every other Ready pod: they are picked only when no one else
-// qualifies.
+// qualifies, and then the one listed last first.
 func Pick(pods []corev1.Pod, passOver ...types.UID) *corev1.Pod {
 	var ready, passed []*corev1.Pod
 	for i := range pods {
@@ -42,8 +42,11 @@ func Pick(pods []corev1.Pod, passOver ...types.UID) *corev1.Pod {
 			ready = append(ready, &pods[i])
 		}
 	}
-	if len(ready) == 0 {
-		ready = passed
+	if len(ready) == 0 && len(passed) > 0 {
+		sort.Slice(passed, func(i, j int) bool {
+			return slices.Index(passOver, passed[i].UID) > slices.Index(passOver, passed[j].UID)
+		})
+		return passed[0]
 	}
 	if len(ready) == 0 {
 		return nil

@@ -63,3 +63,15 @@ func TestPickPassesOver(t *testing.T) {
 		t.Fatalf("Pick with b not Ready = %v, want a", got)
 	}
 }
+
+// TestPickFallsBackToTheLongestPassedOver: when every Ready pod is passed
+// over, the one passed over longest ago is picked, so two frozen pods
+// cannot take turns forever.
+func TestPickFallsBackToTheLongestPassedOver(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, b := pod("a", t0, true), pod("b", t0.Add(time.Second), true)
+	a.UID, b.UID = "uid-a", "uid-b"
+	if got := Pick([]corev1.Pod{a, b}, "uid-a", "uid-b"); got == nil || got.Name != "b" {
+		t.Fatalf("Pick = %v, want b (passed over longest ago)", got)
+	}
+}

@@ -456,8 +456,9 @@ func TestDirectHolderReleases(t *testing.T) {
 	if err := fence.Release(context.Background(), cli, prefix, ns, tok); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "granted again well within the 60 s TTL", func() error {
-		if st := getLease(t, ns, "job").Status; st.Token <= tok.Value || st.Holder == "" {
+	eventually(t, 30*time.Second, "w-1 granted well within the 60 s TTL", func() error {
+		// w-0 is older, but it gave the lease back: it is passed over.
+		if st := getLease(t, ns, "job").Status; st.Token <= tok.Value || st.Holder != "w-1" {
 			return fmt.Errorf("holder %q token %d", st.Holder, st.Token)
 		}
 		return nil
@@ -728,5 +729,45 @@ func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
 	}
 	if first.Token >= minted {
 		t.Fatalf("setup: first token %d, minted %d", first.Token, minted)
+	}
+}
+
+// TestRewrittenLeaseKeyIsNeverAdopted: the same namespace identity can
+// also Put the key in place, keeping its CreateRevision (the token) and
+// the marker's match, to name itself the holder or detach the key from
+// its etcd lease so that it never expires. A rewritten key is no grant:
+// the controller deletes it and grants anew, and nothing ever publishes
+// the forged holder.
+func TestRewrittenLeaseKeyIsNeverAdopted(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 30)
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	create(t, l)
+	first := heldBy(t, ns, "job")
+	key := etcdkeys.LeaseKey(prefix, ns, "job")
+	forged := fmt.Sprintf(`{"holder":"intruder","holderUID":"intruder-uid","leaseID":%d}`, first.LeaseID)
+	if _, err := fx.EtcdCli.Put(ctx, key, forged); err != nil { // no lease: it would never expire
+		t.Fatal(err)
+	}
+	touch(t, ns, "job")
+	eventually(t, 30*time.Second, "the rewritten key replaced by a real grant", func() error {
+		st := getLease(t, ns, "job").Status
+		if st.Holder == "intruder" {
+			t.Fatalf("the forged holder was published: %+v", st)
+		}
+		if tok := etcdToken(t, ns, "job"); st.Token <= first.Token || tok != st.Token {
+			return fmt.Errorf("status token %d, etcd %d; want a new grant above %d", st.Token, tok, first.Token)
+		}
+		return nil
+	})
+	reasons, err := eventReasons(ns, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reasons[fencerv1.ReasonUnissuedGrant] == 0 {
+		t.Errorf("no %s Event: %v", fencerv1.ReasonUnissuedGrant, reasons)
 	}
 }
