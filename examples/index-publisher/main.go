@@ -95,7 +95,7 @@ func publisher(ctx context.Context, fenced bool) error {
 }
 
 func publish(ctx context.Context, k client.Client, fenced bool, tok fence.Token, me string, version int64) error {
-	var c client.Client = k
+	c := k
 	if fenced {
 		// Every write carries the token; the webhook compares it with the
 		// lease's live token.

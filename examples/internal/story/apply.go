@@ -36,7 +36,7 @@ func Apply(ctx context.Context, k client.Client, file string) error {
 		if u.GetNamespace() == "" && u.GetKind() != "Namespace" {
 			u.SetNamespace(Namespace)
 		}
-		if err := k.Patch(ctx, &u, client.Apply, client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
+		if err := k.Apply(ctx, client.ApplyConfigurationFromUnstructured(&u), client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
 			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
 		}
 	}
@@ -54,7 +54,10 @@ func WaitReady(ctx context.Context, k client.Client, pods ...string) error {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("pod %s not Ready after 60 s (is `make dev` running?): %v", name, err)
+				if err == nil {
+					err = errors.New("its Ready condition is not True")
+				}
+				return fmt.Errorf("pod %s not Ready after 60 s (is `make dev` running?): %w", name, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
