@@ -68,7 +68,7 @@ func attempt(ctx context.Context, id string) error {
 		return nil
 	}
 	story.Say(me, "checked: attempt %s is the task's current attempt", id)
-	time.Sleep(700 * time.Millisecond) // computing
+	time.Sleep(2 * time.Second) // computing
 	// The write the check was for; nothing ties the two together.
 	patch := fmt.Sprintf(`{"data":{"result":"computed by attempt %s"}}`, id)
 	if err := k.Patch(ctx, &task, client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
@@ -97,7 +97,7 @@ func fencedAttempt(ctx context.Context) error {
 	story.Say(me, "attempt with token %d started", tok.Value)
 	time.Sleep(300 * time.Millisecond)
 	story.Say(me, "checked: token %d holds the lease", tok.Value)
-	time.Sleep(700 * time.Millisecond) // computing
+	time.Sleep(2 * time.Second) // computing
 	if err := writeResult(ctx, fence.NewClient(k, tok), fmt.Sprintf("computed under token %d", tok.Value)); err != nil {
 		story.Say(me, "result of token %d REFUSED: %v", tok.Value, err)
 		return nil

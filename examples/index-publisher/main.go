@@ -85,7 +85,7 @@ func publisher(ctx context.Context, fenced bool) error {
 		version := time.Now().UnixMilli() % 1_000_000
 		time.Sleep(300 * time.Millisecond)
 		story.Say(me, "built index v%d", version)
-		time.Sleep(700 * time.Millisecond) // uploading
+		time.Sleep(1200 * time.Millisecond) // uploading
 		if err := publish(ctx, k, fenced, tok, me, version); err != nil {
 			story.Say(me, "publish of v%d REFUSED: %v", version, err)
 		} else {

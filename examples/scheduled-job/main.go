@@ -60,10 +60,11 @@ func lockKey(prefix string) string {
 	return path.Join(etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace), "locks", lease)
 }
 
-// report is the job: it takes a while.
+// report is the job: it takes a while, long enough for the demo to freeze
+// it in the middle even when it reads the timeline from a pod's log.
 func report(me string) {
 	story.Say(me, "running tonight's report")
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(3 * time.Second)
 }
 
 // withTTLLock is the unfenced replica: a lock key with a 2 s TTL, renewed

@@ -200,11 +200,19 @@ func demo(ctx context.Context) error {
 // play runs both replicas at once, then restarts ids-0 with its clock
 // stepped back half a second, and counts repeated IDs.
 func play(ctx context.Context, mode, verdict string) error {
-	dir, err := os.MkdirTemp("", "unique-ids-")
+	// Below the shared directory: on the real node the actor pods write
+	// their IDs there, as UID 65532.
+	if err := os.MkdirAll(story.SharedDir(), 0o755); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp(story.SharedDir(), "unique-ids-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return err
+	}
 	out := func(pod string) string { return filepath.Join(dir, pod) }
 	a, err := story.Start("issue", "ids-0", mode, out("ids-0"))
 	if err != nil {

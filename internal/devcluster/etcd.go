@@ -30,6 +30,9 @@ type Etcd struct {
 	// ManagerEnablesAuth leaves turning auth on to the fencer manager
 	// (--etcd-enable-auth) instead of Start, to test that it does.
 	ManagerEnablesAuth bool
+	// ExtraClientURLs are more addresses to serve clients on, besides
+	// Endpoint: the real node's pods reach fencer's etcd on the bridge.
+	ExtraClientURLs []string
 }
 
 // NewEtcd prepares an etcd named name whose data and log live below dir.
@@ -110,7 +113,7 @@ func (e *Etcd) launch() error {
 	args := []string{
 		"--name=" + e.name,
 		"--data-dir=" + filepath.Join(e.dir, e.name+".data"),
-		"--listen-client-urls=" + e.Endpoint,
+		"--listen-client-urls=" + strings.Join(append([]string{e.Endpoint}, e.ExtraClientURLs...), ","),
 		"--advertise-client-urls=" + e.Endpoint,
 		"--listen-peer-urls=" + e.peer,
 		"--initial-advertise-peer-urls=" + e.peer,

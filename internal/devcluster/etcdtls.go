@@ -47,7 +47,8 @@ func NewEtcdPKI(dir, prefix string) (*EtcdPKI, error) {
 	if err := p.write("ca", ca.CertPEM, keyPEM); err != nil {
 		return nil, err
 	}
-	server := identity.Request{CommonName: "etcd", Server: true, DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}}
+	// The bridge address too: pods on the real node connect there.
+	server := identity.Request{CommonName: "etcd", Server: true, DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(realBridgeIP)}}
 	if err := p.Issue("server", server); err != nil {
 		return nil, err
 	}

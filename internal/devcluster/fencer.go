@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -70,6 +71,7 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	args := append([]string{
 		"--kubeconfig=" + c.Kubeconfig,
 		"--etcd-endpoints=" + c.FencerEtcd.Endpoint,
+		"--etcd-workload-endpoints=" + c.workloadEndpoint(),
 		"--etcd-pki-secret=" + etcdPKISecret,
 		"--etcd-enable-auth",
 		"--webhook-namespace=" + ManagerNamespace,
@@ -186,6 +188,9 @@ func (c *Cluster) startFencerEtcd(ctx context.Context) error {
 		return err
 	}
 	e.Secure(pki)
+	if c.real != nil {
+		e.ExtraClientURLs = []string{c.PodEtcdEndpoint(e)}
+	}
 	err = e.Start(ctx)
 	if e.proc != nil {
 		c.procs = append(c.procs, e.proc)
@@ -217,4 +222,20 @@ func (c *Cluster) WriteEndpoints() error {
 		return err
 	}
 	return os.WriteFile(c.Path("etcd-endpoints"), []byte(c.FencerEtcd.Endpoint+"\n"), 0o644)
+}
+
+// PodEtcdEndpoint is e's client URL on the real node's bridge, where its
+// pods reach it (the port of e.Endpoint).
+func (c *Cluster) PodEtcdEndpoint(e *Etcd) string {
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(e.Endpoint, "https://"))
+	return "https://" + net.JoinHostPort(realBridgeIP, port)
+}
+
+// workloadEndpoint is the etcd URL the namespaces' credentials name: one
+// that pods on the real node reach too, when there is one.
+func (c *Cluster) workloadEndpoint() string {
+	if c.real != nil {
+		return c.PodEtcdEndpoint(c.FencerEtcd)
+	}
+	return c.FencerEtcd.Endpoint
 }

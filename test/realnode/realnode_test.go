@@ -48,7 +48,7 @@ func machineState(t *testing.T) string {
 		_, err := os.Stat(d)
 		fmt.Fprintf(&b, "%s=%v ", d, err == nil)
 	}
-	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|kube-proxy|coredns|pause|worker|ids|etcd|fencer)").Output()
+	out, _ := exec.Command("pgrep", "-a", "^(containerd|kubelet|kube-proxy|coredns|pause|worker|ids|story|etcd|fencer)").Output()
 	var live []string
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		// A killed shim or container is a zombie until this machine's
@@ -90,7 +90,8 @@ func TestRealNode(t *testing.T) {
 	}
 	before := machineState(t)
 	// Twice: the second run proves the first left nothing behind. The
-	// first measures the Downward API; the second installs the chart.
+	// first measures the Downward API and plays the example stories as
+	// pods; the second installs the chart.
 	for run := 1; run <= 2; run++ {
 		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { realNodeRun(t, run) })
 		if after := machineState(t); after != before {
@@ -151,6 +152,7 @@ func realNodeRun(t *testing.T, run int) {
 	file := filepath.Join(c.RealNodeDir(), "kubelet", "pods", string(created.UID), "volumes", "kubernetes.io~downward-api", "podinfo", "annotations")
 	if run == 1 {
 		measureDownwardAPI(t, c, file)
+		storiesAsPods(t, c, root)
 		return
 	}
 	chartOnRealNode(t, c, root)

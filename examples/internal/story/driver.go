@@ -16,15 +16,20 @@ import (
 // Actor is a process the driver started, standing in for one pod.
 type Actor struct {
 	Pod  string
-	cmd  *exec.Cmd
+	cmd  *exec.Cmd // a local process, or
+	uid  string    // a pod on the real node
 	mu   sync.Mutex
 	seen []string
 	done chan struct{}
 }
 
-// Start runs this binary again in role for pod. Its timeline lines go to
-// stdout as they come, and WaitFor can wait for one of them.
+// Start runs this binary again in role for pod: as a local process, or on
+// the real node as the pod itself (OnRealNode). Its timeline lines go to
+// stdout as they come, and WaitForCount can wait for them.
 func Start(role, pod string, args ...string) (*Actor, error) {
+	if OnRealNode() {
+		return startPod(role, pod, args)
+	}
 	cmd := exec.Command(os.Args[0], append([]string{role}, args...)...)
 	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "STORY_T0="+strconv.FormatInt(t0.UnixNano(), 10))
 	cmd.Stderr = os.Stderr
@@ -40,14 +45,19 @@ func Start(role, pod string, args ...string) (*Actor, error) {
 		defer close(a.done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			fmt.Println(sc.Text())
-			a.mu.Lock()
-			a.seen = append(a.seen, sc.Text())
-			a.mu.Unlock()
+			a.line(sc.Text())
 		}
 		_ = cmd.Wait()
 	}()
 	return a, nil
+}
+
+// line prints one timeline line of the actor and remembers it.
+func (a *Actor) line(l string) {
+	fmt.Println(l)
+	a.mu.Lock()
+	a.seen = append(a.seen, l)
+	a.mu.Unlock()
 }
 
 // Count is how many lines the actor printed that contain s.
@@ -107,21 +117,37 @@ func (a *Actor) Max(prefix string) int64 {
 
 // Pause stops the process (SIGSTOP), as a GC pause or a frozen VM would.
 func (a *Actor) Pause() {
-	_ = a.cmd.Process.Signal(syscall.SIGSTOP)
+	a.signal(syscall.SIGSTOP)
 	Say("demo", "SIGSTOP %s: the process is frozen", a.Pod)
 }
 
 // Resume continues a paused process (SIGCONT).
 func (a *Actor) Resume() {
-	_ = a.cmd.Process.Signal(syscall.SIGCONT)
+	a.signal(syscall.SIGCONT)
 	Say("demo", "SIGCONT %s: it wakes up and carries on where it stopped", a.Pod)
 }
 
 // Kill ends the process and waits for it.
 func (a *Actor) Kill() {
+	if a.cmd == nil {
+		a.deletePod()
+		return
+	}
 	_ = a.cmd.Process.Signal(syscall.SIGCONT)
 	_ = a.cmd.Process.Kill()
 	<-a.done
+}
+
+func (a *Actor) signal(sig syscall.Signal) {
+	var err error
+	if a.cmd != nil {
+		err = a.cmd.Process.Signal(sig)
+	} else {
+		err = a.signalPod(sig)
+	}
+	if err != nil {
+		Say("demo", "could not signal %s (%s): %v", a.Pod, sig, err)
+	}
 }
 
 // KillAll kills every actor.

@@ -1,0 +1,69 @@
+package realnode
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// storiesAsPods runs the example stories (examples/) on the real node as
+// `make dev NODE=real` and `make demo NODE=real` do: fencer's manager as a
+// local process, and every pod of a story a real container of the story's
+// image, frozen with SIGSTOP through its cgroup. Each story must show its
+// anomaly without fencer and none with it.
+func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
+	ctx := context.Background()
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallCRDs(ctx, filepath.Join(root, "config", "crd", "bases")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartManager(ctx, filepath.Join(bin, "fencer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	shared := filepath.Join(t.TempDir(), "shared")
+	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"} {
+		t.Run(name, func(t *testing.T) {
+			binary := filepath.Join(t.TempDir(), "story")
+			build := exec.Command("go", "build", "-trimpath", "-o", binary, "./examples/"+name)
+			build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				t.Fatalf("building %s: %v\n%s", name, err, out)
+			}
+			image := "fencer.example/story-" + name + ":dev"
+			if err := c.BuildImage(ctx, binary, image, "story", "65532:65532"); err != nil {
+				t.Fatal(err)
+			}
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer cancel()
+			demo := exec.CommandContext(dctx, binary, "demo")
+			demo.Dir = root
+			demo.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig, "STORY_DIR="+filepath.Join(root, "examples", name),
+				"STORY_IMAGE="+image, "STORY_SHARED="+shared)
+			raw, err := demo.CombinedOutput()
+			out := string(raw)
+			t.Logf("%s on the real node:\n%s", name, out)
+			if err != nil {
+				t.Fatalf("%s demo: %v", name, err)
+			}
+			if !strings.Contains(out, "RESULT without fencer: ANOMALY") || !strings.Contains(out, "RESULT with fencer: no anomaly") {
+				t.Fatalf("%s: want an anomaly without fencer and none with it", name)
+			}
+			if strings.Contains(out, "could not signal") {
+				t.Fatalf("%s: the demo could not signal a container's process", name)
+			}
+		})
+	}
+}
