@@ -351,24 +351,30 @@ func (r *LeaseReconciler) takeEnding(key string) (time.Time, bool) {
 // stopped renewing (its process froze or died while its pod stays Ready):
 // granting it again would only expire again, one TTL at a time, while the
 // others wait. One that released gave the lease back for someone else.
-// Pick prefers anyone not listed, then the one listed last. With renewal
+// Pick prefers anyone not listed, then the one listed last: the holder
+// that released longest ago, or else the one that expired longest ago. With renewal
 // PodReady the controller renews, and an expiry is not the holder's doing.
 func passOver(lease *fencerv1.Lease) []types.UID {
 	if lease.Spec.Renewal != fencerv1.RenewalDirect {
 		return nil
 	}
 	seen := map[types.UID]bool{}
-	var out []types.UID
+	var expired, released []types.UID
 	for _, t := range lease.Status.History { // newest first
 		if seen[t.HolderUID] {
 			continue
 		}
 		seen[t.HolderUID] = true
-		if t.EndReason == fencerv1.TenureExpired || t.EndReason == fencerv1.TenureReleased {
-			out = append(out, t.HolderUID)
+		switch t.EndReason {
+		case fencerv1.TenureExpired:
+			expired = append(expired, t.HolderUID)
+		case fencerv1.TenureReleased:
+			released = append(released, t.HolderUID)
 		}
 	}
-	return out
+	// Released holders last: when everyone is passed over, one that gave
+	// the lease back is alive, and picked before one that let it expire.
+	return append(expired, released...)
 }
 
 // releasedByHolder tells a Direct grant its holder released
@@ -512,6 +518,11 @@ func (r *LeaseReconciler) dropUnissued(ctx context.Context, lease *fencerv1.Leas
 		"the lease key holds token %d, which fencer never issued (the key was re-created by something with write access to it, such as a Direct Lease's namespace etcd identity); it is deleted and the Lease granted anew", g.Token)
 	ctrl.LoggerFrom(ctx).Info("deleting a lease key fencer did not create", "token", g.Token)
 	out.result.RequeueAfter = time.Millisecond
+	// The grant the status shows is over too: revoke its etcd lease, so
+	// that the key's disappearance does not read as its holder's release.
+	if id := clientv3.LeaseID(lease.Status.LeaseID); id != 0 && id != g.LeaseID {
+		r.Store.Revoke(id)
+	}
 	return r.endGrant(ctx, lease, g)
 }
 

@@ -79,8 +79,10 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	if x.err != nil {
 		return nil, x.err
 	}
+	// Version 1: fencer writes a grant once; a key rewritten in place by
+	// something with write access to it is not one.
 	resp, err := x.cli.Txn(ctx).
-		If(x.cmp).
+		If(x.cmp, clientv3.Compare(clientv3.Version(x.key), "=", 1)).
 		Then(x.ops...).
 		Else(clientv3.OpGet(x.key)).
 		Commit()
@@ -89,7 +91,7 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	}
 	if !resp.Succeeded {
 		e := &FencedError{Key: x.key, Offered: x.tok}
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Version == 1 {
 			e.Current = kvs[0].CreateRevision
 		}
 		return resp, e

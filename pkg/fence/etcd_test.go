@@ -231,6 +231,24 @@ func TestReleaseEndsOnlyItsOwnGrant(t *testing.T) {
 	}
 }
 
+// TestTxnRefusesARewrittenKey: a lease key rewritten in place keeps its
+// CreateRevision, so the token still matches; but fencer writes a grant
+// once, and a rewritten key (as a namespace identity could make of a
+// Direct lease's key) fences everything off.
+func TestTxnRefusesARewrittenKey(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	tok := grant(t, cli, "job", 30)
+	if _, err := cli.Put(ctx, etcdkeys.LeaseKey(prefix, "ns", "job"), `{"holder":"intruder"}`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewTxn(cli, prefix, "ns", tok).Then(clientv3.OpPut("/data/x", "1")).Commit(ctx)
+	var fenced *FencedError
+	if !errors.As(err, &fenced) || fenced.Current != 0 {
+		t.Fatalf("a write under a rewritten key: %v, want a FencedError with no current token", err)
+	}
+}
+
 // TestWatchHeldSeesThroughCompaction: a watch that must resume from a
 // compacted revision re-reads the key instead of going blind, so a grant
 // still held is not reported lost, and its deletion afterwards is seen.
