@@ -21,6 +21,15 @@ func setHeld(l *fencerv1.Lease, status metav1.ConditionStatus, reason, message s
 		Type: fencerv1.ConditionHeld, Status: status, Reason: reason, Message: message,
 		ObservedGeneration: l.Generation,
 	})
+	// Ready follows Held: a suspended Lease held by no one is as asked.
+	ready := status
+	if reason == fencerv1.ReasonSuspended {
+		ready = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{
+		Type: fencerv1.ConditionReady, Status: ready, Reason: reason, Message: message,
+		ObservedGeneration: l.Generation,
+	})
 }
 
 // showGrant puts a live grant's identity in the status.

@@ -89,7 +89,7 @@ type IDRangeStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
-// Condition types of an IDRange.
+// Condition types of an IDRange. Ready is a Lease's too.
 const (
 	ConditionReady     = "Ready"
 	ConditionLow       = "Low"

@@ -166,6 +166,11 @@ type LeaseStatus struct {
 // ConditionHeld is true while a pod holds the lease.
 const ConditionHeld = "Held"
 
+// A Lease's Ready condition (ConditionReady) is true when the Lease is as
+// its spec asks: held, or, with spec.suspend, held by no one. It has Held's
+// reason and message otherwise, and the generation it describes:
+// `kubectl wait --for=condition=Ready`, kstatus and Argo CD read it.
+
 // Reasons of the Held condition.
 const (
 	ReasonGranted      = "Granted"
@@ -205,6 +210,7 @@ const (
 // +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.spec.policy`,priority=1
 // +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
 // +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="Lease names are limited to 63 characters, so that the pod annotation key lease.fencer.io/<name> is valid"
 type Lease struct {

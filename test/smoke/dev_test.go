@@ -186,6 +186,8 @@ func TestDevCluster(t *testing.T) {
 	t.Run("the example Lease is granted with the etcd CreateRevision as token", func(t *testing.T) {
 		kubectl("apply", "-f", filepath.Join(root, "examples", "lease.yaml"), "-f", filepath.Join(root, "examples", "lease-workers.yaml"))
 		kubectl("rollout", "status", "deployment/reporter", "--timeout=120s")
+		// The Ready condition is what kubectl wait, kstatus and Argo CD read.
+		kubectl("wait", "--for=condition=Ready", "flease/report", "--timeout=60s")
 		var holder, token string
 		deadline := time.Now().Add(60 * time.Second)
 		for holder == "" && time.Now().Before(deadline) {

@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -770,4 +772,29 @@ func TestRewrittenLeaseKeyIsNeverAdopted(t *testing.T) {
 	if reasons[fencerv1.ReasonUnissuedGrant] == 0 {
 		t.Errorf("no %s Event: %v", fencerv1.ReasonUnissuedGrant, reasons)
 	}
+}
+
+// TestReadyCondition: Ready, which kubectl wait, kstatus and Argo CD read,
+// is false while no pod can hold the Lease, true once one does, true when
+// suspended (held by no one, as asked), and always names the generation
+// it describes.
+func TestReadyCondition(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	create(t, newLease(ns, "job", "w", 5))
+	ready := func(status metav1.ConditionStatus, reason string) func() error {
+		return func() error {
+			l := getLease(t, ns, "job")
+			c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionReady)
+			if c == nil || c.Status != status || c.Reason != reason || c.ObservedGeneration != l.Generation {
+				return fmt.Errorf("Ready %+v at generation %d, want %s/%s", c, l.Generation, status, reason)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, "Ready False without candidates", ready(metav1.ConditionFalse, fencerv1.ReasonNoCandidates))
+	readyPod(t, ns, "w-0", "w")
+	eventually(t, 30*time.Second, "Ready True once held", ready(metav1.ConditionTrue, fencerv1.ReasonGranted))
+	patchSuspend(t, ns, "job", true)
+	eventually(t, 30*time.Second, "Ready True when suspended, at the new generation", ready(metav1.ConditionTrue, fencerv1.ReasonSuspended))
 }
