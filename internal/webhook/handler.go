@@ -53,6 +53,8 @@ type Checker struct {
 	Live      LiveLookup
 	// Exempt identities pass every write: the lifecycle controllers.
 	Exempt Exempt
+	// Refusals traces every refused write (log, audit annotations, Event).
+	Refusals *Refusals
 }
 
 // objectMeta is all the webhook reads of any object.
@@ -65,7 +67,7 @@ type objectMeta struct {
 func (f *Checker) Record(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	reason, resp := f.record(ctx, req)
-	observe(req, reason, resp, start)
+	f.observe(ctx, req, reason, &resp, start)
 	return resp
 }
 
@@ -76,7 +78,7 @@ func (f *Checker) Validate(ctx context.Context, req admission.Request) admission
 	start := time.Now()
 	w, leaseName, d := parseTokenless(req)
 	reason, resp := f.judge(ctx, req, w, leaseName, d)
-	observe(req, reason, resp, start)
+	f.observe(ctx, req, reason, &resp, start)
 	return resp
 }
 
@@ -104,10 +106,14 @@ func (f *Checker) record(ctx context.Context, req admission.Request) (Reason, ad
 	return reason, resp
 }
 
-func observe(req admission.Request, reason Reason, resp admission.Response, start time.Time) {
+// observe counts a decision and traces it when it is a refusal.
+func (f *Checker) observe(ctx context.Context, req admission.Request, reason Reason, resp *admission.Response, start time.Time) {
 	op := string(req.Operation)
-	metrics.AdmissionDecisions.WithLabelValues(op, resultOf(resp), string(reason)).Inc()
+	metrics.AdmissionDecisions.WithLabelValues(op, resultOf(*resp), string(reason)).Inc()
 	metrics.AdmissionSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if !resp.Allowed && f.Refusals != nil {
+		f.Refusals.report(ctx, req, reason, resp)
+	}
 }
 
 func resultOf(resp admission.Response) string {
@@ -146,7 +152,7 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v); the write is refused because its token cannot be checked, retry", w.leaseRef, err)})
 	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
-		log().V(1).Info("refused", "reason", d.Reason, "message", d.Message)
+		log().V(1).Info("decision", "message", d.Message)
 		return d.Reason, denied(d)
 	}
 	return ReasonAllowed, admission.Allowed("")

@@ -37,7 +37,7 @@ func (p *Parent) Handle(ctx context.Context, req admission.Request) admission.Re
 	start := time.Now()
 	w, leaseName, d := p.parse(ctx, req)
 	reason, resp := p.Checker.judge(ctx, req, w, leaseName, d)
-	observe(req, reason, resp, start)
+	p.Checker.observe(ctx, req, reason, &resp, start)
 	return resp
 }
 

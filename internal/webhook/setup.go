@@ -25,6 +25,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
 		Exempt:    exempt,
+		Refusals:  &Refusals{Recorder: mgr.GetEventRecorder("fencer-webhook"), Leases: mgr.GetClient()},
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(RecordPath, &admission.Webhook{Handler: admission.HandlerFunc(f.Record)})
