@@ -25,11 +25,13 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -257,6 +259,10 @@ func newScheme() *runtime.Scheme {
 	return s
 }
 
+// version is fencer's version, reported as fencer_build_info; release
+// builds set it with -ldflags "-X main.version=…".
+var version = "0.1.0"
+
 func main() {
 	if ran, code := subcommand(os.Args[1:]); ran {
 		os.Exit(code)
@@ -366,6 +372,8 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	if err := controllers.Setup(mgr, store, elector, copts); err != nil {
 		return err
 	}
+	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}})
+	metrics.SetBuildInfo(version)
 	if o.webhookPort == 0 {
 		return nil
 	}

@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,4 +148,17 @@ func result(err error) string {
 // ObserveEtcd records one etcd operation; it fits etcdstore.NewStore.
 func ObserveEtcd(op string, d time.Duration, err error) {
 	EtcdOperationSeconds.WithLabelValues(op, result(err)).Observe(d.Seconds())
+}
+
+// buildInfo is fencer_build_info: one series, always 1, whose labels say
+// what is running.
+var buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "fencer_build_info",
+	Help: "Always 1. Label version: fencer's version (the chart's appVersion for its image); label goversion: the Go release it was built with.",
+}, []string{"version", "goversion"})
+
+// SetBuildInfo registers fencer_build_info for version.
+func SetBuildInfo(version string) {
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	ctrlmetrics.Registry.MustRegister(buildInfo)
 }

@@ -264,6 +264,7 @@ func TestDevCluster(t *testing.T) {
 		if got := kubectl("get", "cm", "report-output", "-o", `jsonpath={.metadata.annotations.fencer\.io/written-token}/{.metadata.annotations.fencer\.io/token}`); got != token+"/" {
 			t.Fatalf("stored record/offer %q, want %s/ (the offer never stays on the object)", got, token)
 		}
+		traceable(t, state, output.String(), kubectl)
 	})
 
 	t.Run("kubectl scale of a fenced Deployment is refused", func(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +26,8 @@ import (
 // its etcd credentials from the mounted Secret, its timeline comes from its
 // log, and the driver freezes it by signalling its container's process,
 // which it finds by the pod's cgroup (the driver runs as root on the node).
+// The pods run as the default ServiceAccount, with the Role each story's
+// manifests grant it.
 
 // realNode is the node the actor pods run on (internal/devcluster).
 const realNode = "real-node"
@@ -41,48 +42,22 @@ var (
 	podLabels  = map[string]map[string]string{}
 )
 
-func podClient(ctx context.Context) (kubernetes.Interface, error) {
+func podClient() (kubernetes.Interface, error) {
 	podsOnce.Do(func() {
 		cfg, err := config.GetConfig()
 		if err != nil {
 			podsErr = err
 			return
 		}
-		if podsClient, podsErr = kubernetes.NewForConfig(cfg); podsErr == nil {
-			podsErr = grantActorRBAC(ctx, podsClient)
-		}
+		podsClient, podsErr = kubernetes.NewForConfig(cfg)
 	})
 	return podsClient, podsErr
-}
-
-// grantActorRBAC lets the namespace's default ServiceAccount, which the
-// actor pods run as, read pods (their tokens) and write ConfigMaps.
-func grantActorRBAC(ctx context.Context, cs kubernetes.Interface) error {
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "fencer-story", Namespace: Namespace},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch"}},
-		},
-	}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "fencer-story", Namespace: Namespace},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "fencer-story"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "default", Namespace: Namespace}},
-	}
-	if _, err := cs.RbacV1().Roles(Namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	if _, err := cs.RbacV1().RoleBindings(Namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	return nil
 }
 
 // startPod replaces pod name with one that runs role on the real node.
 func startPod(role, name string, args []string) (*Actor, error) {
 	ctx := context.Background()
-	cs, err := podClient(ctx)
+	cs, err := podClient()
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +193,7 @@ func (a *Actor) signalPod(sig syscall.Signal) error {
 // deletePod ends an actor pod and waits for its log to end.
 func (a *Actor) deletePod() {
 	ctx := context.Background()
-	if cs, err := podClient(ctx); err == nil {
+	if cs, err := podClient(); err == nil {
 		zero := int64(0)
 		_ = cs.CoreV1().Pods(Namespace).Delete(ctx, a.Pod, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	}
