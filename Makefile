@@ -23,6 +23,10 @@ tools: ## Build etcd, the Kubernetes control plane, kubectl, kwok, helm and cont
 build: ## Build the manager into bin/fencer.
 	go build -o $(BIN)/fencer ./cmd/fencer
 
+.PHONY: plugin
+plugin: ## Build the kubectl plugin into bin/kubectl-fencer (put bin/ on PATH: kubectl fencer status).
+	go build -o $(BIN)/kubectl-fencer ./cmd/kubectl-fencer
+
 IMAGE ?= ghcr.io/fencer-io/fencer:0.1.0
 
 .PHONY: image

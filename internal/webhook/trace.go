@@ -64,10 +64,12 @@ func (r *Refusals) report(ctx context.Context, req admission.Request, reason Rea
 	pod := strings.Join(req.UserInfo.Extra[podNameKey], ",")
 	groups := append([]string(nil), req.UserInfo.Groups...)
 	sort.Strings(groups)
+	dryRun := req.DryRun != nil && *req.DryRun
+	// controller-runtime's admission logger already names the user, the
+	// object, its namespace and resource, and the request ID.
 	ctrl.LoggerFrom(ctx).Info("refused a write to a fenced object",
-		"reason", reason, "user", requester, "groups", groups, "pod", pod,
+		"reason", reason, "groups", groups, "pod", pod, "dryRun", dryRun,
 		"operation", req.Operation, "kind", req.Kind.Kind, "subresource", req.SubResource,
-		"namespace", req.Namespace, "object", req.Name,
 		"lease", f[fencerv1.CauseLease], "offeredToken", f[fencerv1.CauseOfferedToken],
 		"recordedToken", f[fencerv1.CauseRecordedToken], "currentToken", f[fencerv1.CauseCurrentToken],
 		"holder", f[fencerv1.CauseHolder])
@@ -85,7 +87,9 @@ func (r *Refusals) report(ctx context.Context, req admission.Request, reason Rea
 	for k, v := range audit {
 		resp.AuditAnnotations[k] = v // the apiserver prefixes them with the webhook's name
 	}
-	r.event(ctx, req, reason, f[fencerv1.CauseLease], requester, pod, f)
+	if !dryRun { // a dry run (kubectl fencer check) asked; nothing was attempted
+		r.event(ctx, req, reason, f[fencerv1.CauseLease], requester, pod, f)
+	}
 }
 
 // event puts a Warning Event on the Lease, at most one per Lease per

@@ -58,6 +58,18 @@ func TestRefusalsAreTraced(t *testing.T) {
 	if len(rec.Events) != 1 {
 		t.Fatalf("no Event after the interval passed")
 	}
+	// A refused dry run (kubectl fencer check) is logged and annotated, but
+	// attempted nothing: no Event.
+	now = now.Add(RefusalEventInterval)
+	dry := stale()
+	yes := true
+	dry.DryRun = &yes
+	if resp := f.Record(context.Background(), dry); resp.Allowed || resp.AuditAnnotations["reason"] != "BelowLiveToken" {
+		t.Fatalf("a stale dry run: allowed %v, audit %v", resp.Allowed, resp.AuditAnnotations)
+	}
+	if len(rec.Events) != 1 {
+		t.Fatalf("a dry run put an Event on the Lease")
+	}
 	// Allowed writes carry no refusal annotations.
 	ok := f.Record(context.Background(), request(admissionv1.Update, obj("report", "42"), stored("report", "", "40")))
 	if !ok.Allowed || ok.AuditAnnotations["decision"] != "" {

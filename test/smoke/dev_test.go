@@ -344,6 +344,10 @@ spec:
 		}
 	})
 
+	t.Run("kubectl fencer: status, history, check and ids, golden", func(t *testing.T) {
+		runPlugin(t, root, bin, filepath.Join(state, "kubeconfig"), kubectl, apply)
+	})
+
 	t.Run("the example stories: an anomaly without fencer, none with it", func(t *testing.T) {
 		runStories(t, root, filepath.Join(state, "kubeconfig"))
 	})

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/resource"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// decision is what `check` learned from the webhook.
+type decision struct {
+	Object   string `json:"object"`
+	Lease    string `json:"lease,omitempty"`
+	Offered  string `json:"offeredToken,omitempty"`
+	Allowed  bool   `json:"allowed"`
+	Reason   string `json:"reason,omitempty"`
+	Message  string `json:"message,omitempty"`
+	Current  string `json:"currentToken,omitempty"`
+	Recorded string `json:"recordedToken,omitempty"`
+	Holder   string `json:"holder,omitempty"`
+}
+
+func checkCmd(o *options) *cobra.Command {
+	var tok string
+	cmd := &cobra.Command{
+		Use:   "check (TYPE/NAME | TYPE NAME) [--token N] [--as USER]",
+		Short: "What the fencing webhook decides now for a write to an object: a server-side dry run, so the real webhook answers",
+		Long: "check sends the object's own update as a server-side dry run, with --token as its fencing token (fencer.io/token) or with none,\n" +
+			"so the apiserver runs fencer's webhook and nothing is stored. --as and --as-group send it as another user.",
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			infos, err := resource.NewBuilder(o.flags).Unstructured().NamespaceParam(namespaceOf(o)).DefaultNamespace().
+				ResourceTypeOrNameArgs(false, args...).SingleResourceType().Flatten().Do().Infos()
+			if err != nil {
+				return err
+			}
+			if len(infos) != 1 {
+				return fmt.Errorf("%s names %d objects; check takes one", strings.Join(args, " "), len(infos))
+			}
+			info := infos[0]
+			obj, err := meta.Accessor(info.Object)
+			if err != nil {
+				return err
+			}
+			d := decision{Object: strings.ToLower(info.Mapping.GroupVersionKind.Kind) + "/" + obj.GetName(), Offered: tok}
+			if lease, ok := obj.GetLabels()[fencerv1.LeaseLabel]; ok {
+				d.Lease = obj.GetNamespace() + "/" + lease
+			}
+			// The smallest write: the token annotation alone (null: none).
+			var value any
+			if tok != "" {
+				value = tok
+			}
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{fencerv1.TokenAnnotation: value}}})
+			_, err = resource.NewHelper(info.Client, info.Mapping).DryRun(true).Patch(obj.GetNamespace(), obj.GetName(), types.MergePatchType, patch, &metav1.PatchOptions{})
+			if err := d.from(err); err != nil {
+				return err
+			}
+			return o.print(d, func(w *tabwriter.Writer) { d.table(w) })
+		},
+	}
+	cmd.Flags().StringVar(&tok, "token", "", "the fencing token the write sends (fencer.io/token); none when empty")
+	return cmd
+}
+
+func namespaceOf(o *options) string {
+	ns, _, _ := o.flags.ToRawKubeConfigLoader().Namespace()
+	return ns
+}
+
+// from fills the decision from the dry run's answer. An error that is not
+// a refusal (the object is gone, the apiserver is down) is returned.
+func (d *decision) from(err error) error {
+	if err == nil {
+		d.Allowed = true
+		return nil
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || (status.Status().Reason != metav1.StatusReasonConflict &&
+		status.Status().Reason != metav1.StatusReasonForbidden && status.Status().Reason != metav1.StatusReasonInvalid) {
+		return err
+	}
+	d.Message = status.Status().Message
+	if details := status.Status().Details; details != nil {
+		for _, c := range details.Causes {
+			switch c.Type {
+			case fencerv1.CauseReason:
+				d.Reason = c.Message
+			case fencerv1.CauseCurrentToken:
+				d.Current = c.Message
+			case fencerv1.CauseRecordedToken:
+				d.Recorded = c.Message
+			case fencerv1.CauseHolder:
+				d.Holder = c.Message
+			}
+		}
+	}
+	if d.Reason == "" {
+		return err // refused, but not by fencer: say so as kubectl would
+	}
+	return nil
+}
+
+func (d decision) table(w *tabwriter.Writer) {
+	fmt.Fprintf(w, "Object:\t%s\n", d.Object)
+	if d.Lease == "" {
+		fmt.Fprintln(w, "Fenced by:\t- (no fencer.io/lease label)")
+	} else {
+		fmt.Fprintf(w, "Fenced by:\tlease %s\n", d.Lease)
+	}
+	fmt.Fprintf(w, "Offered token:\t%s\n", orDash(d.Offered))
+	if d.Allowed {
+		fmt.Fprintln(w, "Decision:\tALLOWED")
+		return
+	}
+	fmt.Fprintf(w, "Decision:\tREFUSED (%s)\n", d.Reason)
+	fmt.Fprintf(w, "Current token:\t%s\n", orDash(d.Current))
+	fmt.Fprintf(w, "Recorded token:\t%s\n", orDash(d.Recorded))
+	fmt.Fprintf(w, "Holder:\t%s\n", orDash(d.Holder))
+	fmt.Fprintf(w, "Message:\t%s\n", d.Message)
+}
