@@ -36,6 +36,13 @@ func Apply(ctx context.Context, k client.Client, file string) error {
 		if u.GetNamespace() == "" && u.GetKind() != "Namespace" {
 			u.SetNamespace(Namespace)
 		}
+		if OnRealNode() && u.GetKind() == "Pod" {
+			// The actors are these pods, created by Start on the real
+			// node; a simulated pod of the same name would be deleted
+			// under it by kwok, which deletes by name.
+			podLabels[u.GetName()] = u.GetLabels()
+			continue
+		}
 		if err := k.Apply(ctx, client.ApplyConfigurationFromUnstructured(&u), client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
 			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
 		}
@@ -45,6 +52,9 @@ func Apply(ctx context.Context, k client.Client, file string) error {
 // WaitReady waits until the pods are Ready: on kwok nodes they are
 // simulated, and the Lease elects only Ready pods.
 func WaitReady(ctx context.Context, k client.Client, pods ...string) error {
+	if OnRealNode() {
+		return nil // Start creates them, and waits for each
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for _, name := range pods {
 		for {

@@ -116,9 +116,9 @@ func startPod(role, name string, args []string) (*Actor, error) {
 	return a, nil
 }
 
-// replacePod deletes the pod of that name (simulated, or an earlier
-// actor) and returns its labels, which the actor pod keeps: the Lease and
-// IDRanges select it by them.
+// replacePod deletes the pod of that name (an earlier actor) and returns
+// the labels the story's manifests give it, which the actor pod keeps: the
+// Lease and IDRanges select it by them.
 func replacePod(ctx context.Context, cs kubernetes.Interface, name string) (map[string]string, error) {
 	old, err := cs.CoreV1().Pods(Namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
