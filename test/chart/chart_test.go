@@ -113,7 +113,7 @@ var variants = []variant{
 	{"external etcd with TLS", []string{"--set", "etcd.endpoints={https://etcd-0.example:2379,https://etcd-1.example:2379}", "--set", "etcd.tlsSecret=fencer-etcd-tls"}},
 	{"cert-manager", []string{"--set", "certManager.enabled=true"}},
 	{"no CRDs", []string{"--set", "crds.enabled=false"}},
-	{"ServiceMonitor", []string{"--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"}},
+	{"ServiceMonitor", []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack", "--set", "metrics.serviceMonitor.interval=15s", "--api-versions", "monitoring.coreos.com/v1"}},
 	{"no NetworkPolicy", []string{"--set", "networkPolicy.enabled=false"}},
 	{"HA etcd", []string{"--set", "etcd.bundled.replicas=3"}},
 	{"external etcd with identities", []string{"--set", "etcd.endpoints={https://etcd-0.example:2379}", "--set", "etcd.tlsSecret=fencer-etcd-tls", "--set", "etcd.pkiSecret=fencer-etcd-ca", "--set", "etcd.enableAuth=true"}},
@@ -121,6 +121,7 @@ var variants = []variant{
 	{"scheduling knobs", []string{"--set", "nodeSelector.pool=infra", "--set", "tolerations[0].key=infra", "--set", "tolerations[0].operator=Exists", "--set", "priorityClassName=system-cluster-critical", "--set", "podLabels.team=a", "--set", "podAnnotations.note=x", "--set", "commonLabels.env=prod", "--set", "extraArgs={--etcd-step-down-after=10s}", "--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=y", "--set", "podDisruptionBudget.enabled=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing", "--set", "global.imageRegistry=r.example"}},
 	{"ephemeral etcd without backups", []string{"--set", "etcd.bundled.storage.persistent=false", "--set", "etcd.backup.enabled=false"}},
 	{"no helm test", []string{"--set", "helmTest.enabled=false"}},
+	{"PodMonitor", []string{"--set", "metrics.podMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"}},
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
@@ -393,8 +394,20 @@ func TestVariantsRenderWhatTheySay(t *testing.T) {
 	if len(find(render(t, variants[3].args...), "CustomResourceDefinition")) != 0 {
 		t.Error("crds.enabled=false still renders CRDs")
 	}
-	if len(find(render(t, variants[4].args...), "ServiceMonitor")) != 1 {
-		t.Error("ServiceMonitor not rendered where the API exists")
+	sm := find(render(t, variants[4].args...), "ServiceMonitor")
+	if len(sm) != 1 {
+		t.Fatal("ServiceMonitor not rendered where the API exists")
+	}
+	endpoints, _, _ := unstructured.NestedSlice(sm[0].Object, "spec", "endpoints")
+	if sm[0].GetLabels()["release"] != "kube-prometheus-stack" || len(endpoints) != 1 || endpoints[0].(map[string]any)["interval"] != "15s" {
+		t.Errorf("ServiceMonitor labels %v, endpoints %v: want the release label and interval 15s", sm[0].GetLabels(), endpoints)
+	}
+	pm := find(render(t, variants[len(variants)-1].args...), "PodMonitor")
+	if len(pm) != 1 {
+		t.Fatal("PodMonitor not rendered where the API exists")
+	}
+	if sel, _, _ := unstructured.NestedStringMap(pm[0].Object, "spec", "selector", "matchLabels"); sel["app.kubernetes.io/component"] != "manager" {
+		t.Errorf("the PodMonitor selects %v, not the manager pods", sel)
 	}
 	if len(find(render(t, "--set", "metrics.serviceMonitor.enabled=true"), "ServiceMonitor")) != 0 {
 		t.Error("ServiceMonitor rendered although the API does not exist")
