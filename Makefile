@@ -104,18 +104,18 @@ test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deploy
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
 STORIES := scheduled-job index-publisher attempt-ids unique-ids
+STORY_IMAGE = fencer.example/story-$(STORY):dev
 
 .PHONY: demo
 demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids. NODE=real runs its pods on the real node of `make dev NODE=real`.
 	@if [ -z "$(filter $(STORY),$(STORIES))" ]; then echo "make demo STORY=<name>, one of: $(STORIES)"; exit 2; fi
 	CGO_ENABLED=0 go build -o $(BIN)/story-$(STORY) ./examples/$(STORY)
 ifeq ($(NODE),real)
-	cd hack/tools/image && go run . --binary $(BIN)/story-$(STORY) --tag fencer.example/story-$(STORY):dev --out $(BIN)/story-$(STORY).tar --entrypoint story
+	cd hack/tools/image && go run . --binary $(BIN)/story-$(STORY) --tag $(STORY_IMAGE) --out $(BIN)/story-$(STORY).tar --entrypoint story
 	ctr --address $(CURDIR)/bin/dev/real-node/containerd/containerd.sock -n k8s.io images import $(BIN)/story-$(STORY).tar
-	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/bin/dev/kubeconfig} STORY_DIR=$(CURDIR)/examples/$(STORY) STORY_IMAGE=fencer.example/story-$(STORY):dev $(BIN)/story-$(STORY) demo
-else
-	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/bin/dev/kubeconfig} STORY_DIR=$(CURDIR)/examples/$(STORY) $(BIN)/story-$(STORY) demo
 endif
+	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/bin/dev/kubeconfig} STORY_DIR=$(CURDIR)/examples/$(STORY) \
+		$(if $(filter real,$(NODE)),STORY_IMAGE=$(STORY_IMAGE)) $(BIN)/story-$(STORY) demo
 
 .PHONY: test-real-node
 test-real-node: tools image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, and a teardown that leaves nothing behind.

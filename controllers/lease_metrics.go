@@ -48,7 +48,8 @@ func (c *LeaseStates) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *LeaseStates) Collect(ch chan<- prometheus.Metric) {
 	var list fencerv1.LeaseList
-	if err := c.Reader.List(context.Background(), &list); err != nil {
+	// Read only: no deep copy of every Lease on every scrape.
+	if err := c.Reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(leasesDesc, err)
 		return
 	}

@@ -39,7 +39,11 @@ func checkCmd(o *options) *cobra.Command {
 			"so the apiserver runs fencer's webhook and nothing is stored. --as and --as-group send it as another user.",
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			infos, err := resource.NewBuilder(o.flags).Unstructured().NamespaceParam(namespaceOf(o)).DefaultNamespace().
+			ns, err := o.namespace()
+			if err != nil {
+				return err
+			}
+			infos, err := resource.NewBuilder(o.flags).Unstructured().NamespaceParam(ns).DefaultNamespace().
 				ResourceTypeOrNameArgs(false, args...).SingleResourceType().Flatten().Do().Infos()
 			if err != nil {
 				return err
@@ -71,11 +75,6 @@ func checkCmd(o *options) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&tok, "token", "", "the fencing token the write sends (fencer.io/token); none when empty")
 	return cmd
-}
-
-func namespaceOf(o *options) string {
-	ns, _, _ := o.flags.ToRawKubeConfigLoader().Namespace()
-	return ns
 }
 
 // from fills the decision from the dry run's answer. An error that is not

@@ -46,7 +46,7 @@ func historyCmd(o *options) *cobra.Command {
 			return o.print(rows, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "HOLDER\tTOKEN\tSTART\tEND\tHELD\tCAUSE")
 				for _, r := range rows {
-					end, held, cause := "-", ago(o.clock(), r.Start), orDash(r.Cause)
+					end, held, cause := "-", ago(time.Now(), r.Start), orDash(r.Cause)
 					if r.End != nil {
 						end, held = r.End.UTC().Format(time.RFC3339), duration(r.End.Sub(r.Start))
 					} else {

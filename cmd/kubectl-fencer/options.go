@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -21,8 +20,6 @@ import (
 type options struct {
 	flags  *genericclioptions.ConfigFlags
 	output string
-	out    io.Writer
-	now    func() time.Time
 }
 
 func (o *options) client() (client.Client, string, error) {
@@ -41,22 +38,14 @@ func (o *options) client() (client.Client, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	ns, _, err := o.flags.ToRawKubeConfigLoader().Namespace()
+	ns, err := o.namespace()
 	return c, ns, err
 }
 
-func (o *options) writer() io.Writer {
-	if o.out != nil {
-		return o.out
-	}
-	return os.Stdout
-}
-
-func (o *options) clock() time.Time {
-	if o.now != nil {
-		return o.now()
-	}
-	return time.Now()
+// namespace is --namespace, or the kubeconfig context's namespace.
+func (o *options) namespace() (string, error) {
+	ns, _, err := o.flags.ToRawKubeConfigLoader().Namespace()
+	return ns, err
 }
 
 // print writes v as JSON or YAML when -o asks, else calls table.
@@ -67,17 +56,17 @@ func (o *options) print(v any, table func(w *tabwriter.Writer)) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(o.writer(), string(raw))
+		_, err = fmt.Fprintln(os.Stdout, string(raw))
 		return err
 	case "yaml":
 		raw, err := yaml.Marshal(v)
 		if err != nil {
 			return err
 		}
-		_, err = o.writer().Write(raw)
+		_, err = os.Stdout.Write(raw)
 		return err
 	case "":
-		w := tabwriter.NewWriter(o.writer(), 0, 4, 3, ' ', 0)
+		w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
 		table(w)
 		return w.Flush()
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -10,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -62,9 +62,14 @@ func statusCmd(o *options) *cobra.Command {
 				}
 				leases = list.Items
 			}
+			// One list of the namespace's pods serves every Lease's candidates.
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+				return err
+			}
 			var out []leaseStatus
 			for i := range leases {
-				s, err := statusOf(ctx, c, &leases[i])
+				s, err := statusOf(&leases[i], pods.Items)
 				if err != nil {
 					return err
 				}
@@ -78,7 +83,7 @@ func statusCmd(o *options) *cobra.Command {
 	}
 }
 
-func statusOf(ctx context.Context, c client.Client, l *fencerv1.Lease) (leaseStatus, error) {
+func statusOf(l *fencerv1.Lease, pods []corev1.Pod) (leaseStatus, error) {
 	s := leaseStatus{
 		Namespace: l.Namespace, Name: l.Name, Holder: l.Status.Holder, Token: l.Status.Token,
 		Renewal: string(l.Spec.Renewal), Policy: string(l.Spec.Policy), TTLSeconds: l.Spec.TTLSeconds,
@@ -99,11 +104,10 @@ func statusOf(ctx context.Context, c client.Client, l *fencerv1.Lease) (leaseSta
 	if err != nil {
 		return s, fmt.Errorf("lease %s/%s: spec.holderSelector: %w", l.Namespace, l.Name, err)
 	}
-	var pods corev1.PodList
-	if err := c.List(ctx, &pods, client.InNamespace(l.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return s, err
-	}
-	for _, p := range pods.Items {
+	for _, p := range pods {
+		if !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
 		s.Candidates = append(s.Candidates, candidate{Pod: p.Name, Ready: podReady(&p), Holder: p.Name == l.Status.Holder})
 	}
 	return s, nil
@@ -122,7 +126,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 func (o *options) table(w *tabwriter.Writer, leases []leaseStatus) {
-	now := o.clock()
+	now := time.Now()
 	fmt.Fprintln(w, "NAME\tHOLDER\tTOKEN\tRENEWAL\tHELD FOR\tEXPIRES IN\tREADY\tCANDIDATES")
 	for _, s := range leases {
 		ready := 0
@@ -137,7 +141,7 @@ func (o *options) table(w *tabwriter.Writer, leases []leaseStatus) {
 }
 
 func (o *options) detail(w *tabwriter.Writer, s leaseStatus) {
-	now := o.clock()
+	now := time.Now()
 	fmt.Fprintf(w, "Lease:\t%s/%s\n", s.Namespace, s.Name)
 	fmt.Fprintf(w, "Holder:\t%s\n", orDash(s.Holder))
 	fmt.Fprintf(w, "Token:\t%s\n", token(s.Token))

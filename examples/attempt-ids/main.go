@@ -14,7 +14,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,26 +28,11 @@ import (
 const lease = "task-42"
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] == "attempt" && len(os.Args) < 3) {
-		fmt.Fprintln(os.Stderr, "usage: attempt-ids demo | attempt ATTEMPT-ID | fenced-attempt")
-		os.Exit(2)
-	}
-	ctx := context.Background()
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = demo(ctx)
-	case "attempt":
-		err = attempt(ctx, os.Args[2])
-	case "fenced-attempt":
-		err = fencedAttempt(ctx)
-	default:
-		err = fmt.Errorf("unknown role %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "attempt-ids:", err)
-		os.Exit(1)
-	}
+	story.Main("attempt-ids", map[string]story.Role{
+		"demo":           {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"attempt":        {Args: "ATTEMPT-ID", NArgs: 1, Run: func(ctx context.Context, args []string) error { return attempt(ctx, args[0]) }},
+		"fenced-attempt": {Run: func(ctx context.Context, _ []string) error { return fencedAttempt(ctx) }},
+	})
 }
 
 // attempt is the unfenced worker: check that its attempt ID is current,
@@ -81,16 +65,12 @@ func attempt(ctx context.Context, id string) error {
 // fencedAttempt is the fenced worker: its attempt is its tenure of the
 // Lease, and the token goes with the write.
 func fencedAttempt(ctx context.Context) error {
-	k, err := story.Kube()
+	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	etcd, prefix, err := story.Etcd(ctx, k)
-	if err != nil {
-		return err
-	}
-	me := story.Pod()
-	tok, _, err := story.Acquire(ctx, k, etcd, prefix, lease)
+	k, me := env.K8s, story.Pod()
+	tok, _, err := story.Acquire(ctx, env, lease)
 	if err != nil {
 		return err
 	}
@@ -124,14 +104,8 @@ func key(name string) client.ObjectKey {
 }
 
 func demo(ctx context.Context) error {
-	k, err := story.Kube()
+	k, err := story.Setup(ctx, "attempt-ids", "attempt-0", "attempt-1")
 	if err != nil {
-		return err
-	}
-	if err := story.Apply(ctx, k, story.Manifests("attempt-ids")); err != nil {
-		return err
-	}
-	if err := story.WaitReady(ctx, k, "attempt-0", "attempt-1"); err != nil {
 		return err
 	}
 	if err := unfenced(ctx, k); err != nil {

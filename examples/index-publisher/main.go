@@ -14,7 +14,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -30,26 +29,15 @@ import (
 const lease = "index-publisher"
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: index-publisher demo | publisher [--fenced]")
-		os.Exit(2)
-	}
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = demo(context.Background())
-	case "publisher":
-		fs := flag.NewFlagSet("publisher", flag.ExitOnError)
-		fenced := fs.Bool("fenced", false, "publish to the fenced ConfigMap, sending the token")
-		_ = fs.Parse(os.Args[2:])
-		err = publisher(context.Background(), *fenced)
-	default:
-		err = fmt.Errorf("unknown role %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "index-publisher:", err)
-		os.Exit(1)
-	}
+	story.Main("index-publisher", map[string]story.Role{
+		"demo": {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"publisher": {Args: "[--fenced]", Run: func(ctx context.Context, args []string) error {
+			fs := flag.NewFlagSet("publisher", flag.ExitOnError)
+			fenced := fs.Bool("fenced", false, "publish to the fenced ConfigMap, sending the token")
+			_ = fs.Parse(args)
+			return publisher(ctx, *fenced)
+		}},
+	})
 }
 
 // indexName is the ConfigMap the publishers write: fenced or not.
@@ -63,20 +51,16 @@ func indexName(fenced bool) string {
 // publisher is one pod's program: while it holds the lease, build an
 // index, then publish it.
 func publisher(ctx context.Context, fenced bool) error {
-	k, err := story.Kube()
+	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	etcd, prefix, err := story.Etcd(ctx, k)
-	if err != nil {
-		return err
-	}
-	me := story.Pod()
+	k, me := env.K8s, story.Pod()
 	var tok fence.Token
 	var held context.Context
 	for {
 		if held == nil || held.Err() != nil {
-			if tok, held, err = story.Acquire(ctx, k, etcd, prefix, lease); err != nil {
+			if tok, held, err = story.Acquire(ctx, env, lease); err != nil {
 				return err
 			}
 			story.Say(me, "elected publisher, token %d", tok.Value)
@@ -120,14 +104,8 @@ func publish(ctx context.Context, k client.Client, fenced bool, tok fence.Token,
 
 // demo plays the story twice, without fencing and with it.
 func demo(ctx context.Context) error {
-	k, err := story.Kube()
+	k, err := story.Setup(ctx, "index-publisher", "publisher-0", "publisher-1")
 	if err != nil {
-		return err
-	}
-	if err := story.Apply(ctx, k, story.Manifests("index-publisher")); err != nil {
-		return err
-	}
-	if err := story.WaitReady(ctx, k, "publisher-0", "publisher-1"); err != nil {
 		return err
 	}
 	for _, fenced := range []bool{false, true} {

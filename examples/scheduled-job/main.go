@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"strconv"
 	"time"
@@ -29,26 +28,11 @@ import (
 const lease = "nightly-report"
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "demo" && len(os.Args) < 3) {
-		fmt.Fprintln(os.Stderr, "usage: scheduled-job demo | ttl-lock NIGHT | fenced NIGHT")
-		os.Exit(2)
-	}
-	ctx := context.Background()
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = demo(ctx)
-	case "ttl-lock":
-		err = withTTLLock(ctx, os.Args[2])
-	case "fenced":
-		err = withLease(ctx, os.Args[2])
-	default:
-		err = fmt.Errorf("unknown role %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scheduled-job:", err)
-		os.Exit(1)
-	}
+	story.Main("scheduled-job", map[string]story.Role{
+		"demo":     {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"ttl-lock": {Args: "NIGHT", NArgs: 1, Run: func(ctx context.Context, args []string) error { return withTTLLock(ctx, args[0]) }},
+		"fenced":   {Args: "NIGHT", NArgs: 1, Run: func(ctx context.Context, args []string) error { return withLease(ctx, args[0]) }},
+	})
 }
 
 // keys of the story, below the namespace's data prefix in fencer's etcd.
@@ -58,6 +42,12 @@ func reportsKey(prefix, night string) string {
 
 func lockKey(prefix string) string {
 	return path.Join(etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace), "locks", lease)
+}
+
+// reported tells whether tonight's report was written, by anyone.
+func reported(ctx context.Context, etcd *clientv3.Client, reports string) bool {
+	resp, err := etcd.Get(ctx, reports, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	return err == nil && resp.Count > 0
 }
 
 // report is the job: it takes a while, long enough for the demo to freeze
@@ -70,15 +60,12 @@ func report(me string) {
 // withTTLLock is the unfenced replica: a lock key with a 2 s TTL, renewed
 // while the process runs, taken with a create-if-absent; unlock is a delete.
 func withTTLLock(ctx context.Context, night string) error {
-	k, err := story.Kube()
+	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	etcd, prefix, err := story.Etcd(ctx, k)
-	if err != nil {
-		return err
-	}
-	me, lock, reports := story.Pod(), lockKey(prefix), reportsKey(prefix, night)
+	etcd := env.Etcd
+	me, lock, reports := story.Pod(), lockKey(env.Prefix), reportsKey(env.Prefix, night)
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		l, err := etcd.Grant(ctx, 2)
 		if err != nil {
@@ -97,7 +84,7 @@ func withTTLLock(ctx context.Context, night string) error {
 			return err
 		}
 		story.Say(me, "took the lock")
-		if done, _ := etcd.Get(ctx, reports, clientv3.WithPrefix(), clientv3.WithCountOnly()); done.Count > 0 {
+		if reported(ctx, etcd, reports) {
 			story.Say(me, "tonight's report exists: nothing to do")
 		} else {
 			report(me)
@@ -123,21 +110,18 @@ func withTTLLock(ctx context.Context, night string) error {
 // withLease is the fenced replica: the report is written only under the
 // live token, and the lease is given back conditionally.
 func withLease(ctx context.Context, night string) error {
-	k, err := story.Kube()
+	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	etcd, prefix, err := story.Etcd(ctx, k)
-	if err != nil {
-		return err
-	}
+	etcd, prefix := env.Etcd, env.Prefix
 	me, reports := story.Pod(), reportsKey(prefix, night)
-	tok, _, err := story.Acquire(ctx, k, etcd, prefix, lease)
+	tok, _, err := story.Acquire(ctx, env, lease)
 	if err != nil {
 		return err
 	}
 	story.Say(me, "holds the lease, token %d", tok.Value)
-	if done, _ := etcd.Get(ctx, reports, clientv3.WithPrefix(), clientv3.WithCountOnly()); done.Count > 0 {
+	if reported(ctx, etcd, reports) {
 		story.Say(me, "tonight's report exists: nothing to do")
 	} else {
 		report(me)
@@ -164,14 +148,8 @@ func withLease(ctx context.Context, night string) error {
 }
 
 func demo(ctx context.Context) error {
-	k, err := story.Kube()
+	k, err := story.Setup(ctx, "scheduled-job", "cron-0", "cron-1", "cron-2")
 	if err != nil {
-		return err
-	}
-	if err := story.Apply(ctx, k, story.Manifests("scheduled-job")); err != nil {
-		return err
-	}
-	if err := story.WaitReady(ctx, k, "cron-0", "cron-1", "cron-2"); err != nil {
 		return err
 	}
 	etcd, prefix, err := story.Etcd(ctx, k)
@@ -179,12 +157,12 @@ func demo(ctx context.Context) error {
 		return err
 	}
 	night := "night-" + strconv.FormatInt(time.Now().Unix(), 10)
-	for _, mode := range []struct{ role, title, done, after string }{
-		{"ttl-lock", "without fencer: a lock with a TTL", "unlocked", "unlocked"},
-		{"fenced", "with fencer: Lease nightly-report", "released the lease", "REFUSED"},
+	for _, mode := range []struct{ role, title, after string }{
+		{"ttl-lock", "without fencer: a lock with a TTL", "unlocked"},
+		{"fenced", "with fencer: Lease nightly-report", "REFUSED"},
 	} {
 		story.Section(mode.title)
-		if err := play(ctx, etcd, reportsKey(prefix, night+"-"+mode.role), mode.role, night+"-"+mode.role, mode.done, mode.after); err != nil {
+		if err := play(ctx, etcd, reportsKey(prefix, night+"-"+mode.role), mode.role, night+"-"+mode.role, mode.after); err != nil {
 			return err
 		}
 	}
@@ -193,7 +171,7 @@ func demo(ctx context.Context) error {
 
 // play starts the three replicas, freezes the one running the report past
 // the TTL, lets the others go on, wakes it, and counts tonight's reports.
-func play(ctx context.Context, etcd *clientv3.Client, reports, role, night, done, after string) error {
+func play(ctx context.Context, etcd *clientv3.Client, reports, role, night, after string) error {
 	var actors []*story.Actor
 	for i := range 3 {
 		a, err := story.Start(role, fmt.Sprintf("cron-%d", i), night)

@@ -32,24 +32,10 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] == "issue" && len(os.Args) < 4) {
-		fmt.Fprintln(os.Stderr, "usage: unique-ids demo | issue naive|fenced OUT-FILE")
-		os.Exit(2)
-	}
-	ctx := context.Background()
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = demo(ctx)
-	case "issue":
-		err = issue(ctx, os.Args[2], os.Args[3])
-	default:
-		err = fmt.Errorf("unknown role %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "unique-ids:", err)
-		os.Exit(1)
-	}
+	story.Main("unique-ids", map[string]story.Role{
+		"demo":  {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"issue": {Args: "naive|fenced OUT-FILE", NArgs: 2, Run: func(ctx context.Context, args []string) error { return issue(ctx, args[0], args[1]) }},
+	})
 }
 
 // now is this process's clock: CLOCK_OFFSET steps it, as an NTP correction
@@ -61,11 +47,7 @@ func now() time.Time {
 
 // issue hands out order and event IDs for 1.5 s, appending each to out.
 func issue(ctx context.Context, mode, out string) error {
-	k, err := story.Kube()
-	if err != nil {
-		return err
-	}
-	etcd, prefix, err := story.Etcd(ctx, k)
+	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -74,7 +56,7 @@ func issue(ctx context.Context, mode, out string) error {
 		return err
 	}
 	defer f.Close()
-	order, event, err := generators(ctx, k, etcd, prefix, mode)
+	order, event, err := generators(ctx, env, mode)
 	if err != nil {
 		return err
 	}
@@ -98,7 +80,8 @@ func issue(ctx context.Context, mode, out string) error {
 
 type next func(context.Context) (int64, error)
 
-func generators(ctx context.Context, k client.Client, etcd *clientv3.Client, prefix, mode string) (next, next, error) {
+func generators(ctx context.Context, env *story.Env, mode string) (next, next, error) {
+	k, etcd, prefix := env.K8s, env.Etcd, env.Prefix
 	if mode == "naive" {
 		counter := etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace) + "order-counter"
 		story.Say(story.Pod(), "order IDs: read the counter, add 100, write it back; event IDs: snowflake with WORKER_ID=1 from the pod template")
@@ -175,14 +158,7 @@ func waitSlot(ctx context.Context, k client.Client) (int64, int64, error) {
 }
 
 func demo(ctx context.Context) error {
-	k, err := story.Kube()
-	if err != nil {
-		return err
-	}
-	if err := story.Apply(ctx, k, story.Manifests("unique-ids")); err != nil {
-		return err
-	}
-	if err := story.WaitReady(ctx, k, "ids-0", "ids-1"); err != nil {
+	if _, err := story.Setup(ctx, "unique-ids", "ids-0", "ids-1"); err != nil {
 		return err
 	}
 	for _, mode := range []struct{ name, title, verdict string }{

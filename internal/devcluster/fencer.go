@@ -189,7 +189,7 @@ func (c *Cluster) startFencerEtcd(ctx context.Context) error {
 	}
 	e.Secure(pki)
 	if c.real != nil {
-		e.ExtraClientURLs = []string{c.PodEtcdEndpoint(e)}
+		e.ExtraClientURLs = []string{onBridge(e.Endpoint)}
 	}
 	err = e.Start(ctx)
 	if e.proc != nil {
@@ -224,10 +224,10 @@ func (c *Cluster) WriteEndpoints() error {
 	return os.WriteFile(c.Path("etcd-endpoints"), []byte(c.FencerEtcd.Endpoint+"\n"), 0o644)
 }
 
-// PodEtcdEndpoint is e's client URL on the real node's bridge, where its
-// pods reach it (the port of e.Endpoint).
-func (c *Cluster) PodEtcdEndpoint(e *Etcd) string {
-	_, port, _ := net.SplitHostPort(strings.TrimPrefix(e.Endpoint, "https://"))
+// onBridge is an https endpoint's URL on the real node's bridge address,
+// where its pods reach it: the same port.
+func onBridge(endpoint string) string {
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(endpoint, "https://"))
 	return "https://" + net.JoinHostPort(realBridgeIP, port)
 }
 
@@ -235,7 +235,7 @@ func (c *Cluster) PodEtcdEndpoint(e *Etcd) string {
 // that pods on the real node reach too, when there is one.
 func (c *Cluster) workloadEndpoint() string {
 	if c.real != nil {
-		return c.PodEtcdEndpoint(c.FencerEtcd)
+		return onBridge(c.FencerEtcd.Endpoint)
 	}
 	return c.FencerEtcd.Endpoint
 }

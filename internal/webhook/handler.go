@@ -152,8 +152,7 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v); the write is refused because its token cannot be checked, retry", w.leaseRef, err)})
 	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
-		log().V(1).Info("decision", "message", d.Message)
-		return d.Reason, denied(d)
+		return d.Reason, denied(d) // traced in observe (Refusals)
 	}
 	return ReasonAllowed, admission.Allowed("")
 }

@@ -249,19 +249,20 @@ func helmFor(t *testing.T, c *devcluster.Cluster) func(args ...string) (string, 
 	}
 }
 
-// buildImage builds the program pkg statically and imports it as tag.
-func buildImage(t *testing.T, c *devcluster.Cluster, root, pkg, tag string) {
+// buildImage builds the program pkg statically into /<entry> of an image
+// tagged tag, imports it, and returns the binary.
+func buildImage(t *testing.T, c *devcluster.Cluster, root, pkg, tag, entry string) string {
 	t.Helper()
-	name := filepath.Base(pkg)
-	binary := filepath.Join(t.TempDir(), name)
+	binary := filepath.Join(t.TempDir(), entry)
 	build := exec.Command("go", "build", "-trimpath", "-o", binary, pkg)
 	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building %s: %v\n%s", pkg, err, out)
 	}
-	if err := c.BuildImage(context.Background(), binary, tag, name, "65532:65532"); err != nil {
+	if err := c.BuildImage(context.Background(), binary, tag, entry, "65532:65532"); err != nil {
 		t.Fatal(err)
 	}
+	return binary
 }
 
 // applyYAML writes manifest to a file and applies it.

@@ -36,16 +36,8 @@ func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
 	shared := filepath.Join(t.TempDir(), "shared")
 	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"} {
 		t.Run(name, func(t *testing.T) {
-			binary := filepath.Join(t.TempDir(), "story")
-			build := exec.Command("go", "build", "-trimpath", "-o", binary, "./examples/"+name)
-			build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				t.Fatalf("building %s: %v\n%s", name, err, out)
-			}
 			image := "fencer.example/story-" + name + ":dev"
-			if err := c.BuildImage(ctx, binary, image, "story", "65532:65532"); err != nil {
-				t.Fatal(err)
-			}
+			binary := buildImage(t, c, root, "./examples/"+name, image, "story")
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
 			demo := exec.CommandContext(dctx, binary, "demo")

@@ -23,7 +23,7 @@ import (
 // hands the Lease on, and the next holder's write carries a larger token.
 func electRealWorkers(t *testing.T, c *devcluster.Cluster, root string) {
 	k := kubectlFor(t, c)
-	buildImage(t, c, root, "./test/realnode/worker", "fencer.test/realnode-worker:dev")
+	buildImage(t, c, root, "./test/realnode/worker", "fencer.test/realnode-worker:dev", "worker")
 	k("create", "role", "worker", "--verb=get,list,watch", "--resource=pods", "-n", "default")
 	k("create", "role", "worker-cm", "--verb=get,create,update,patch", "--resource=configmaps", "-n", "default")
 	k("create", "rolebinding", "worker", "--role=worker", "--serviceaccount=default:default", "-n", "default")
@@ -102,7 +102,7 @@ func waitWrite(t *testing.T, c *devcluster.Cluster, above int64) written {
 // the annotated block and issue from blocks of its own: no ID twice.
 func consumeIDsAcrossRestart(t *testing.T, c *devcluster.Cluster, root string) {
 	ctx := context.Background()
-	buildImage(t, c, root, "./test/realnode/ids", "fencer.test/realnode-ids:dev")
+	buildImage(t, c, root, "./test/realnode/ids", "fencer.test/realnode-ids:dev", "ids")
 	applyYAML(t, c, `apiVersion: fencer.io/v1alpha1
 kind: IDRange
 metadata: {name: orders, namespace: default}

@@ -15,9 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Apply server-side applies every object of a manifest file, as
+// apply server-side applies every object of a manifest file, as
 // `kubectl apply --server-side -f file` would.
-func Apply(ctx context.Context, k client.Client, file string) error {
+func apply(ctx context.Context, k client.Client, file string) error {
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return err
@@ -49,9 +49,9 @@ func Apply(ctx context.Context, k client.Client, file string) error {
 	}
 }
 
-// WaitReady waits until the pods are Ready: on kwok nodes they are
+// waitReady waits until the pods are Ready: on kwok nodes they are
 // simulated, and the Lease elects only Ready pods.
-func WaitReady(ctx context.Context, k client.Client, pods ...string) error {
+func waitReady(ctx context.Context, k client.Client, pods ...string) error {
 	if OnRealNode() {
 		return nil // Start creates them, and waits for each
 	}

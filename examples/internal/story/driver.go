@@ -194,12 +194,3 @@ func FirstTo(ctx context.Context, s string, a, b *Actor) (*Actor, *Actor, error)
 	}
 	return nil, nil, fmt.Errorf("neither %s nor %s printed %q within 60 s: is the Lease granted (kubectl get flease)?", a.Pod, b.Pod, s)
 }
-
-// Manifests is the manifest file of story: below $STORY_DIR when set
-// (make demo sets it), else below examples/ in the working directory.
-func Manifests(story string) string {
-	if dir := os.Getenv("STORY_DIR"); dir != "" {
-		return dir + "/manifests.yaml"
-	}
-	return "examples/" + story + "/manifests.yaml"
-}

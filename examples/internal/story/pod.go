@@ -22,7 +22,7 @@ import (
 
 // On the real node (`make dev NODE=real`, then `make demo NODE=real`) every
 // actor is a pod running the story's image ($STORY_IMAGE), with the name
-// and labels the story's manifests give it (Apply creates no simulated
+// and labels the story's manifests give it (apply creates no simulated
 // pods then): it reads its token through the API and
 // its etcd credentials from the mounted Secret, its timeline comes from its
 // log, and the driver freezes it by signalling its container's process,

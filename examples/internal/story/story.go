@@ -13,6 +13,7 @@ package story
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -70,6 +71,27 @@ func Kube() (client.Client, error) {
 	return client.New(cfg, client.Options{Scheme: scheme})
 }
 
+// Env is what an actor talks to: the Kubernetes API, and fencer's etcd as
+// the namespace's identity.
+type Env struct {
+	K8s    client.Client
+	Etcd   *clientv3.Client
+	Prefix string
+}
+
+// Connect connects to both.
+func Connect(ctx context.Context) (*Env, error) {
+	k, err := Kube()
+	if err != nil {
+		return nil, err
+	}
+	etcd, prefix, err := Etcd(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	return &Env{K8s: k, Etcd: etcd, Prefix: prefix}, nil
+}
+
 // Etcd connects as the namespace's etcd identity: from the mounted Secret
 // in a pod, and otherwise from the Secret itself, read through the API,
 // as a local process standing in for a pod does.
@@ -90,24 +112,35 @@ func Etcd(ctx context.Context, k client.Client) (*clientv3.Client, string, error
 	return cli, access.Prefix, err
 }
 
+// secretToDir writes the namespace's credentials Secret where
+// fence.LoadEtcdAccess reads them, as the kubelet would mount it. Every
+// local actor shares one directory (the SDK re-reads the files on each
+// connection, so they stay), and each file is replaced whole.
 func secretToDir(ctx context.Context, k client.Client) (string, error) {
 	var s corev1.Secret
-	for {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "fencer-etcd-client"}, &s)
 		if err == nil {
 			break
 		}
-		if ctx.Err() != nil {
-			return "", fmt.Errorf("waiting for the Secret fencer-etcd-client: %w", err)
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return "", fmt.Errorf("no Secret fencer-etcd-client in namespace %s after 60 s (fencer issues it once the namespace has a Lease or IDRange): %w", Namespace, err)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	dir, err := os.MkdirTemp("", "story-etcd-")
-	if err != nil {
+	dir := filepath.Join(os.TempDir(), "fencer-story-etcd-"+Namespace)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
 	for name, data := range s.Data {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+		tmp, err := os.CreateTemp(dir, "."+name)
+		if err != nil {
+			return "", err
+		}
+		_, werr := tmp.Write(data)
+		if err := errors.Join(werr, tmp.Close()); err != nil {
+			return "", err
+		}
+		if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 			return "", err
 		}
 	}
@@ -117,20 +150,12 @@ func secretToDir(ctx context.Context, k client.Client) (string, error) {
 // Pod is the pod this actor stands in for.
 func Pod() string { return os.Getenv("POD_NAME") }
 
-// Token reads this pod's token for lease through the API; zero when it
-// does not hold it.
-func Token(ctx context.Context, k client.Client, lease string) fence.Token {
-	t, err := fence.PodSource{Client: k, Namespace: Namespace, Pod: Pod(), Lease: lease}.Token(ctx)
-	if err != nil {
-		return fence.Token{}
-	}
-	return t
-}
-
-// WaitToken waits until this pod holds lease.
-func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
+// waitToken waits until this pod holds lease, reading its token through
+// the API.
+func waitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
+	src := fence.PodSource{Client: k, Namespace: Namespace, Pod: Pod(), Lease: lease}
 	for {
-		if t := Token(ctx, k, lease); t.Value > 0 {
+		if t, err := src.Token(ctx); err == nil && t.Value > 0 {
 			return t, nil
 		}
 		select {
@@ -145,10 +170,10 @@ func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token,
 // process keeps the grant alive (fence.Hold). The returned context ends
 // when the lease is lost. A token the pod's annotation still shows from a
 // grant that already expired is skipped.
-func Acquire(ctx context.Context, k client.Client, etcd *clientv3.Client, prefix, lease string) (fence.Token, context.Context, error) {
+func Acquire(ctx context.Context, env *Env, lease string) (fence.Token, context.Context, error) {
 	var stale int64
 	for {
-		t, err := WaitToken(ctx, k, lease)
+		t, err := waitToken(ctx, env.K8s, lease)
 		if err != nil {
 			return fence.Token{}, nil, err
 		}
@@ -156,7 +181,7 @@ func Acquire(ctx context.Context, k client.Client, etcd *clientv3.Client, prefix
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		held, err := fence.Hold(ctx, etcd, prefix, Namespace, t)
+		held, err := fence.Hold(ctx, env.Etcd, env.Prefix, Namespace, t)
 		if err == nil {
 			return t, held, nil
 		}

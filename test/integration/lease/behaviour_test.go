@@ -315,9 +315,7 @@ func TestDirectRenewalExpiresWithoutTheHolder(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 2)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 2)
 	first := heldBy(t, ns, "job")
 	eventually(t, 30*time.Second, "lease ID annotation", func() error {
 		p := &corev1.Pod{}
@@ -348,9 +346,7 @@ func TestExpiredDirectHolderIsPassedOver(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 2)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 2)
 	heldBy(t, ns, "job")
 	readyPod(t, ns, "w-1", "w")
 	eventually(t, 60*time.Second, "the expired grant passed to w-1", func() error {
@@ -396,9 +392,7 @@ func TestDirectHolderRenewsWithHold(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 2)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 2)
 	heldBy(t, ns, "job")
 	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0"}
 	tok, err := src.Token(context.Background())
@@ -436,9 +430,7 @@ func TestDirectHolderReleases(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 60)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 60)
 	first := heldBy(t, ns, "job").Holder
 	readyPod(t, ns, "w-1", "w")
 	tok, err := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: first}.Token(context.Background())
@@ -476,13 +468,7 @@ func TestDirectHolderReleases(t *testing.T) {
 	if got := etcdToken(t, ns, "job"); got != st.Token {
 		t.Fatalf("etcd token %d after a stale Release, want %d", got, st.Token)
 	}
-	eventually(t, 30*time.Second, "a Released Event", func() error {
-		reasons, err := eventReasons(ns, "job")
-		if err == nil && reasons[fencerv1.ReasonReleased] == 0 {
-			err = fmt.Errorf("events by reason: %v", reasons)
-		}
-		return err
-	})
+	wantEvent(t, ns, "job", fencerv1.ReasonReleased)
 }
 
 // TestRevisionRegressionRefusesGrants: when etcd comes back with a revision
@@ -504,13 +490,7 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	if tok := etcdToken(t, ns, "job"); tok != 0 {
 		t.Fatalf("granted token %d from a regressed etcd (highest issued %d)", tok, old)
 	}
-	eventually(t, 30*time.Second, "a Warning Event naming the regression", func() error {
-		reasons, err := eventReasons(ns, "job")
-		if err == nil && reasons[fencerv1.ReasonEtcdRevisionRegressed] == 0 {
-			err = fmt.Errorf("events by reason: %v", reasons)
-		}
-		return err
-	})
+	wantEvent(t, ns, "job", fencerv1.ReasonEtcdRevisionRegressed)
 
 	// The operator's fix: move the revision past every issued token.
 	for i := 0; ; i++ {
@@ -529,6 +509,27 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 			return fmt.Errorf("reason %q token %d, old %d", heldReason(l), l.Status.Token, old)
 		}
 		return nil
+	})
+}
+
+// createDirect creates Lease ns/job over the pods labeled app=w, renewed
+// by its holder (renewal: Direct).
+func createDirect(t *testing.T, ns string, ttl int32) {
+	t.Helper()
+	l := newLease(ns, "job", "w", ttl)
+	l.Spec.Renewal = fencerv1.RenewalDirect
+	create(t, l)
+}
+
+// wantEvent waits until Lease ns/name has an Event with reason.
+func wantEvent(t *testing.T, ns, name, reason string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "a "+reason+" Event", func() error {
+		reasons, err := eventReasons(ns, name)
+		if err == nil && reasons[reason] == 0 {
+			err = fmt.Errorf("events by reason: %v", reasons)
+		}
+		return err
 	})
 }
 
@@ -690,9 +691,7 @@ func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 30)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 30)
 	first := heldBy(t, ns, "job")
 	key := etcdkeys.LeaseKey(prefix, ns, "job")
 	resp, err := fx.EtcdCli.Get(ctx, key)
@@ -722,13 +721,7 @@ func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
 		}
 		return nil
 	})
-	reasons, err := eventReasons(ns, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if reasons[fencerv1.ReasonUnissuedGrant] == 0 {
-		t.Errorf("no %s Event: %v", fencerv1.ReasonUnissuedGrant, reasons)
-	}
+	wantEvent(t, ns, "job", fencerv1.ReasonUnissuedGrant)
 	if first.Token >= minted {
 		t.Fatalf("setup: first token %d, minted %d", first.Token, minted)
 	}
@@ -745,9 +738,7 @@ func TestRewrittenLeaseKeyIsNeverAdopted(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
-	l := newLease(ns, "job", "w", 30)
-	l.Spec.Renewal = fencerv1.RenewalDirect
-	create(t, l)
+	createDirect(t, ns, 30)
 	first := heldBy(t, ns, "job")
 	key := etcdkeys.LeaseKey(prefix, ns, "job")
 	forged := fmt.Sprintf(`{"holder":"intruder","holderUID":"intruder-uid","leaseID":%d}`, first.LeaseID)
@@ -765,13 +756,7 @@ func TestRewrittenLeaseKeyIsNeverAdopted(t *testing.T) {
 		}
 		return nil
 	})
-	reasons, err := eventReasons(ns, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if reasons[fencerv1.ReasonUnissuedGrant] == 0 {
-		t.Errorf("no %s Event: %v", fencerv1.ReasonUnissuedGrant, reasons)
-	}
+	wantEvent(t, ns, "job", fencerv1.ReasonUnissuedGrant)
 }
 
 // TestReadyCondition: Ready, which kubectl wait, kstatus and Argo CD read,
