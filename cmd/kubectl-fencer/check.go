@@ -35,8 +35,8 @@ func checkCmd(o *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check (TYPE/NAME | TYPE NAME) [--token N] [--as USER]",
 		Short: "What the fencing webhook decides now for a write to an object: a server-side dry run, so the real webhook answers",
-		Long: "check sends the object's own update as a server-side dry run, with --token as its fencing token (fencer.io/token) or with none,\n" +
-			"so the apiserver runs fencer's webhook and nothing is stored. --as and --as-group send it as another user.",
+		Long: "check sends the smallest write to the object, a patch of its fencer.io/token annotation (to --token, or to none),\n" +
+			"as a server-side dry run: the apiserver runs fencer's webhook and stores nothing. --as and --as-group send it as another user.",
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, err := o.namespace()

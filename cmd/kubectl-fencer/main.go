@@ -29,7 +29,8 @@ func root() *cobra.Command {
 	flags := genericclioptions.NewConfigFlags(true)
 	o := &options{flags: flags}
 	cmd := &cobra.Command{
-		Use:           "kubectl fencer",
+		Use:           "fencer",
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl fencer"},
 		Short:         "Inspect fencer's Leases, IDRanges and fenced writes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
