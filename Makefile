@@ -37,7 +37,7 @@ image: ## Build the manager image as bin/fencer-image.tar (crane push; docker/po
 
 .PHONY: manifests
 manifests: tools ## Generate CRDs and RBAC into config/ from the API types and markers.
-	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/...;./internal/webhook/..." \
+	$(CONTROLLER_GEN) rbac:roleName=fencer-manager crd paths="./api/...;./controllers/...;./internal/webhook/...;./internal/metrics/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	@bash hack/sync-chart.sh
 
@@ -74,7 +74,7 @@ hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/) or a
 	if [ -n "$$out" ]; then echo "docs link outside the repository:"; echo "$$out"; exit 1; fi
 
 # Every Go module of the repository (the tool modules only build tools).
-LINT_MODULES := . hack/tools/bench hack/tools/image test/chart
+LINT_MODULES := . hack/tools/bench hack/tools/image hack/tools/prometheus test/chart
 .PHONY: lint
 lint: tools ## golangci-lint (built from its module into bin/) over every module, with .golangci.yml.
 	@for m in $(LINT_MODULES); do echo "lint: $$m"; (cd $$m && $(BIN)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done

@@ -116,6 +116,7 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
 	setLowCondition(rng)
 	metrics.IDRangeRemaining.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Status.Remaining))
+	metrics.IDRangeSize.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1)
 	return out, nil
 }
 
@@ -332,6 +333,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 		}
 	}
 	metrics.IDRangeRemaining.DeleteLabelValues(rng.Namespace, rng.Name)
+	metrics.IDRangeSize.DeleteLabelValues(rng.Namespace, rng.Name)
 	metrics.IDRangeSlotsInUse.DeleteLabelValues(rng.Namespace, rng.Name)
 	controllerutil.RemoveFinalizer(rng, fencerv1.IDRangeFinalizer)
 	return ctrl.Result{}, r.Update(ctx, rng)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds every tool fencer needs into bin/ from the Go module proxy: the
 # Kubernetes control plane, kubectl, the kubelet and kube-proxy (k8s.io/kubernetes
-# v1.37.2), etcd and etcdctl (v3.6), CoreDNS (v1.15), kwok, helm and
-# controller-gen. Nothing prebuilt is downloaded.
+# v1.37.2), etcd and etcdctl (v3.6), CoreDNS (v1.15), kwok, helm,
+# controller-gen, and promtool (Prometheus v3.16) with promql-names for the
+# chart's alerts and dashboard. Nothing prebuilt is downloaded.
 #
 # A build is skipped when bin/.tools-stamp records the same inputs (the tool
 # modules, this script and the Go version), so a second run costs a hash.
@@ -18,11 +19,12 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy coredns etcd etcdctl kwok helm controller-gen golangci-lint)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy coredns etcd etcdctl kwok helm controller-gen golangci-lint promtool promql-names)
 
 stamp_of() {
   cat "$tools/go.mod" "$tools/go.sum" "$tools/tools.go" "$tools/etcd/go.mod" "$tools/etcd/go.sum" \
-      "$tools"/etcd/cmd/*/main.go "$tools/coredns/go.mod" "$tools/coredns/go.sum" "$tools/coredns/main.go" "$tools/lint/go.mod" "$tools/lint/go.sum" "$tools/lint/tools.go" "$0" | sha256sum | cut -d' ' -f1
+      "$tools"/etcd/cmd/*/main.go "$tools/coredns/go.mod" "$tools/coredns/go.sum" "$tools/coredns/main.go" \
+      "$tools/prometheus/go.mod" "$tools/prometheus/go.sum" "$tools/prometheus/tools.go" "$tools/prometheus/promql-names/main.go" "$tools/lint/go.mod" "$tools/lint/go.sum" "$tools/lint/tools.go" "$0" | sha256sum | cut -d' ' -f1
   go version
 }
 
@@ -46,10 +48,10 @@ done
 
 # -trimpath keeps binaries identical across checkouts; -s -w drops debug info,
 # which halves link time and size for these large binaries.
-build() { # module-dir ldflags out pkg
-  local dir=$1 ldflags=$2 out=$3 pkg=$4
+build() { # module-dir ldflags out pkg [build tags]
+  local dir=$1 ldflags=$2 out=$3 pkg=$4 tags=${5:-}
   say "building $out ($pkg)"
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/$out" "$pkg") \
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/$out" "$pkg") \
     || fail "go build $pkg in $dir (see the compiler output above)"
 }
 
@@ -68,6 +70,10 @@ build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etc
 build "$tools" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}" kwok sigs.k8s.io/kwok/cmd/kwok
 build "$tools" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37" helm helm.sh/helm/v3/cmd/helm
 build "$tools" "" controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+# remove_all_sd: rule tests need no service discovery, whose plugins pull
+# every cloud provider's SDK.
+build "$tools/prometheus" "-X github.com/prometheus/common/version.Version=3.16.0" promtool github.com/prometheus/prometheus/cmd/promtool remove_all_sd
+build "$tools/prometheus" "" promql-names ./promql-names remove_all_sd
 build "$tools/lint" "" golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 "$bin/kube-apiserver" --version | grep -q "$KUBE_VERSION" || fail "kube-apiserver does not report $KUBE_VERSION"

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -32,7 +33,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -46,6 +46,8 @@ import (
 // options are the manager's flags; docs/operations.md lists each of them.
 type options struct {
 	metricsAddr         string
+	metricsSecure       bool
+	metricsCertDir      string
 	probeAddr           string
 	leaderElect         bool
 	leaderElectionNS    string
@@ -170,7 +172,9 @@ func (o *options) flagSet() *flag.FlagSet {
 		fmt.Fprintf(fs.Output(), "fencer: the fencer manager (Lease and IDRange controllers, admission webhook).\n\nUsage: fencer --etcd-endpoints=URL[,URL...] [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint (/metrics) listens on; \"0\" disables it.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the Prometheus metrics endpoint (/metrics) listens on; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to scrapers with a bearer token whose user may get the non-resource URL /metrics (checked with TokenReview and SubjectAccessReview). False serves plain HTTP to anyone who can connect.")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "Directory holding the metrics endpoint's tls.crt and tls.key, reloaded when they change; empty (or no files there) serves a self-signed certificate.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes listen on.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect one active controller among the replicas. Turn off only when running a single replica.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
@@ -309,7 +313,7 @@ func run(ctx context.Context, o *options) error {
 	cacheOpts := cacheOptions(o)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        newScheme(),
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                       metrics.ServerOptions(o.metricsAddr, o.metricsSecure, o.metricsCertDir),
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
 		Cache:                         cacheOpts,
@@ -372,8 +376,13 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	if err := controllers.Setup(mgr, store, elector, copts); err != nil {
 		return err
 	}
-	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}})
+	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, certExpiry(ca, o))
 	metrics.SetBuildInfo(version)
+	go func() {
+		// Without leader election Elected is closed at once.
+		<-mgr.Elected()
+		metrics.Leader.Set(1)
+	}()
 	if o.webhookPort == 0 {
 		return nil
 	}
@@ -390,6 +399,26 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	}
 	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
 	return webhook.Register(context.Background(), mgr, store, exempt)
+}
+
+// certExpiry reports the expiry of every certificate this replica serves
+// or presents that something other than the manager renews, so an alert can
+// fire before it lapses.
+func certExpiry(ca *identity.CA, o *options) *metrics.CertExpiry {
+	c := &metrics.CertExpiry{Files: map[string]string{}, Loaded: map[string]*x509.Certificate{}}
+	if o.webhookPort != 0 {
+		c.Files["webhook"] = filepath.Join(o.webhookCertDir, "tls.crt")
+	}
+	if o.metricsSecure && o.metricsCertDir != "" {
+		c.Files["metrics"] = filepath.Join(o.metricsCertDir, "tls.crt")
+	}
+	if o.etcd.CertFile != "" {
+		c.Files["etcd-client"] = o.etcd.CertFile
+	}
+	if ca != nil {
+		c.Loaded["etcd-ca"] = ca.Cert
+	}
+	return c
 }
 
 // cacheOptions strip managedFields, a large part of every cached pod and
@@ -514,10 +543,20 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 
 // etcdReadyCheck keeps the replica out of Service endpoints while it cannot
 // reach an etcd quorum: it could neither grant nor answer the webhook.
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func etcdReadyCheck(cli *clientv3.Client, prefix string, timeout time.Duration) healthz.Checker {
 	return func(req *http.Request) error {
 		ctx, cancel := context.WithTimeout(req.Context(), timeout)
 		defer cancel()
-		return etcdstore.Ping(ctx, cli, prefix)
+		err := etcdstore.Ping(ctx, cli, prefix)
+		// The kubelet probes every replica, so standbys report too.
+		metrics.EtcdHealthy.Set(boolGauge(err == nil))
+		return err
 	}
 }

@@ -86,9 +86,11 @@ func printReady(c *devcluster.Cluster, binDir string) {
   %[2]s/kubectl get flease,idr
   . %[3]s && %[2]s/etcdctl get --prefix /fencer
 
-  Logs: %[4]s   Metrics: %[5]s
+  Logs: %[4]s
+  Metrics: %[5]s
+    curl -k -H "Authorization: Bearer $(%[2]s/kubectl create token %[6]s -n %[7]s)" %[5]s
   Press Ctrl-C to stop everything.
-`, kc, binDir, c.Path("etcdctl.env"), c.Path("logs"), c.MetricsURL)
+`, kc, binDir, c.Path("etcdctl.env"), c.Path("logs"), c.MetricsURL, devcluster.MetricsReader, devcluster.ManagerNamespace)
 }
 
 func mustWd() string {

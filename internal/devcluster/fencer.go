@@ -57,6 +57,9 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 	if _, err := c.Kubectl(ctx, "create", "namespace", ManagerNamespace); err != nil {
 		return err
 	}
+	if err := c.installMetricsReader(ctx); err != nil {
+		return err
+	}
 	if err := c.startFencerEtcd(ctx); err != nil {
 		return fmt.Errorf("fencer's etcd: %w", err)
 	}
@@ -87,9 +90,43 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 		return err
 	}
 	c.procs = append(c.procs, p)
-	c.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
+	c.MetricsURL = fmt.Sprintf("https://127.0.0.1:%d/metrics", ports[0])
 	c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
 	return waitHTTP(ctx, p, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), 60*time.Second)
+}
+
+// MetricsReader is the ServiceAccount, in ManagerNamespace, that may read
+// the manager's metrics, as the chart's metrics-reader ClusterRole allows:
+// `kubectl create token` gives a bearer token to scrape with.
+const MetricsReader = "fencer-metrics-reader"
+
+// installMetricsReader creates MetricsReader and binds it to a ClusterRole
+// of the chart's name that grants GET /metrics.
+func (c *Cluster) installMetricsReader(ctx context.Context) error {
+	manifest := fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: %[1]s}
+rules:
+- nonResourceURLs: [/metrics]
+  verbs: [get]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: %[1]s, namespace: %[2]s}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: %[1]s}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %[1]s}
+subjects:
+- {kind: ServiceAccount, name: %[1]s, namespace: %[2]s}
+`, MetricsReader, ManagerNamespace)
+	path := c.Path("metrics-reader.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		return err
+	}
+	_, err := c.Kubectl(ctx, "apply", "-f", path)
+	return err
 }
 
 // webhookCerts issues the manager's webhook serving certificate for

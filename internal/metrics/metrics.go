@@ -35,10 +35,16 @@ var (
 		Help: "etcd maintenance done by the leading manager. Label operation: compact, defragment, disarm (NOSPACE alarm cleared). Label result: ok, error.",
 	}, []string{"operation", "result"})
 
+	// Leader is 1 on the replica that runs the controllers.
+	Leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencer_manager_leader",
+		Help: "1 on the replica elected (Kubernetes leader election) to run the controllers, else 0. One replica of an install reports 1; while none does, no Lease is granted and no PodReady Lease renewed.",
+	})
+
 	// EtcdHealthy is 1 while this replica reaches an etcd quorum.
 	EtcdHealthy = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fencer_etcd_healthy",
-		Help: "1 while this replica's last linearizable etcd read succeeded, else 0. A leader at 0 steps down (docs/operations.md).",
+		Help: "1 while this replica's last linearizable etcd read succeeded, else 0: the leader's watchdog reads every second, and every replica's readiness probe reads too. A leader at 0 steps down (docs/operations.md).",
 	})
 
 	// LeaseGrants counts grants of Leases.
@@ -114,6 +120,11 @@ var (
 		Name: "fencer_idrange_remaining",
 		Help: "IDs (Blocks mode) or free slots (Slots mode) left in an IDRange. Labels namespace and name: the IDRange.",
 	}, []string{"namespace", "name"})
+	// IDRangeSize is how many IDs or slots an IDRange has in all.
+	IDRangeSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_idrange_size",
+		Help: "IDs (Blocks mode) or slots (Slots mode) of an IDRange in all, spec.max - spec.min + 1; fencer_idrange_remaining / fencer_idrange_size < 0.1 is the IDRange's Low condition. Labels namespace and name: the IDRange.",
+	}, []string{"namespace", "name"})
 	// IDRangeSlotsInUse is how many slots are leased.
 	IDRangeSlotsInUse = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencer_idrange_slots_in_use",
@@ -127,10 +138,27 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(EtcdAlarm, EtcdDBSize, EtcdDBSizeInUse, EtcdMaintenance, EtcdHealthy,
+	ctrlmetrics.Registry.MustRegister(Leader, EtcdAlarm, EtcdDBSize, EtcdDBSizeInUse, EtcdMaintenance, EtcdHealthy,
 		LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
 		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
-		IDRangeBlocks, IDRangeRemaining, IDRangeSlotsInUse, IDRangeRepairs)
+		IDRangeBlocks, IDRangeRemaining, IDRangeSize, IDRangeSlotsInUse, IDRangeRepairs)
+	// Counters with a small, fixed set of labels start at 0, so rate() and
+	// increase() see their first event, and alerts and dashboards find
+	// them before anything has happened.
+	for _, op := range []string{"compact", "defragment", "disarm"} {
+		for _, res := range []string{"ok", "error"} {
+			EtcdMaintenance.WithLabelValues(op, res)
+		}
+	}
+	for _, t := range []string{"first", "new", "same"} {
+		LeaseGrants.WithLabelValues(t)
+	}
+	for _, r := range []string{"HolderNotReady", "HolderGone", "Suspended", "Deleted", "Released"} {
+		LeaseReleases.WithLabelValues(r)
+	}
+	for _, k := range []string{"annotation_without_slot", "slot_without_pod"} {
+		IDRangeRepairs.WithLabelValues(k)
+	}
 }
 
 // ObserveLookup records one live-token read; it fits etcdstore.NewLiveReader.

@@ -122,6 +122,8 @@ var variants = []variant{
 	{"ephemeral etcd without backups", []string{"--set", "etcd.bundled.storage.persistent=false", "--set", "etcd.backup.enabled=false"}},
 	{"no helm test", []string{"--set", "helmTest.enabled=false"}},
 	{"PodMonitor", []string{"--set", "metrics.podMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"}},
+	{"alerts and dashboard", monitoring},
+	{"metrics over plain HTTP", []string{"--set", "metrics.secure=false"}},
 }
 
 func chartDir() string { return filepath.Join(root, "charts", "fencer") }
@@ -402,7 +404,7 @@ func TestVariantsRenderWhatTheySay(t *testing.T) {
 	if sm[0].GetLabels()["release"] != "kube-prometheus-stack" || len(endpoints) != 1 || endpoints[0].(map[string]any)["interval"] != "15s" {
 		t.Errorf("ServiceMonitor labels %v, endpoints %v: want the release label and interval 15s", sm[0].GetLabels(), endpoints)
 	}
-	pm := find(render(t, variants[len(variants)-1].args...), "PodMonitor")
+	pm := find(render(t, "--set", "metrics.podMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1"), "PodMonitor")
 	if len(pm) != 1 {
 		t.Fatal("PodMonitor not rendered where the API exists")
 	}

@@ -344,6 +344,10 @@ spec:
 		}
 	})
 
+	t.Run("metrics: HTTPS behind TokenReview and SubjectAccessReview; the shipped alerts and dashboard read only exported metrics", func(t *testing.T) {
+		checkMetrics(t, root, bin, output.String(), kubectl)
+	})
+
 	t.Run("kubectl fencer: status, history, check and ids, golden", func(t *testing.T) {
 		runPlugin(t, root, bin, filepath.Join(state, "kubeconfig"), kubectl, apply)
 	})

@@ -1,8 +1,6 @@
 package smoke
 
 import (
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,17 +36,10 @@ func traceable(t *testing.T, state, devOutput string, kubectl func(...string) st
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	url := regexp.MustCompile(`Metrics: (\S+)`).FindStringSubmatch(devOutput)
-	if url == nil {
-		t.Fatalf("make dev printed no metrics URL:\n%s", devOutput)
+	code, metrics := scrape(t, metricsURL(t, devOutput), readerToken(kubectl))
+	if code != 200 {
+		t.Fatalf("scraping the manager's metrics: HTTP %d\n%.300s", code, metrics)
 	}
-	resp, err := http.Get(url[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	metrics := string(raw)
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`fencer_admission_decisions_total\{operation="UPDATE",reason="MissingToken",result="refused"\} [1-9]`),
 		regexp.MustCompile(`fencer_leases\{state="held"\} [1-9]`),

@@ -1,0 +1,130 @@
+package testenv
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// grafanaVars are the dashboard's variables and Grafana's built-ins, with
+// values PromQL parses, so a dashboard query can be checked like a rule.
+var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$namespace", "fencer-system")
+
+// labelValues is a Grafana variable query, label_values(METRIC, LABEL).
+var labelValues = regexp.MustCompile(`^label_values\((.+),\s*\w+\)$`)
+
+// MonitoringQueries returns every PromQL expression the chart ships, from
+// `helm template` output rendered with the PrometheusRule and the dashboard
+// on: each alert's expr, each dashboard panel's, and the metric of each
+// dashboard variable.
+func MonitoringQueries(rendered string) ([]string, error) {
+	var exprs []string
+	var rules, dashboards int
+	for _, doc := range strings.Split(rendered, "\n---") {
+		var obj struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				Groups []struct {
+					Rules []struct {
+						Expr string `json:"expr"`
+					} `json:"rules"`
+				} `json:"groups"`
+			} `json:"spec"`
+			Data map[string]string `json:"data"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			return nil, fmt.Errorf("rendered YAML: %w", err)
+		}
+		switch {
+		case obj.Kind == "PrometheusRule":
+			rules++
+			for _, g := range obj.Spec.Groups {
+				for _, r := range g.Rules {
+					exprs = append(exprs, r.Expr)
+				}
+			}
+		case obj.Kind == "ConfigMap" && obj.Data["fencer.json"] != "":
+			dashboards++
+			d, err := dashboardQueries([]byte(obj.Data["fencer.json"]))
+			if err != nil {
+				return nil, err
+			}
+			exprs = append(exprs, d...)
+		}
+	}
+	if rules != 1 || dashboards != 1 {
+		return nil, fmt.Errorf("want one PrometheusRule and one dashboard ConfigMap in the rendering, got %d and %d", rules, dashboards)
+	}
+	return exprs, nil
+}
+
+func dashboardQueries(raw []byte) ([]string, error) {
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Type  string `json:"type"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return nil, fmt.Errorf("the dashboard is not JSON: %w", err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			return nil, fmt.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for _, t := range p.Targets {
+			exprs = append(exprs, grafanaVars.Replace(t.Expr))
+		}
+	}
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		q, _ := v.Query.(map[string]any)
+		m := labelValues.FindStringSubmatch(fmt.Sprint(q["query"]))
+		if m == nil {
+			return nil, fmt.Errorf("dashboard variable %s: want label_values(METRIC, LABEL), got %v", v.Name, v.Query)
+		}
+		exprs = append(exprs, m[1])
+	}
+	return exprs, nil
+}
+
+// MetricNames runs promql-names (built into bin/ by hack/build-tools.sh
+// from the Prometheus module) on exprs: the metric names they select, or
+// an error naming the expression that does not parse.
+func MetricNames(bin string, exprs []string) ([]string, error) {
+	var in bytes.Buffer
+	for _, e := range exprs {
+		line, _ := json.Marshal(e)
+		in.Write(append(line, '\n'))
+	}
+	cmd := exec.Command(bin)
+	cmd.Stdin = &in
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w: %s", bin, err, stderr.String())
+	}
+	return strings.Fields(string(out)), nil
+}

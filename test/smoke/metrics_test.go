@@ -1,0 +1,129 @@
+package smoke
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// metricsURL is the manager's metrics endpoint that `make dev` printed.
+func metricsURL(t *testing.T, devOutput string) string {
+	t.Helper()
+	url := regexp.MustCompile(`Metrics: (\S+)`).FindStringSubmatch(devOutput)
+	if url == nil {
+		t.Fatalf("make dev printed no metrics URL:\n%s", devOutput)
+	}
+	return url[1]
+}
+
+// scrape GETs the metrics endpoint with token as the bearer (none if
+// empty). The manager's certificate is self-signed, as in a cluster.
+func scrape(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed, as documented
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
+}
+
+// readerToken is a token of the dev cluster's metrics-reader ServiceAccount.
+func readerToken(kubectl func(...string) string) string {
+	return strings.TrimSpace(kubectl("create", "token", devcluster.MetricsReader, "-n", devcluster.ManagerNamespace))
+}
+
+// checkMetrics: the metrics endpoint serves HTTPS to a token allowed to get
+// /metrics and to nobody else; and every query of the chart's alerts and
+// dashboard reads metrics this manager really exports.
+func checkMetrics(t *testing.T, root, bin, devOutput string, kubectl func(...string) string) {
+	url := metricsURL(t, devOutput)
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("make dev serves metrics at %s, not over HTTPS", url)
+	}
+	if code, body := scrape(t, url, ""); code != http.StatusUnauthorized {
+		t.Errorf("a scrape without a token got HTTP %d, want 401:\n%.300s", code, body)
+	}
+	// A token the TokenReview rejects with an error gets controller-runtime's
+	// 500 "Authentication failed", not 401; either way no metrics.
+	if code, body := scrape(t, url, "not-a-token"); (code != http.StatusUnauthorized && code != http.StatusInternalServerError) || strings.Contains(body, "fencer_") {
+		t.Errorf("a scrape with a forged token got HTTP %d, want 401 or 500 and no metrics:\n%.300s", code, body)
+	}
+	if code, _ := scrape(t, url, strings.TrimSpace(kubectl("create", "token", "default", "-n", "default"))); code != http.StatusForbidden {
+		t.Errorf("a scrape by a ServiceAccount without the metrics-reader role got HTTP %d, want 403", code)
+	}
+	code, body := scrape(t, url, readerToken(kubectl))
+	if code != http.StatusOK {
+		t.Fatalf("the metrics reader's scrape got HTTP %d:\n%.300s", code, body)
+	}
+	exported, err := exportedNames(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	args := []string{"template", "fencer", filepath.Join(root, "charts", "fencer"), "-n", "fencer-system", "--api-versions", "monitoring.coreos.com/v1",
+		"--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true"}
+	rendered, err := exec.Command(filepath.Join(bin, "helm"), args...).Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
+	}
+	exprs, err := testenv.MonitoringQueries(string(rendered))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := testenv.MetricNames(filepath.Join(bin, "promql-names"), exprs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if !exported[n] {
+			t.Errorf("the chart's alerts or dashboard read %s, which the manager does not export (it exports %d metrics)", n, len(exported))
+		}
+	}
+	t.Logf("%d shipped queries read %d metrics, each exported", len(exprs), len(names))
+}
+
+// exportedNames are the series names a Prometheus scraping body stores: a
+// histogram's _bucket, _sum and _count, a summary's quantiles, _sum and
+// _count.
+func exportedNames(body string) (map[string]bool, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("the manager's metrics do not parse: %w", err)
+	}
+	names := map[string]bool{}
+	for name, f := range families {
+		switch f.GetType() {
+		case dto.MetricType_HISTOGRAM:
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		case dto.MetricType_SUMMARY:
+			names[name], names[name+"_sum"], names[name+"_count"] = true, true, true
+		default:
+			names[name] = true
+		}
+	}
+	return names, nil
+}
