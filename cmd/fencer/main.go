@@ -18,7 +18,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -28,7 +27,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -310,7 +308,7 @@ func run(ctx context.Context, o *options) error {
 	defer etcd.Close()
 
 	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
-	cacheOpts := cacheOptions(o)
+	cacheOpts := controllers.CacheOptions(etcdstore.SplitList(o.namespaces))
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        newScheme(),
 		Metrics:                       metrics.ServerOptions(o.metricsAddr, o.metricsSecure, o.metricsCertDir),
@@ -419,28 +417,6 @@ func certExpiry(ca *identity.CA, o *options) *metrics.CertExpiry {
 		c.Loaded["etcd-ca"] = ca.Cert
 	}
 	return c
-}
-
-// cacheOptions strip managedFields, a large part of every cached pod and
-// Lease that the controllers never read, and, with --namespaces, confine the
-// Leases, IDRanges and pods this install sees to its namespaces, so several
-// installs can share a cluster without reconciling each other's objects.
-func cacheOptions(o *options) cache.Options {
-	opts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
-	namespaces := etcdstore.SplitList(o.namespaces)
-	if len(namespaces) == 0 {
-		return opts
-	}
-	only := map[string]cache.Config{}
-	for _, ns := range namespaces {
-		only[ns] = cache.Config{}
-	}
-	opts.ByObject = map[client.Object]cache.ByObject{
-		&fencerv1alpha1.Lease{}:   {Namespaces: only},
-		&fencerv1alpha1.IDRange{}: {Namespaces: only},
-		&corev1.Pod{}:             {Namespaces: only},
-	}
-	return opts
 }
 
 // loadEtcdCA reads (or creates) the etcd CA of --etcd-pki-secret before the

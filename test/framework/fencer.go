@@ -147,6 +147,7 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 		Scheme:                 f.Env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  controllers.CacheOptions(nil),
 		// Several managers in one process register the same controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	}
