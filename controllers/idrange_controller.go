@@ -116,7 +116,7 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
 	setLowCondition(rng)
 	metrics.IDRangeRemaining.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Status.Remaining))
-	metrics.IDRangeSize.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1)
+	metrics.IDRangeSize.WithLabelValues(rng.Namespace, rng.Name, string(rng.Spec.Mode)).Set(float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1)
 	return out, nil
 }
 
@@ -258,6 +258,7 @@ func slotQualifies(pod *corev1.Pod) bool {
 
 // exhausted sets the Exhausted condition, with an Event naming waiting pods.
 func exhausted(rng *fencerv1.IDRange, is bool, waiting []string, out *outcome, format string, args ...any) {
+	metrics.IDRangeWaiting.WithLabelValues(rng.Namespace, rng.Name).Set(float64(len(waiting)))
 	if !is {
 		setRangeCondition(rng, fencerv1.ConditionExhausted, metav1.ConditionFalse, "Available", "IDs remain")
 		return
@@ -332,9 +333,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 			return ctrl.Result{}, err
 		}
 	}
-	metrics.IDRangeRemaining.DeleteLabelValues(rng.Namespace, rng.Name)
-	metrics.IDRangeSize.DeleteLabelValues(rng.Namespace, rng.Name)
-	metrics.IDRangeSlotsInUse.DeleteLabelValues(rng.Namespace, rng.Name)
+	metrics.ForgetIDRange(rng.Namespace, rng.Name)
 	controllerutil.RemoveFinalizer(rng, fencerv1.IDRangeFinalizer)
 	return ctrl.Result{}, r.Update(ctx, rng)
 }

@@ -123,7 +123,12 @@ var (
 	// IDRangeSize is how many IDs or slots an IDRange has in all.
 	IDRangeSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencer_idrange_size",
-		Help: "IDs (Blocks mode) or slots (Slots mode) of an IDRange in all, spec.max - spec.min + 1; fencer_idrange_remaining / fencer_idrange_size < 0.1 is the IDRange's Low condition. Labels namespace and name: the IDRange.",
+		Help: "IDs (Blocks mode) or slots (Slots mode) of an IDRange in all, spec.max - spec.min + 1; fencer_idrange_remaining / fencer_idrange_size < 0.1 is the IDRange's Low condition. Labels namespace and name: the IDRange; mode: Blocks or Slots.",
+	}, []string{"namespace", "name", "mode"})
+	// IDRangeWaiting is how many selected pods wait for a block or slot.
+	IDRangeWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencer_idrange_waiting_pods",
+		Help: "Pods an IDRange selects that wait for a block or slot because none is left (they are named in its Exhausted condition). Labels namespace and name: the IDRange.",
 	}, []string{"namespace", "name"})
 	// IDRangeSlotsInUse is how many slots are leased.
 	IDRangeSlotsInUse = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -141,7 +146,7 @@ func init() {
 	ctrlmetrics.Registry.MustRegister(Leader, EtcdAlarm, EtcdDBSize, EtcdDBSizeInUse, EtcdMaintenance, EtcdHealthy,
 		LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
 		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
-		IDRangeBlocks, IDRangeRemaining, IDRangeSize, IDRangeSlotsInUse, IDRangeRepairs)
+		IDRangeBlocks, IDRangeRemaining, IDRangeSize, IDRangeWaiting, IDRangeSlotsInUse, IDRangeRepairs)
 	// Counters with a small, fixed set of labels start at 0, so rate() and
 	// increase() see their first event, and alerts and dashboards find
 	// them before anything has happened.
@@ -158,6 +163,20 @@ func init() {
 	}
 	for _, k := range []string{"annotation_without_slot", "slot_without_pod"} {
 		IDRangeRepairs.WithLabelValues(k)
+	}
+	// The failures an alert watches for.
+	for _, op := range []string{"CREATE", "UPDATE", "DELETE", "CONNECT"} {
+		for _, reason := range []string{"LookupFailed", "BadRequest"} {
+			AdmissionDecisions.WithLabelValues(op, "refused", reason)
+		}
+	}
+}
+
+// ForgetIDRange drops the series of a deleted IDRange.
+func ForgetIDRange(namespace, name string) {
+	of := prometheus.Labels{"namespace": namespace, "name": name}
+	for _, g := range []*prometheus.GaugeVec{IDRangeRemaining, IDRangeSize, IDRangeWaiting, IDRangeSlotsInUse} {
+		g.DeletePartialMatch(of)
 	}
 }
 

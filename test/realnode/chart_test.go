@@ -61,6 +61,7 @@ func chartOnRealNode(t *testing.T, c *devcluster.Cluster, root string) {
 	if !strings.Contains(out, "created (server dry run)") {
 		t.Fatalf("helm test passed, but its pod's log does not show the webhook's dry run:\n%s", out)
 	}
+	scrapeChartMetrics(t, c)
 	brokenWebhookFailsHelmTest(t, c)
 
 	electRealWorkers(t, c, root)

@@ -164,12 +164,27 @@ func waitRunning(ctx context.Context, cs kubernetes.Interface, name string) erro
 
 // signalPod signals the story's process in the actor's container.
 func (a *Actor) signalPod(sig syscall.Signal) error {
-	entries, err := os.ReadDir("/proc")
+	pids, err := a.podPIDs()
 	if err != nil {
 		return err
 	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, sig); err != nil {
+			return fmt.Errorf("signalling %s's process %d: %w (the demo needs root on the real node)", a.Pod, pid, err)
+		}
+	}
+	return nil
+}
+
+// podPIDs are the story processes on this machine in the actor pod's
+// cgroup.
+func (a *Actor) podPIDs() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
 	underscored := strings.ReplaceAll(a.uid, "-", "_")
-	found := false
+	var pids []int
 	for _, e := range entries {
 		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
 		if err != nil || strings.TrimSpace(string(comm)) != "story" {
@@ -180,15 +195,42 @@ func (a *Actor) signalPod(sig syscall.Signal) error {
 			continue
 		}
 		pid, _ := strconv.Atoi(e.Name())
-		if err := syscall.Kill(pid, sig); err != nil {
-			return fmt.Errorf("signalling %s's process %d: %w (the demo needs root on the real node)", a.Pod, pid, err)
+		pids = append(pids, pid)
+	}
+	if len(pids) == 0 {
+		return nil, errors.New("no process of pod " + a.Pod + " found on this machine")
+	}
+	return pids, nil
+}
+
+// podLog is the actor pod's whole log as the kubelet has it now, read
+// afresh rather than from the followed stream.
+func (a *Actor) podLog(ctx context.Context) (string, error) {
+	cs, err := podClient()
+	if err != nil {
+		return "", err
+	}
+	raw, err := cs.CoreV1().Pods(Namespace).GetLogs(a.Pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+	return string(raw), err
+}
+
+// processStates is the State line of each of the pod's processes, such as
+// "S (sleeping)" or "T (stopped)".
+func (a *Actor) processStates() string {
+	pids, err := a.podPIDs()
+	if err != nil {
+		return err.Error()
+	}
+	var states []string
+	for _, pid := range pids {
+		status, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+		for _, l := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(l, "State:") {
+				states = append(states, fmt.Sprintf("%d %s", pid, strings.TrimSpace(strings.TrimPrefix(l, "State:"))))
+			}
 		}
-		found = true
 	}
-	if !found {
-		return errors.New("no process of pod " + a.Pod + " found on this machine")
-	}
-	return nil
+	return strings.Join(states, ", ")
 }
 
 // deletePod ends an actor pod and waits for its log to end.
