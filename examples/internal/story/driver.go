@@ -99,11 +99,11 @@ func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.
 
 // notPrinted explains a WaitForCount that timed out. For an actor pod it
 // reads the pod's log afresh: when the kubelet's followed log stream lags
-// behind (seen once in several runs on the real node, a frozen and resumed
-// process's lines missing from it), the line is there and the wait
-// succeeds, saying so. Otherwise the error carries the whole log and the
-// state of the pod's processes, to tell a silent process from a stopped
-// one.
+// behind, the line is there and the wait succeeds, saying so. Otherwise the
+// error carries the state of the pod's processes (a silent process or a
+// stopped one) and its whole log, with its goroutines' stacks: a resumed
+// process that stays silent (seen in about one real-node run in four) is
+// stuck somewhere.
 func (a *Actor) notPrinted(ctx context.Context, s string, n int, timeout time.Duration) error {
 	err := fmt.Errorf("%s did not print %q %d times within %s", a.Pod, s, n, timeout)
 	if a.cmd != nil {
@@ -126,7 +126,16 @@ func (a *Actor) notPrinted(ctx context.Context, s string, n int, timeout time.Du
 		}
 		return nil
 	}
-	return fmt.Errorf("%w; its processes: %s; its whole log:\n%s", err, a.processStates(), log)
+	states := a.processStates()
+	// A Go process dumps every goroutine's stack on SIGQUIT: where it is
+	// stuck, in its log.
+	if a.signalPod(syscall.SIGQUIT) == nil {
+		time.Sleep(2 * time.Second)
+		if after, err := a.podLog(ctx); err == nil {
+			log = after
+		}
+	}
+	return fmt.Errorf("%w; its processes: %s; its whole log (with its goroutines, after SIGQUIT):\n%s", err, states, log)
 }
 
 // Max is the largest number that follows prefix in the actor's lines.
