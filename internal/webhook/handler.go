@@ -57,9 +57,15 @@ type Checker struct {
 	Refusals *Refusals
 }
 
-// objectMeta is all the webhook reads of any object.
+// objectMeta is all the webhook reads of any object: its labels and
+// annotations. Decoding only these, and not all of metav1.ObjectMeta, skips
+// the allocations of managedFields, often most of an object's metadata, on
+// every fenced write.
 type objectMeta struct {
-	Metadata metav1.ObjectMeta `json:"metadata"`
+	Metadata struct {
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
 }
 
 // Record is the mutating webhook (RecordPath): it judges a CREATE or UPDATE

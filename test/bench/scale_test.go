@@ -9,14 +9,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,7 +28,6 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/test/framework"
 )
 
@@ -59,14 +62,7 @@ func scaleRuns() []scaleRun {
 // over 30 s, the manager's CPU and RSS and etcd's request rate. With 1,000
 // Leases it also times a Blocks IDRange over the same 1,000 pods.
 func TestScale(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "fencer")
-	if out, err := exec.Command("go", "build", "-C", root, "-o", bin, "./cmd/fencer").CombinedOutput(); err != nil {
-		t.Fatalf("building fencer: %v\n%s", err, out)
-	}
+	bin := managerBinary(t)
 	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process\n")
 	fmt.Printf("%7s %-8s %12s %12s %14s %10s %12s %14s\n", "leases", "limits", "create", "all held", "steady CPU", "RSS", "max RSS", "etcd req/s")
 	for _, r := range scaleRuns() {
@@ -107,6 +103,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 
 	mgr := startManager(t, f, bin, run.flags...)
 	defer mgr.stop()
+	writes0 := apiserverWrites(t, f.Config)
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
 		return f.Client.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
@@ -127,6 +124,12 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		return held, nil
 	}, n)
 	allHeld := time.Since(start)
+	// The manager's writes per grant: everything written during the burst
+	// but the test's own n Lease creations.
+	writes := apiserverWrites(t, f.Config).minus(writes0)
+	writes["POST leases"] -= float64(n)
+	perGrant := writes.total() / float64(n)
+	fmt.Printf("%7s apiserver writes per grant: %.2f (%s)\n", "", perGrant, writes)
 	if os.Getenv("SCALE_DEBUG") != "" {
 		var list fencerv1.LeaseList
 		_ = f.Client.List(ctx, &list, client.InNamespace(ns))
@@ -167,7 +170,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	}
 	fmt.Printf("%7d %-8s %12s %12s %9.3f core %7d MiB %8d MiB %14.0f\n", n, limits, created.Round(time.Millisecond), allHeld.Round(time.Millisecond), cores, rss>>20, hwm>>20, reqs)
 	record(t, fmt.Sprintf("Scale/leases=%d/limits=%s", n, limits), fmt.Sprintf("%.1f", allHeld.Seconds()), "all-held-s",
-		fmt.Sprintf("%.3f", cores), "steady-cores", rss>>20, "rss-MiB", fmt.Sprintf("%.0f", reqs), "etcd-req/s")
+		fmt.Sprintf("%.3f", cores), "steady-cores", rss>>20, "rss-MiB", fmt.Sprintf("%.0f", reqs), "etcd-req/s", fmt.Sprintf("%.2f", perGrant), "writes/grant")
 
 	if n == 1000 && len(run.flags) > 0 {
 		idStart := time.Now()
@@ -221,9 +224,21 @@ func parallel(n, workers int, fn func(i int) error) {
 }
 
 type manager struct {
-	cmd   *exec.Cmd
-	log   string
-	pprof string // base URL of its pprof endpoints
+	cmd     *exec.Cmd
+	log     string
+	pprof   string // base URL of its pprof endpoints
+	metrics string // its /metrics, when served
+}
+
+// get returns url's body.
+func get(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return string(raw), err
 }
 
 // fetch saves url's body to path.
@@ -240,6 +255,81 @@ func fetch(url, path string) error {
 	defer f.Close()
 	_, err = io.Copy(f, resp.Body)
 	return err
+}
+
+// chartMemoryLimit is the chart's default memory limit for the manager
+// (values.yaml resources.limits.memory), which it also gives as GOMEMLIMIT.
+const chartMemoryLimit = "512MiB"
+
+// writeCounts are the apiserver's write requests by "VERB resource".
+type writeCounts map[string]float64
+
+// apiserverWrites reads apiserver_request_total for POST, PUT, PATCH and
+// DELETE, by verb and resource.
+func apiserverWrites(t *testing.T, cfg *rest.Config) writeCounts {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := writeCounts{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		switch labels["verb"] {
+		case "POST", "PUT", "PATCH", "DELETE":
+			key := labels["verb"] + " " + labels["resource"]
+			if labels["subresource"] != "" {
+				key += "/" + labels["subresource"]
+			}
+			out[key] += m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+func (w writeCounts) minus(b writeCounts) writeCounts {
+	out := writeCounts{}
+	for k, v := range w {
+		if d := v - b[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func (w writeCounts) total() float64 {
+	var sum float64
+	for _, v := range w {
+		sum += v
+	}
+	return sum
+}
+
+func (w writeCounts) String() string {
+	keys := make([]string, 0, len(w))
+	for k := range w {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if w[k] >= 1 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, w[k]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string) *manager {
@@ -269,6 +359,8 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kc, "--leader-elect=false",
 		"--webhook-port=0", "--metrics-bind-address=0", "--health-probe-bind-address=" + probe, "--pprof-bind-address=" + pprof}, append(f.EtcdFlags(), flags...)...)...)
 	cmd.Stdout, cmd.Stderr = log, log
+	// The chart sets GOMEMLIMIT to the container's memory limit.
+	cmd.Env = append(os.Environ(), "GOMEMLIMIT="+chartMemoryLimit)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
