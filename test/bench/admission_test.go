@@ -54,15 +54,19 @@ func heldLease(t *testing.T, name string) (string, int64) {
 	return ns, token
 }
 
-// review is the AdmissionReview the apiserver sends for an UPDATE of a
-// fenced ConfigMap carrying token.
+// review is the AdmissionReview the apiserver sends to the mutating
+// webhook for a holder's merge patch of a fenced ConfigMap: the stored
+// object carries the record of the last accepted write
+// (fencer.io/written-token), and the new one also the token this write
+// sends (fencer.io/token).
 func review(t *testing.T, ns, lease string, token int64) []byte {
 	t.Helper()
-	cm := func(v string) runtime.RawExtension {
+	tok := strconv.FormatInt(token, 10)
+	cm := func(v string, annotations map[string]string) runtime.RawExtension {
 		raw, err := json.Marshal(&corev1.ConfigMap{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: ns, Labels: map[string]string{"fencer.io/lease": lease},
-				Annotations: map[string]string{"fencer.io/token": strconv.FormatInt(token, 10)}},
+			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: ns, Labels: map[string]string{fencerv1.LeaseLabel: lease},
+				Annotations: annotations},
 			Data: map[string]string{"v": v},
 		})
 		if err != nil {
@@ -70,13 +74,15 @@ func review(t *testing.T, ns, lease string, token int64) []byte {
 		}
 		return runtime.RawExtension{Raw: raw}
 	}
+	newObj := cm("new", map[string]string{fencerv1.WrittenTokenAnnotation: tok, fencerv1.TokenAnnotation: tok})
+	oldObj := cm("old", map[string]string{fencerv1.WrittenTokenAnnotation: tok})
 	r := admissionv1.AdmissionReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 		Request: &admissionv1.AdmissionRequest{
 			UID: types.UID("bench"), Kind: metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"},
 			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Name: "out", Namespace: ns,
 			Operation: admissionv1.Update, UserInfo: authenticationv1.UserInfo{Username: "bench"},
-			Object: cm("new"), OldObject: cm("old"),
+			Object: newObj, OldObject: oldObj,
 		},
 	}
 	body, err := json.Marshal(r)
