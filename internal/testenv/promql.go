@@ -2,11 +2,15 @@ package testenv
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -127,4 +131,37 @@ func MetricNames(bin string, exprs []string) ([]string, error) {
 		return nil, fmt.Errorf("%s: %w: %s", bin, err, stderr.String())
 	}
 	return strings.Fields(string(out)), nil
+}
+
+// ShippedMetricNames renders nothing itself: given `helm template` output
+// with the PrometheusRule and the dashboard on, it returns how many PromQL
+// expressions they hold and the metric names those read.
+func ShippedMetricNames(rendered, promqlNames string) (int, []string, error) {
+	exprs, err := MonitoringQueries(rendered)
+	if err != nil {
+		return 0, nil, err
+	}
+	names, err := MetricNames(promqlNames, exprs)
+	return len(exprs), names, err
+}
+
+// Scrape GETs a metrics endpoint with token as the bearer (none if empty).
+// The manager's metrics certificate is self-signed unless one is given, as
+// in a cluster, so it is not verified.
+func Scrape(url, token string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed, as documented
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw), err
 }

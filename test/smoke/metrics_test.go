@@ -1,9 +1,7 @@
 package smoke
 
 import (
-	"crypto/tls"
 	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -30,24 +28,14 @@ func metricsURL(t *testing.T, devOutput string) string {
 }
 
 // scrape GETs the metrics endpoint with token as the bearer (none if
-// empty). The manager's certificate is self-signed, as in a cluster.
+// empty).
 func scrape(t *testing.T, url, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	code, body, err := testenv.Scrape(url, token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed, as documented
-	resp, err := cl.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(raw)
+	return code, body
 }
 
 // readerToken is a token of the dev cluster's metrics-reader ServiceAccount.
@@ -100,11 +88,7 @@ func checkMetrics(t *testing.T, root, bin, devOutput string, kubectl func(...str
 	if err != nil {
 		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
 	}
-	exprs, err := testenv.MonitoringQueries(string(rendered))
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := testenv.MetricNames(filepath.Join(bin, "promql-names"), exprs)
+	exprs, names, err := testenv.ShippedMetricNames(string(rendered), filepath.Join(bin, "promql-names"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +97,7 @@ func checkMetrics(t *testing.T, root, bin, devOutput string, kubectl func(...str
 			t.Errorf("the chart's alerts or dashboard read %s, which neither the manager nor the API server exports", n)
 		}
 	}
-	t.Logf("%d shipped queries read %d metrics, each exported", len(exprs), len(names))
+	t.Logf("%d shipped queries read %d metrics, each exported", exprs, len(names))
 }
 
 // exportedNames are the series names a Prometheus scraping body stores: a
