@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -40,7 +41,7 @@ func (o *outcome) requeueAt(now, t time.Time) {
 // records the outcome's Events.
 func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
 	if !equality.Semantic.DeepEqual(before, after) {
-		if err := c.Status().Update(ctx, obj); err != nil {
+		if err := writeStatus(ctx, c, obj, before); err != nil {
 			return requeueOnConflict(err)
 		}
 	}
@@ -48,6 +49,38 @@ func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj 
 		rec.Eventf(obj, nil, e.kind, e.reason, e.reason, "%s", e.note)
 	}
 	return out.result, nil
+}
+
+// writeStatus writes obj's status. When the write conflicts only because
+// the object's metadata changed meanwhile (a label, an annotation, a
+// kubectl touch), the status this reconcile started from (before) is still
+// the stored one, and its outcome still holds: the status is written onto
+// the fresh object, so its Events are not lost with a retry that would find
+// nothing left to do. A changed spec or status is a real conflict.
+func writeStatus(ctx context.Context, c client.Client, obj client.Object, before any) error {
+	err := c.Status().Update(ctx, obj)
+	// The reads come from the cache, which may not have the racing write
+	// yet: a few short tries.
+	for try := 0; try < 5 && apierrors.IsConflict(err); try++ {
+		time.Sleep(time.Duration(try) * 20 * time.Millisecond)
+		fresh, ok := obj.DeepCopyObject().(client.Object)
+		if !ok || c.Get(ctx, client.ObjectKeyFromObject(obj), fresh) != nil {
+			return err
+		}
+		if fresh.GetGeneration() != obj.GetGeneration() || !equality.Semantic.DeepEqual(statusOf(fresh).Interface(), reflect.ValueOf(before).Elem().Interface()) {
+			return err // the spec or the status moved on: reconcile again
+		}
+		statusOf(fresh).Set(statusOf(obj))
+		if err = c.Status().Update(ctx, fresh); err == nil {
+			obj.SetResourceVersion(fresh.GetResourceVersion())
+		}
+	}
+	return err
+}
+
+// statusOf is the Status field of a Lease or IDRange.
+func statusOf(obj client.Object) reflect.Value {
+	return reflect.ValueOf(obj).Elem().FieldByName("Status")
 }
 
 // etcdFailure is the condition reason and message for an etcd error: a

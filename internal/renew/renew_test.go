@@ -1,0 +1,193 @@
+package renew
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/fencer-io/fencer/internal/testenv"
+)
+
+// These tests run a real etcd (bin/etcd): what matters is what etcd does
+// with the keepalives, on real time.
+
+func client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testenv.Etcd(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+func grant(t *testing.T, cli *clientv3.Client, ttl int64) clientv3.LeaseID {
+	t.Helper()
+	l, err := cli.Grant(context.Background(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.ID
+}
+
+// remaining is the lease's TTL left in etcd; -1 once it expired.
+func remaining(t *testing.T, cli *clientv3.Client, id clientv3.LeaseID) int64 {
+	t.Helper()
+	r, err := cli.TimeToLive(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.TTL
+}
+
+// lostKeys collects the keys reported lost.
+type lostKeys struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (l *lostKeys) add(key string) { l.mu.Lock(); l.keys = append(l.keys, key); l.mu.Unlock() }
+func (l *lostKeys) has(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range l.keys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+func TestKeepsManyLeasesAliveOnOneStream(t *testing.T) {
+	cli := client(t)
+	var lost lostKeys
+	r := New(cli, clock.RealClock{}, lost.add)
+	const n = 300
+	before := runtime.NumGoroutine()
+	ids := make([]clientv3.LeaseID, n)
+	granted := time.Now()
+	for i := range ids {
+		ids[i] = grant(t, cli, 2)
+		r.Ensure(fmt.Sprintf("k%d", i), ids[i], granted)
+	}
+	// Two goroutines in all (sender and receiver), not two per lease.
+	if grew := runtime.NumGoroutine() - before; grew > 10 {
+		t.Errorf("%d goroutines more for %d leases", grew, n)
+	}
+	time.Sleep(5 * time.Second) // two and a half TTLs
+	for i, id := range ids {
+		if ttl := remaining(t, cli, id); ttl <= 0 {
+			t.Fatalf("lease %d expired while renewed (TTL %d)", i, ttl)
+		}
+		last, ok := r.LastRenew(fmt.Sprintf("k%d", i))
+		if !ok || !last.After(granted.Add(3*time.Second)) {
+			t.Fatalf("lease %d: last renewal %s, want within the last 2 s", i, last.Sub(granted))
+		}
+	}
+	if r.Len() != n || len(lost.keys) != 0 {
+		t.Fatalf("Len %d, lost %v", r.Len(), lost.keys)
+	}
+}
+
+func TestStopLetsTheLeaseExpire(t *testing.T) {
+	cli := client(t)
+	r := New(cli, clock.RealClock{}, nil)
+	id := grant(t, cli, 2)
+	r.Ensure("k", id, time.Now())
+	time.Sleep(1500 * time.Millisecond)
+	last, ok := r.Stop("k")
+	if !ok || time.Since(last) > 1500*time.Millisecond {
+		t.Fatalf("Stop: last renewal %s ago, ok %v", time.Since(last), ok)
+	}
+	if r.Renewing("k", id) || r.Len() != 0 {
+		t.Fatal("still renewing after Stop")
+	}
+	deadline := last.Add(2*time.Second + time.Second)
+	for remaining(t, cli, id) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease outlived its TTL after Stop: a keepalive was sent after it")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestRevokedLeaseIsReportedLost(t *testing.T) {
+	cli := client(t)
+	var lost lostKeys
+	r := New(cli, clock.RealClock{}, lost.add)
+	kept, revoked := grant(t, cli, 2), grant(t, cli, 2)
+	r.Ensure("kept", kept, time.Now())
+	r.Ensure("revoked", revoked, time.Now())
+	time.Sleep(time.Second)
+	if _, err := cli.Revoke(context.Background(), revoked); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(3 * time.Second); !lost.has("revoked"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a revoked lease was not reported lost")
+		}
+	}
+	if lost.has("kept") || !r.Renewing("kept", kept) || r.Renewing("revoked", revoked) {
+		t.Fatalf("lost %v; renewing kept %v", lost.keys, r.Renewing("kept", kept))
+	}
+}
+
+func TestUnknownLeaseIsReportedLost(t *testing.T) {
+	cli := client(t)
+	var lost lostKeys
+	r := New(cli, clock.RealClock{}, lost.add)
+	r.Ensure("ghost", clientv3.LeaseID(0x7fff0000), time.Now())
+	for deadline := time.Now().Add(3 * time.Second); !lost.has("ghost"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a lease etcd does not have was not reported lost")
+		}
+	}
+}
+
+func TestEnsureReplacesAKeysLease(t *testing.T) {
+	cli := client(t)
+	r := New(cli, clock.RealClock{}, nil)
+	old, next := grant(t, cli, 2), grant(t, cli, 2)
+	r.Ensure("k", old, time.Now())
+	time.Sleep(500 * time.Millisecond)
+	r.Ensure("k", next, time.Now())
+	if !r.Renewing("k", next) || r.Renewing("k", old) || r.Len() != 1 {
+		t.Fatal("Ensure with a new id did not replace the old one")
+	}
+	time.Sleep(3500 * time.Millisecond)
+	if remaining(t, cli, old) > 0 {
+		t.Error("the replaced lease is still renewed")
+	}
+	if remaining(t, cli, next) <= 0 {
+		t.Error("the new lease expired")
+	}
+	r.StopAll()
+	if r.Len() != 0 {
+		t.Error("StopAll left leases")
+	}
+}
+
+func TestClosedClientReportsEveryLeaseLost(t *testing.T) {
+	cli := client(t)
+	var lost lostKeys
+	r := New(cli, clock.RealClock{}, lost.add)
+	r.Ensure("a", grant(t, cli, 5), time.Now())
+	r.Ensure("b", grant(t, cli, 5), time.Now())
+	time.Sleep(500 * time.Millisecond)
+	_ = cli.Close()
+	for deadline := time.Now().Add(3 * time.Second); !lost.has("a") || !lost.has("b"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the client closed, lost only %v", lost.keys)
+		}
+	}
+	if r.Len() != 0 {
+		t.Error("leases still listed as renewed after the client closed")
+	}
+}
