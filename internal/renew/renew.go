@@ -54,6 +54,9 @@ type Renewer struct {
 	// slow callback never stalls the stream.
 	gone     []string
 	goneWake chan struct{}
+	// closed is closed once the client closed and every lease was queued
+	// as lost.
+	closed chan struct{}
 }
 
 type entry struct {
@@ -73,7 +76,7 @@ type entry struct {
 // closed.
 func New(cli *clientv3.Client, clk clock.Clock, lost func(key string)) *Renewer {
 	return &Renewer{cli: cli, clock: clk, lost: lost, kick: make(chan struct{}, 1), reset: make(chan struct{}, 1),
-		goneWake: make(chan struct{}, 1), entries: map[string]*entry{}, byID: map[clientv3.LeaseID]*entry{}}
+		goneWake: make(chan struct{}, 1), closed: make(chan struct{}), entries: map[string]*entry{}, byID: map[clientv3.LeaseID]*entry{}}
 }
 
 // Ensure keeps lease id alive for key, unless it already is. since is when
@@ -241,6 +244,7 @@ func (r *Renewer) watchDeadlines() {
 			r.entries = map[string]*entry{}
 			r.byID = map[clientv3.LeaseID]*entry{}
 			r.mu.Unlock()
+			close(r.closed)
 			return
 		case <-t.C:
 			r.reap()
@@ -287,7 +291,7 @@ func (r *Renewer) deliver() {
 		closed := false
 		select {
 		case <-r.goneWake:
-		case <-r.cli.Ctx().Done():
+		case <-r.closed:
 			closed = true
 		}
 		r.mu.Lock()
