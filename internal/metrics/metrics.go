@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 var (
@@ -158,8 +160,8 @@ func init() {
 	for _, t := range []string{"first", "new", "same"} {
 		LeaseGrants.WithLabelValues(t)
 	}
-	for _, r := range []string{"HolderNotReady", "HolderGone", "Suspended", "Deleted", "Released"} {
-		LeaseReleases.WithLabelValues(r)
+	for _, r := range []fencerv1.TenureEndReason{fencerv1.TenureHolderNotReady, fencerv1.TenureHolderGone, fencerv1.TenureSuspended, fencerv1.TenureDeleted, fencerv1.TenureReleased} {
+		LeaseReleases.WithLabelValues(string(r))
 	}
 	for _, k := range []string{"annotation_without_slot", "slot_without_pod"} {
 		IDRangeRepairs.WithLabelValues(k)

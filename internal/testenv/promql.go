@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"testing"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -133,9 +134,9 @@ func MetricNames(bin string, exprs []string) ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
-// ShippedMetricNames renders nothing itself: given `helm template` output
-// with the PrometheusRule and the dashboard on, it returns how many PromQL
-// expressions they hold and the metric names those read.
+// ShippedMetricNames takes `helm template` output with the PrometheusRule
+// and the dashboard on, and returns how many PromQL expressions they hold
+// and the metric names those read.
 func ShippedMetricNames(rendered, promqlNames string) (int, []string, error) {
 	exprs, err := MonitoringQueries(rendered)
 	if err != nil {
@@ -164,4 +165,14 @@ func Scrape(url, token string) (int, string, error) {
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(raw), err
+}
+
+// MustScrape is Scrape for a test, which fails on a transport error.
+func MustScrape(t testing.TB, url, token string) (int, string) {
+	t.Helper()
+	code, body, err := Scrape(url, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, body
 }

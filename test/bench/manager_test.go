@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/testenv"
@@ -89,9 +90,10 @@ func (m *manager) sample(t *testing.T) sideSample {
 	if err != nil {
 		t.Fatal(err)
 	}
+	families := parseMetrics(t, body)
 	var s sideSample
-	s.handlerSum, s.handlerN = histogram(t, body, "fencer_admission_duration_seconds", "operation", "UPDATE")
-	s.lookupSum, s.lookupN = histogram(t, body, "fencer_token_lookup_duration_seconds", "result", "ok")
+	s.handlerSum, s.handlerN = histogram(families, "fencer_admission_duration_seconds", "operation", "UPDATE")
+	s.lookupSum, s.lookupN = histogram(families, "fencer_token_lookup_duration_seconds", "result", "ok")
 	s.cpu, _ = m.cpu()
 	return s
 }
@@ -111,15 +113,34 @@ func mean(sum, n float64) time.Duration {
 	return time.Duration(sum / n * float64(time.Second))
 }
 
-// histogram is the sum and count of the series of a histogram whose label
-// has value.
-func histogram(t *testing.T, body, name, label, value string) (sum, count float64) {
+// parseMetrics parses a Prometheus text exposition.
+func parseMetrics(t *testing.T, body string) map[string]*dto.MetricFamily {
 	t.Helper()
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := p.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return families
+}
+
+// apiserverMetrics are the apiserver's own metrics, from its /metrics.
+func apiserverMetrics(t *testing.T, cfg *rest.Config) map[string]*dto.MetricFamily {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseMetrics(t, string(raw))
+}
+
+// histogram is the sum and count of the series of a histogram whose label
+// has value.
+func histogram(families map[string]*dto.MetricFamily, name, label, value string) (sum, count float64) {
 	f := families[name]
 	if f == nil || f.GetType() != dto.MetricType_HISTOGRAM {
 		return 0, 0
@@ -142,15 +163,7 @@ type apiserverSample struct{ sum, n float64 }
 
 func apiserverWebhookTime(t *testing.T) apiserverSample {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(fx.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, n := histogram(t, string(raw), "apiserver_admission_webhook_admission_duration_seconds", "name", "record.fencer.io")
+	sum, n := histogram(apiserverMetrics(t, fx.Config), "apiserver_admission_webhook_admission_duration_seconds", "name", "record.fencer.io")
 	return apiserverSample{sum, n}
 }
 

@@ -34,10 +34,10 @@ func scrapeChartMetrics(t *testing.T, c *devcluster.Cluster) {
 	leader := regexp.MustCompile(`(?m)^fencer_manager_leader ([0-9.]+)$`)
 	for _, ip := range ips {
 		url := fmt.Sprintf("https://%s:8443/metrics", ip)
-		if code, _ := get(t, url, denied); code != http.StatusForbidden {
+		if code, _ := testenv.MustScrape(t, url, denied); code != http.StatusForbidden {
 			t.Errorf("%s: a ServiceAccount without the metrics-reader role got HTTP %d, want 403", url, code)
 		}
-		code, body := get(t, url, allowed)
+		code, body := testenv.MustScrape(t, url, allowed)
 		if code != http.StatusOK {
 			t.Fatalf("%s: the metrics reader got HTTP %d:\n%.300s", url, code, body)
 		}
@@ -51,13 +51,4 @@ func scrapeChartMetrics(t *testing.T, c *devcluster.Cluster) {
 	if leaders != 1 {
 		t.Errorf("%v replicas report fencer_manager_leader 1, want exactly 1", leaders)
 	}
-}
-
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	code, body, err := testenv.Scrape(url, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return code, body
 }

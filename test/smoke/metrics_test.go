@@ -27,17 +27,6 @@ func metricsURL(t *testing.T, devOutput string) string {
 	return url[1]
 }
 
-// scrape GETs the metrics endpoint with token as the bearer (none if
-// empty).
-func scrape(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	code, body, err := testenv.Scrape(url, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return code, body
-}
-
 // readerToken is a token of the dev cluster's metrics-reader ServiceAccount.
 func readerToken(kubectl func(...string) string) string {
 	return strings.TrimSpace(kubectl("create", "token", devcluster.MetricsReader, "-n", devcluster.ManagerNamespace))
@@ -51,18 +40,18 @@ func checkMetrics(t *testing.T, root, bin, devOutput string, kubectl func(...str
 	if !strings.HasPrefix(url, "https://") {
 		t.Fatalf("make dev serves metrics at %s, not over HTTPS", url)
 	}
-	if code, body := scrape(t, url, ""); code != http.StatusUnauthorized {
+	if code, body := testenv.MustScrape(t, url, ""); code != http.StatusUnauthorized {
 		t.Errorf("a scrape without a token got HTTP %d, want 401:\n%.300s", code, body)
 	}
 	// A token the TokenReview rejects with an error gets controller-runtime's
 	// 500 "Authentication failed", not 401; either way no metrics.
-	if code, body := scrape(t, url, "not-a-token"); (code != http.StatusUnauthorized && code != http.StatusInternalServerError) || strings.Contains(body, "fencer_") {
+	if code, body := testenv.MustScrape(t, url, "not-a-token"); (code != http.StatusUnauthorized && code != http.StatusInternalServerError) || strings.Contains(body, "fencer_") {
 		t.Errorf("a scrape with a forged token got HTTP %d, want 401 or 500 and no metrics:\n%.300s", code, body)
 	}
-	if code, _ := scrape(t, url, strings.TrimSpace(kubectl("create", "token", "default", "-n", "default"))); code != http.StatusForbidden {
+	if code, _ := testenv.MustScrape(t, url, strings.TrimSpace(kubectl("create", "token", "default", "-n", "default"))); code != http.StatusForbidden {
 		t.Errorf("a scrape by a ServiceAccount without the metrics-reader role got HTTP %d, want 403", code)
 	}
-	code, body := scrape(t, url, readerToken(kubectl))
+	code, body := testenv.MustScrape(t, url, readerToken(kubectl))
 	if code != http.StatusOK {
 		t.Fatalf("the metrics reader's scrape got HTTP %d:\n%.300s", code, body)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencer-io/fencer/internal/testenv"
 )
 
 // admin is the user `make dev`'s kubeconfig authenticates as.
@@ -36,7 +38,7 @@ func traceable(t *testing.T, state, devOutput string, kubectl func(...string) st
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	code, metrics := scrape(t, metricsURL(t, devOutput), readerToken(kubectl))
+	code, metrics := testenv.MustScrape(t, metricsURL(t, devOutput), readerToken(kubectl))
 	if code != 200 {
 		t.Fatalf("scraping the manager's metrics: HTTP %d\n%.300s", code, metrics)
 	}
