@@ -44,10 +44,40 @@ const statusRefresh = 30 * time.Second
 // a timestamp, so the interval grows with the number held instead.
 const statusRefreshRate = 10
 
-// refreshInterval is when a held Lease's status is next refreshed.
-func (r *LeaseReconciler) refreshInterval(ttl time.Duration) time.Duration {
-	spread := time.Duration(float64(r.Renewer.Len()) / statusRefreshRate * float64(time.Second))
-	return max(ttl, statusRefresh, spread)
+// refreshInterval is when a held Lease's status is next refreshed. A Lease
+// with a refresh still ahead keeps it. Otherwise it gets a new slot: at
+// least max(ttl, statusRefresh) from now, and 1/statusRefreshRate after
+// the latest slot handed out. Slots are handed out in order, so refreshes
+// never come faster than statusRefreshRate, even after a burst of grants,
+// when every Lease granted at once would otherwise be due at once.
+func (r *LeaseReconciler) refreshInterval(key string, ttl time.Duration) time.Duration {
+	now := r.Clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if at, ok := r.refreshAt[key]; ok && at.After(now) {
+		return at.Sub(now)
+	}
+	at := now.Add(max(ttl, statusRefresh))
+	if next := r.lastRefresh.Add(time.Second / statusRefreshRate); at.Before(next) {
+		at = next
+	}
+	r.lastRefresh, r.refreshAt[key] = at, at
+	return at.Sub(now)
+}
+
+// refreshDue reports whether key's status refresh is due: its slot has
+// come, or it has none (a grant adopted from another replica).
+func (r *LeaseReconciler) refreshDue(key string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.refreshAt[key]
+	return !ok || !now.Before(at)
+}
+
+func (r *LeaseReconciler) forgetRefresh(key string) {
+	r.mu.Lock()
+	delete(r.refreshAt, key)
+	r.mu.Unlock()
 }
 
 // LeaseReconciler grants Leases in etcd, renews PodReady grants, and
@@ -75,6 +105,10 @@ type LeaseReconciler struct {
 	// deletedAt is when the etcd watch saw a lease key go, for the failover
 	// duration metric.
 	deletedAt map[string]time.Time
+	// refreshAt is each held Lease's next status refresh slot, and
+	// lastRefresh the latest slot handed out (refreshInterval).
+	refreshAt   map[string]time.Time
+	lastRefresh time.Time
 }
 
 // NewLeaseReconciler wires a reconciler; the Renewer's lost callback wakes it.
@@ -84,6 +118,7 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 		wake:      newWaker[fencerv1.Lease](),
 		endAt:     map[string]time.Time{},
 		deletedAt: map[string]time.Time{},
+		refreshAt: map[string]time.Time{},
 	}
 	r.Renewer = renewerWaking(store, clk, r.wake, func(key string) (string, string, bool) {
 		return etcdkeys.ParseLeaseKey(store.Prefix(), key)
@@ -188,6 +223,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	}
 
 	clearHolder(lease)
+	r.forgetRefresh(key)
 	if lease.Spec.Suspend || len(pods) == 0 {
 		// No successor is coming soon; a later grant is no failover.
 		r.forgetDeletion(key)
@@ -218,6 +254,10 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 	r.granted(lease, key, grant, now, &out)
+	// The grant's status is fresh: its first refresh gets a slot now, so
+	// the reconciles its own writes cause have nothing to write.
+	r.forgetRefresh(key)
+	out.result.RequeueAfter = r.refreshInterval(key, ttl)
 	return out, r.publish(ctx, lease, pods, grant)
 }
 
@@ -237,8 +277,8 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	case keepDirect:
 		// The holder renews through the SDK; etcd expiry ends the tenure.
 		r.Renewer.Stop(key) // renewal may have just been switched from PodReady
-		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID))
-		out.result.RequeueAfter = r.refreshInterval(ttl)
+		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
+		out.result.RequeueAfter = r.refreshInterval(key, ttl)
 		return false, nil
 	case keepRenewing:
 		r.clearEnd(key)
@@ -246,10 +286,9 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
 		}
 		last, _ := r.Renewer.LastRenew(key)
-		lease.Status.RenewTime = microTime(last)
-		lease.Status.ExpireTime = microTime(last.Add(ttl))
-		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d", g.Holder, g.Token))
-		out.result.RequeueAfter = r.refreshInterval(ttl)
+		showRenewal(lease, last, ttl, r.refreshDue(key, now))
+		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
+		out.result.RequeueAfter = r.refreshInterval(key, ttl)
 		return false, nil
 	}
 
@@ -419,6 +458,7 @@ func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g 
 func (r *LeaseReconciler) endGrant(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) error {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	r.Renewer.Stop(key)
+	r.forgetRefresh(key)
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
 		return err
 	}
@@ -451,7 +491,7 @@ func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstor
 	lease.Status.RenewTime = microTime(now)
 	lease.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
 	pushTenure(lease, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(now)})
-	setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("granted to %s with token %d", g.Holder, g.Token))
+	setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
 	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
 }
 

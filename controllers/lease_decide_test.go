@@ -1,10 +1,13 @@
 package controllers
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -91,5 +94,98 @@ func TestWhyNotQualified(t *testing.T) {
 		if got := whyNotQualified(tc.pod); got != tc.want {
 			t.Errorf("got %s, want %s", got, tc.want)
 		}
+	}
+}
+
+// Refreshes get slots of their own, 1/statusRefreshRate apart, at least
+// statusRefresh (or the TTL) ahead: a burst of grants is refreshed at the
+// capped rate, not all at once. A Lease keeps a slot still ahead.
+func TestRefreshSlots(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	r := &LeaseReconciler{Clock: clk, refreshAt: map[string]time.Time{}}
+	gap := time.Second / statusRefreshRate
+	for i := range 1000 { // a burst: all at one instant
+		key := fmt.Sprintf("l%d", i)
+		if got, want := r.refreshInterval(key, 15*time.Second), statusRefresh+time.Duration(i)*gap; got != want {
+			t.Fatalf("refresh %d of a burst in %s, want %s", i, got, want)
+		}
+		if r.refreshDue(key, clk.Now()) {
+			t.Fatalf("refresh %d due before its slot", i)
+		}
+	}
+	// Reconciled again before its slot, a Lease keeps it, and no slot is used.
+	clk.Step(10 * time.Second)
+	if got := r.refreshInterval("l0", 15*time.Second); got != statusRefresh-10*time.Second {
+		t.Errorf("l0 reconciled again: refresh in %s, want its slot, %s", got, statusRefresh-10*time.Second)
+	}
+	// At its slot the refresh is due, and the next slot comes after the burst's.
+	clk.Step(statusRefresh)
+	if !r.refreshDue("l0", clk.Now()) {
+		t.Error("l0's refresh is not due at its slot")
+	}
+	if got, want := r.refreshInterval("l0", 15*time.Second), 1000*gap-10*time.Second; got != want {
+		t.Errorf("l0's next refresh in %s, want after the burst's slots, %s", got, want)
+	}
+	// A Lease without a slot (adopted) is due; a TTL longer than
+	// statusRefresh sets the floor.
+	clk.Step(time.Hour)
+	if !r.refreshDue("adopted", clk.Now()) {
+		t.Error("a Lease without a slot is not due")
+	}
+	if got := r.refreshInterval("long", 2*time.Minute); got != 2*time.Minute {
+		t.Errorf("long TTL: refresh in %s, want 2m", got)
+	}
+	r.forgetRefresh("long")
+	if got := r.refreshInterval("long", 2*time.Minute); got != 2*time.Minute+gap {
+		t.Errorf("a forgotten slot: refresh in %s, want the next slot, 2m%s", got, gap)
+	}
+}
+
+func TestShowRenewal(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ttl := 15 * time.Second
+	for _, tc := range []struct {
+		name  string
+		shown *time.Time
+		due   bool
+		want  time.Time
+	}{
+		{"nothing shown yet", nil, false, t0.Add(time.Minute)},
+		{"a renewal before the refresh is due is not worth a write", ptrTo(t0), false, t0},
+		{"the periodic refresh shows the last renewal", ptrTo(t0), true, t0.Add(time.Minute)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &fencerv1.Lease{}
+			if tc.shown != nil {
+				l.Status.RenewTime = microTime(*tc.shown)
+			}
+			showRenewal(l, t0.Add(time.Minute), ttl, tc.due)
+			if !l.Status.RenewTime.Time.Equal(tc.want) {
+				t.Errorf("renewTime %s, want %s", l.Status.RenewTime.Time, tc.want)
+			}
+			if got := l.Status.ExpireTime.Sub(l.Status.RenewTime.Time); got != ttl {
+				t.Errorf("expireTime %s after renewTime, want the TTL", got)
+			}
+		})
+	}
+}
+
+func ptrTo(t time.Time) *time.Time { return &t }
+
+// A status time read back from the apiserver equals the one set: the
+// reconcile after a write finds nothing to write.
+func TestMicroTimeRoundTrips(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 123456789, time.UTC)
+	set := fencerv1.LeaseStatus{AcquireTime: microTime(at)}
+	raw, err := json.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back fencerv1.LeaseStatus
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(set, back) {
+		t.Errorf("acquireTime %s set, %s read back", set.AcquireTime.UTC(), back.AcquireTime.UTC())
 	}
 }

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -11,8 +12,11 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
+// microTime is t as the apiserver stores it: to the microsecond. A status
+// set to the nanosecond never equals the one read back from the cache, so
+// every reconcile of a held Lease would write its status again.
 func microTime(t time.Time) *metav1.MicroTime {
-	m := metav1.NewMicroTime(t)
+	m := metav1.NewMicroTime(t.Truncate(time.Microsecond))
 	return &m
 }
 
@@ -77,4 +81,27 @@ func pushTenure(l *fencerv1.Lease, t fencerv1.Tenure) {
 	if len(l.Status.History) > fencerv1.MaxLeaseHistory {
 		l.Status.History = l.Status.History[:fencerv1.MaxLeaseHistory]
 	}
+}
+
+// heldMessage is the Held condition's message for a live grant. A new grant
+// and a later reconcile of the same grant give the same message, so the
+// reconcile that follows every grant (its holder's annotation coming back
+// through the pod watch) finds nothing to write.
+func heldMessage(l *fencerv1.Lease, g *etcdstore.Grant) string {
+	if l.Spec.Renewal == fencerv1.RenewalDirect {
+		return fmt.Sprintf("held by %s with token %d; the holder renews etcd lease %d itself (renewal: Direct)", g.Holder, g.Token, g.LeaseID)
+	}
+	return fmt.Sprintf("held by %s with token %d", g.Holder, g.Token)
+}
+
+// showRenewal shows the controller's last renewal (last) in renewTime and
+// expireTime when the Lease's periodic refresh is due (refreshInterval), or
+// when nothing is shown yet. Renewals happen every TTL/3; showing each
+// would cost a status write per Lease per reconcile, and every grant is
+// followed by reconciles its own writes cause.
+func showRenewal(l *fencerv1.Lease, last time.Time, ttl time.Duration, due bool) {
+	if due || l.Status.RenewTime == nil {
+		l.Status.RenewTime = microTime(last)
+	}
+	l.Status.ExpireTime = microTime(l.Status.RenewTime.Add(ttl))
 }

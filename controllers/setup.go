@@ -31,12 +31,14 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if err := SetupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
+	// One budget for both controllers' Normal Events (events.go).
+	rec := withEventBudget(mgr.GetEventRecorder("fencer"))
+	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
 	leases.Workers = o.LeaseWorkers
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}
-	ranges := NewIDRangeReconciler(mgr.GetClient(), store, elector, mgr.GetEventRecorder("fencer"), o.Clock)
+	ranges := NewIDRangeReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
 	}

@@ -55,6 +55,12 @@ var (
 		Help: "Grants of fencer Leases. Label transition: \"first\" for a Lease's first grant, \"new\" when the holder differs from the previous one, \"same\" when the previous holder is granted again.",
 	}, []string{"transition"})
 
+	// EventsDropped counts Normal Events the controllers did not post.
+	EventsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencer_events_dropped_total",
+		Help: "Normal Events the controllers did not post because they exceeded the Event budget (a burst of 100, then 10 per second, over all objects); the same facts are in each object's status. Label reason: the Event's reason (Granted, Released, Expired, SlotFreed).",
+	}, []string{"reason"})
+
 	// LeaseReleases counts tenures ended before their etcd lease expired.
 	LeaseReleases = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_lease_releases_total",
@@ -146,7 +152,7 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Leader, EtcdAlarm, EtcdDBSize, EtcdDBSizeInUse, EtcdMaintenance, EtcdHealthy,
-		LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds,
+		LeaseGrants, LeaseReleases, LeaseExpiries, RevisionRegressions, FailoverSeconds, EtcdOperationSeconds, EventsDropped,
 		AdmissionDecisions, AdmissionSeconds, TokenLookupSeconds,
 		IDRangeBlocks, IDRangeRemaining, IDRangeSize, IDRangeWaiting, IDRangeSlotsInUse, IDRangeRepairs)
 	// Counters with a small, fixed set of labels start at 0, so rate() and
@@ -159,6 +165,9 @@ func init() {
 	}
 	for _, t := range []string{"first", "new", "same"} {
 		LeaseGrants.WithLabelValues(t)
+	}
+	for _, r := range []string{fencerv1.ReasonGranted, fencerv1.ReasonReleased, fencerv1.ReasonExpired, "SlotFreed"} {
+		EventsDropped.WithLabelValues(r)
 	}
 	for _, r := range []fencerv1.TenureEndReason{fencerv1.TenureHolderNotReady, fencerv1.TenureHolderGone, fencerv1.TenureSuspended, fencerv1.TenureDeleted, fencerv1.TenureReleased} {
 		LeaseReleases.WithLabelValues(string(r))

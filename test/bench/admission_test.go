@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,14 +19,18 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/internal/webhook"
 	"github.com/fencer-io/fencer/pkg/fence"
 )
@@ -184,41 +191,136 @@ func TestAdmissionEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	floorAllow, floorPatch := floorWebhook(t, ns)
 	const n = 400
 	// Every fenced write must send the token itself: the SDK's client adds
-	// it to each patch body, as a holder's writes do.
+	// it to each patch body, as a holder's writes do. The floor's writes
+	// send an offer of the same size for its webhook to move.
 	holder := fence.NewClient(fx.Client, fence.Token{Lease: "e2e", Value: token})
+	offer := fmt.Sprintf(`"metadata":{"annotations":{%q:"%d"}},`, floorOffered, token)
 	measure := func(c client.Client, cm *corev1.ConfigMap, i int) time.Duration {
-		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"data":{"v":"%d"}}`, i))
+		body := fmt.Appendf(nil, `{"data":{"v":"%d"}}`, i)
+		if cm.Labels[floorLabel] != "" {
+			body = fmt.Appendf(nil, `{%s"data":{"v":"%d"}}`, offer, i)
+		}
 		s := time.Now()
-		if err := c.Patch(ctx, cm, patch); err != nil {
+		if err := c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, body)); err != nil {
 			t.Fatal(err)
 		}
 		return time.Since(s)
 	}
-	var f, p []time.Duration
+	var f, p, fa, fp []time.Duration
 	for i := range 20 { // warm-up, not measured
 		measure(holder, fenced, i)
 		measure(fx.Client, plain, i)
+		measure(fx.Client, floorAllow, i)
+		measure(fx.Client, floorPatch, i)
+	}
+	if _, ok := floorPatch.Annotations[floorOffered]; ok || floorPatch.Annotations[floorWritten] == "" {
+		t.Fatalf("the floor webhook did not patch its ConfigMap: annotations %v", floorPatch.Annotations)
 	}
 	before, apiBefore := mgr.sample(t), apiserverWebhookTime(t)
-	for i := range n { // interleaved, so both see the same machine
+	for i := range n { // interleaved, so all see the same machine
 		f = append(f, measure(holder, fenced, i))
 		p = append(p, measure(fx.Client, plain, i))
+		fa = append(fa, measure(fx.Client, floorAllow, i))
+		fp = append(fp, measure(fx.Client, floorPatch, i))
 	}
 	side, api := mgr.sample(t).since(before), apiserverWebhookTime(t).since(apiBefore)
-	fs, ps := sorted(f), sorted(p)
+	fs, ps, fas, fps := sorted(f), sorted(p), sorted(fa), sorted(fp)
 	fmt.Printf("\nEnd to end through the apiserver: %d sequential merge-patches each, interleaved, after 20 of warm-up\n", n)
-	fmt.Printf("%-10s %9s %9s\n", "ConfigMap", "p50", "p99")
-	fmt.Printf("%-10s %9s %9s\n", "unfenced", quantile(ps, 0.5).Round(time.Microsecond), quantile(ps, 0.99).Round(time.Microsecond))
-	fmt.Printf("%-10s %9s %9s\n", "fenced", quantile(fs, 0.5).Round(time.Microsecond), quantile(fs, 0.99).Round(time.Microsecond))
+	fmt.Printf("%-34s %9s %9s %16s\n", "ConfigMap", "p50", "p99", "median / unfenced")
+	for _, row := range []struct {
+		name string
+		lat  []time.Duration
+	}{{"unfenced", ps}, {"floor: no-op webhook, allow", fas}, {"floor: no-op webhook, fencer's patch", fps}, {"fenced", fs}} {
+		fmt.Printf("%-34s %9s %9s %16.2f\n", row.name, quantile(row.lat, 0.5).Round(time.Microsecond), quantile(row.lat, 0.99).Round(time.Microsecond),
+			float64(quantile(row.lat, 0.5))/float64(quantile(ps, 0.5)))
+	}
 	r50 := float64(quantile(fs, 0.5)) / float64(quantile(ps, 0.5))
 	r99 := float64(quantile(fs, 0.99)) / float64(quantile(ps, 0.99))
-	fmt.Printf("fenced/unfenced: median %.2f, p99 %.2f\n", r50, r99)
+	fmt.Printf("fenced/unfenced: median %.2f, p99 %.2f; fenced/floor (fencer's patch): median %.2f\n", r50, r99, float64(quantile(fs, 0.5))/float64(quantile(fps, 0.5)))
 	fmt.Printf("where a fenced write's time goes, means: the apiserver's webhook call %s (apiserver_admission_webhook_admission_duration_seconds, record.fencer.io), the handler %s, its live-token read %s; manager CPU %s per write\n",
 		api.Round(time.Microsecond), side.handler.Round(time.Microsecond), side.lookup.Round(time.Microsecond), time.Duration(float64(side.cpu)/n).Round(time.Microsecond))
 	record(t, "AdmissionEndToEnd/fenced-parts", api.Microseconds(), "apiserver-webhook-us", side.handler.Microseconds(), "handler-us", side.lookup.Microseconds(), "lookup-us")
 	record(t, "AdmissionEndToEnd/unfenced", quantile(ps, 0.5).Microseconds(), "p50-us", quantile(ps, 0.99).Microseconds(), "p99-us")
 	record(t, "AdmissionEndToEnd/fenced", quantile(fs, 0.5).Microseconds(), "p50-us", quantile(fs, 0.99).Microseconds(), "p99-us")
+	record(t, "AdmissionEndToEnd/floor-allow", quantile(fas, 0.5).Microseconds(), "p50-us", quantile(fas, 0.99).Microseconds(), "p99-us")
+	record(t, "AdmissionEndToEnd/floor-patch", quantile(fps, 0.5).Microseconds(), "p50-us", quantile(fps, 0.99).Microseconds(), "p99-us")
 	record(t, "AdmissionEndToEnd/ratio", fmt.Sprintf("%.3f", r50), "median-ratio", fmt.Sprintf("%.3f", r99), "p99-ratio")
+	record(t, "AdmissionEndToEnd/floor-ratio", fmt.Sprintf("%.3f", float64(quantile(fps, 0.5))/float64(quantile(ps, 0.5))), "median-ratio")
+}
+
+// The floor webhook's label and annotations (test/bench/floorwebhook).
+const (
+	floorLabel   = "bench.fencer.io/floor"
+	floorOffered = "bench.fencer.io/token"
+	floorWritten = "bench.fencer.io/written-token"
+)
+
+// floorWebhook runs test/bench/floorwebhook as its own process, with the
+// envtest serving certificate, registers it as a mutating webhook for
+// ConfigMaps labelled bench.fencer.io/floor (allow: /allow, patch: /patch),
+// and returns one such ConfigMap of each in ns.
+func floorWebhook(t *testing.T, ns string) (allow, patch *corev1.ConfigMap) {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "floorwebhook")
+	if out, err := exec.Command("go", "build", "-C", root, "-o", bin, "./test/bench/floorwebhook").CombinedOutput(); err != nil {
+		t.Fatalf("building the floor webhook: %v\n%s", err, out)
+	}
+	ports, err := devcluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wh := fx.Env.WebhookInstallOptions
+	addr := fmt.Sprintf("%s:%d", wh.LocalServingHost, ports[0])
+	cmd := exec.Command(bin, "-addr="+addr, "-cert-dir="+wh.LocalServingCertDir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	ctx := context.Background()
+	hook := func(path string) admissionregistrationv1.MutatingWebhook {
+		url := "https://" + addr + "/" + path
+		none := admissionregistrationv1.SideEffectClassNone
+		return admissionregistrationv1.MutatingWebhook{
+			Name:                    path + ".floor.bench.fencer.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: wh.LocalServingCAData},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{floorLabel: path}},
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+		}
+	}
+	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "floor.bench.fencer.io"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{hook("allow"), hook("patch")}}
+	if err := fx.Client.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fx.Client.Delete(ctx, cfg) })
+	cm := func(path string) *corev1.ConfigMap {
+		c := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "floor-" + path, Namespace: ns, Labels: map[string]string{floorLabel: path},
+			Annotations: map[string]string{"bench.fencer.io/floor": "true"}}}
+		if err := fx.Client.Create(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	allow, patch = cm("allow"), cm("patch")
+	// Until the apiserver reaches the webhook (it starts, and the
+	// configuration is loaded), a write fails closed.
+	waitAll(t, 60*time.Second, func() (int, error) {
+		if err := fx.Client.Patch(ctx, patch, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"0"}}}`, floorOffered))); err != nil {
+			return 0, nil
+		}
+		return 1, nil
+	}, 1)
+	return allow, patch
 }

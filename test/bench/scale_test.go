@@ -17,7 +17,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -98,29 +100,30 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		return f.Client.Status().Update(ctx, p)
 	})
 
-	mgr := startManager(t, f, bin, run.flags...)
+	ports, err := devcluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	mgr := startManager(t, f, bin, append([]string{"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"}, run.flags...)...)
+	mgr.metrics = "http://" + metricsAddr + "/metrics"
 	defer mgr.stop()
+	watching, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	held := countHeld(t, watching, fast, ns)
 	writes0 := apiserverWrites(t, f.Config)
+	procs0 := processCPU()
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
 		return f.Client.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
 			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
 	})
 	created := time.Since(start)
-	waitAll(t, 15*time.Minute, func() (int, error) {
-		var list fencerv1.LeaseList
-		if err := f.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return 0, err
-		}
-		held := 0
-		for _, l := range list.Items {
-			if l.Status.Token != 0 {
-				held++
-			}
-		}
-		return held, nil
-	}, n)
+	waitAll(t, 15*time.Minute, func() (int, error) { return held(), nil }, n)
 	allHeld := time.Since(start)
+	stopWatching()
+	burst := processCPU().minus(procs0)
+	fmt.Printf("%7s CPU during the burst, of %.0f core-s (2 cores): %s\n", "", 2*allHeld.Seconds(), burst)
 	// The manager's writes per grant: everything written during the burst
 	// but the test's own n Lease creations.
 	writes := apiserverWrites(t, f.Config).minus(writes0)
@@ -130,13 +133,19 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	if os.Getenv("SCALE_DEBUG") != "" {
 		var list fencerv1.LeaseList
 		_ = f.Client.List(ctx, &list, client.InNamespace(ns))
+		messages := map[string]int{}
 		for _, l := range list.Items {
 			t.Logf("%s created %s acquired %s", l.Name, l.CreationTimestamp.Format("15:04:05.000"), l.Status.AcquireTime.Format("15:04:05.000"))
+			if c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionHeld); c != nil {
+				messages[strings.Join(strings.Fields(c.Message)[:2], " ")]++
+			}
 		}
+		fmt.Printf("%7s Held condition messages: %v\n", "", messages)
 	}
 
 	time.Sleep(10 * time.Second) // past the grant burst
 	cpu0, _ := mgr.cpu()
+	steady0, reconciles0 := apiserverWrites(t, f.Config), mgr.reconciles(t)
 	req0, err := etcdRequests(f.Etcd.MetricsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +168,18 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		t.Fatal(err)
 	}
 	rss, hwm := mgr.rss()
+	if dir := os.Getenv("SCALE_DEBUG"); dir != "" {
+		// The manager's metrics and log, for a look at what it did.
+		if err := fetch(mgr.metrics, filepath.Join(dir, fmt.Sprintf("scale-%d-metrics.txt", n))); err != nil {
+			t.Error(err)
+		}
+		if raw, err := os.ReadFile(mgr.log); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("scale-%d-manager.log", n)), raw, 0o644)
+		}
+	}
+	steady := apiserverWrites(t, f.Config).minus(steady0)
+	fmt.Printf("%7s steady: %.1f Lease reconciles/s; apiserver writes/s: %.1f (%s in %s)\n", "", (mgr.reconciles(t)-reconciles0)/window.Seconds(),
+		steady.total()/window.Seconds(), steady, window)
 	cores := (cpu1 - cpu0).Seconds() / window.Seconds()
 	reqs := (req1 - req0) / window.Seconds()
 	limits := "default"
@@ -423,4 +444,140 @@ func etcdRequests(metricsURL string) (float64, error) {
 		}
 	}
 	return total, sc.Err()
+}
+
+// cpuByProcess is CPU time by process name: this test's own process
+// ("test") and its children (the apiserver, both etcds, the manager).
+type cpuByProcess map[string]time.Duration
+
+// processCPU reads it from /proc.
+func processCPU() cpuByProcess {
+	out := cpuByProcess{}
+	self := os.Getpid()
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		open, shut := strings.IndexByte(string(raw), '('), strings.LastIndexByte(string(raw), ')')
+		if open < 0 || shut < open {
+			continue
+		}
+		name := string(raw[open+1 : shut])
+		fields := strings.Fields(string(raw[shut+2:]))
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(raw[:open])))
+		ppid, _ := strconv.Atoi(fields[1])
+		switch {
+		case pid == self:
+			name = "test"
+		case ppid != self:
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		out[name] += time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100
+	}
+	return out
+}
+
+func (c cpuByProcess) minus(b cpuByProcess) cpuByProcess {
+	out := cpuByProcess{}
+	for k, v := range c {
+		out[k] = v - b[k]
+	}
+	return out
+}
+
+func (c cpuByProcess) String() string {
+	keys := make([]string, 0, len(c))
+	var total time.Duration
+	for k, v := range c {
+		keys = append(keys, k)
+		total += v
+	}
+	sort.Slice(keys, func(i, j int) bool { return c[keys[i]] > c[keys[j]] })
+	parts := make([]string, 0, len(keys)+1)
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.1f s", k, c[k].Seconds()))
+	}
+	return strings.Join(append(parts, fmt.Sprintf("total %.1f s", total.Seconds())), ", ")
+}
+
+// reconciles is the manager's count of Lease reconciles, whatever their
+// result (controller_runtime_reconcile_total).
+func (m *manager) reconciles(t *testing.T) float64 {
+	t.Helper()
+	body, err := get(m.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, s := range parseMetrics(t, body)["controller_runtime_reconcile_total"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			if l.GetName() == "controller" && l.GetValue() == "lease" {
+				n += s.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
+// countHeld follows the Leases of ns with one watch, as `kubectl get -w`
+// would, and returns a count of those holding a token. Polling a LIST of
+// every Lease instead, as this bench once did, cost the apiserver more CPU
+// than the grants it was timing.
+func countHeld(t *testing.T, ctx context.Context, cfg *rest.Config, ns string) func() int {
+	t.Helper()
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: fx.Env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	held := map[string]bool{}
+	note := func(l *fencerv1.Lease, gone bool) {
+		mu.Lock()
+		held[l.Name] = !gone && l.Status.Token != 0
+		mu.Unlock()
+	}
+	// A LIST for the resourceVersion, then a watch from it; again if the
+	// apiserver ends the watch.
+	follow := func() error {
+		var list fencerv1.LeaseList
+		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for i := range list.Items {
+			note(&list.Items[i], false)
+		}
+		w, err := c.Watch(ctx, &fencerv1.LeaseList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if l, ok := ev.Object.(*fencerv1.Lease); ok {
+				note(l, ev.Type == watch.Deleted)
+			}
+		}
+		return nil
+	}
+	go func() {
+		for ctx.Err() == nil {
+			if err := follow(); err != nil && ctx.Err() == nil {
+				time.Sleep(time.Second)
+			}
+		}
+	}()
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, h := range held {
+			if h {
+				n++
+			}
+		}
+		return n
+	}
 }
