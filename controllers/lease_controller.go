@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -45,33 +46,52 @@ const statusRefresh = 30 * time.Second
 const statusRefreshRate = 10
 
 // refreshInterval is when a held Lease's status is next refreshed. A Lease
-// with a refresh still ahead keeps it. Otherwise it gets a new slot: at
-// least max(ttl, statusRefresh) from now, and 1/statusRefreshRate after
-// the latest slot handed out. Slots are handed out in order, so refreshes
-// never come faster than statusRefreshRate, even after a burst of grants,
-// when every Lease granted at once would otherwise be due at once.
-func (r *LeaseReconciler) refreshInterval(key string, ttl time.Duration) time.Duration {
-	now := r.Clock.Now()
+// with a refresh still ahead keeps it. Otherwise it gets a new slot, at
+// least statusRefresh from now and 1/statusRefreshRate after the latest
+// slot handed out, or one TTL from now if that is later. Slots are handed
+// out in order, so refreshes never come faster than statusRefreshRate,
+// even after a burst of grants, when every Lease granted at once would
+// otherwise be due at once. A long TTL delays only its own Lease.
+func (r *LeaseReconciler) refreshInterval(key string, ttl time.Duration, now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if at, ok := r.refreshAt[key]; ok && at.After(now) {
 		return at.Sub(now)
 	}
-	at := now.Add(max(ttl, statusRefresh))
-	if next := r.lastRefresh.Add(time.Second / statusRefreshRate); at.Before(next) {
-		at = next
+	slot := now.Add(statusRefresh)
+	if next := r.lastRefresh.Add(time.Second / statusRefreshRate); slot.Before(next) {
+		slot = next
 	}
-	r.lastRefresh, r.refreshAt[key] = at, at
+	r.lastRefresh = slot
+	at := slot
+	if long := now.Add(ttl); at.Before(long) {
+		at = long
+	}
+	r.refreshAt[key] = at
 	return at.Sub(now)
 }
 
-// refreshDue reports whether key's status refresh is due: its slot has
-// come, or it has none (a grant adopted from another replica).
-func (r *LeaseReconciler) refreshDue(key string, now time.Time) bool {
+// refreshDue reports whether l's status refresh is due at now: its slot has
+// come, or it has none and the status shows no renewal of this grant. (A
+// grant adopted from another replica keeps the renewal that replica showed
+// until its own slot.)
+func (r *LeaseReconciler) refreshDue(key string, l *fencerv1.Lease, now time.Time) bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	at, ok := r.refreshAt[key]
-	return !ok || !now.Before(at)
+	r.mu.Unlock()
+	if ok {
+		return !now.Before(at)
+	}
+	return l.Status.RenewTime == nil || l.Status.AcquireTime == nil || l.Status.RenewTime.Before(l.Status.AcquireTime)
+}
+
+// forget drops what the reconciler keeps about a Lease that is gone.
+func (r *LeaseReconciler) forget(key string) {
+	r.mu.Lock()
+	delete(r.refreshAt, key)
+	delete(r.endAt, key)
+	delete(r.deletedAt, key)
+	r.mu.Unlock()
 }
 
 func (r *LeaseReconciler) forgetRefresh(key string) {
@@ -135,6 +155,9 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	lease := &fencerv1.Lease{}
 	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(etcdkeys.LeaseKey(r.Store.Prefix(), req.Namespace, req.Name))
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("lease", req.NamespacedName)
@@ -257,7 +280,9 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	// The grant's status is fresh: its first refresh gets a slot now, so
 	// the reconciles its own writes cause have nothing to write.
 	r.forgetRefresh(key)
-	out.result.RequeueAfter = r.refreshInterval(key, ttl)
+	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
+		out.result.RequeueAfter = r.refreshInterval(key, ttl, now)
+	}
 	return out, r.publish(ctx, lease, pods, grant)
 }
 
@@ -278,7 +303,8 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 		// The holder renews through the SDK; etcd expiry ends the tenure.
 		r.Renewer.Stop(key) // renewal may have just been switched from PodReady
 		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
-		out.result.RequeueAfter = r.refreshInterval(key, ttl)
+		// Nothing to refresh (no renewTime): a periodic look, taking no slot.
+		out.result.RequeueAfter = max(ttl, statusRefresh)
 		return false, nil
 	case keepRenewing:
 		r.clearEnd(key)
@@ -286,9 +312,9 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
 		}
 		last, _ := r.Renewer.LastRenew(key)
-		showRenewal(lease, last, ttl, r.refreshDue(key, now))
+		showRenewal(lease, last, ttl, r.refreshDue(key, lease, now))
 		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
-		out.result.RequeueAfter = r.refreshInterval(key, ttl)
+		out.result.RequeueAfter = r.refreshInterval(key, ttl, now)
 		return false, nil
 	}
 
@@ -619,6 +645,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if err := r.publish(ctx, lease, pods, nil); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.forget(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
 	controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer)
 	return ctrl.Result{}, r.Update(ctx, lease)
 }

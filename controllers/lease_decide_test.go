@@ -99,45 +99,74 @@ func TestWhyNotQualified(t *testing.T) {
 
 // Refreshes get slots of their own, 1/statusRefreshRate apart, at least
 // statusRefresh (or the TTL) ahead: a burst of grants is refreshed at the
-// capped rate, not all at once. A Lease keeps a slot still ahead.
+// capped rate, not all at once. A Lease keeps a slot still ahead, and a
+// long TTL delays only its own Lease.
 func TestRefreshSlots(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	r := &LeaseReconciler{Clock: clk, refreshAt: map[string]time.Time{}}
+	held := &fencerv1.Lease{}
 	gap := time.Second / statusRefreshRate
 	for i := range 1000 { // a burst: all at one instant
 		key := fmt.Sprintf("l%d", i)
-		if got, want := r.refreshInterval(key, 15*time.Second), statusRefresh+time.Duration(i)*gap; got != want {
+		if got, want := r.refreshInterval(key, 15*time.Second, clk.Now()), statusRefresh+time.Duration(i)*gap; got != want {
 			t.Fatalf("refresh %d of a burst in %s, want %s", i, got, want)
 		}
-		if r.refreshDue(key, clk.Now()) {
+		if r.refreshDue(key, held, clk.Now()) {
 			t.Fatalf("refresh %d due before its slot", i)
 		}
 	}
 	// Reconciled again before its slot, a Lease keeps it, and no slot is used.
 	clk.Step(10 * time.Second)
-	if got := r.refreshInterval("l0", 15*time.Second); got != statusRefresh-10*time.Second {
+	if got := r.refreshInterval("l0", 15*time.Second, clk.Now()); got != statusRefresh-10*time.Second {
 		t.Errorf("l0 reconciled again: refresh in %s, want its slot, %s", got, statusRefresh-10*time.Second)
 	}
 	// At its slot the refresh is due, and the next slot comes after the burst's.
 	clk.Step(statusRefresh)
-	if !r.refreshDue("l0", clk.Now()) {
+	if !r.refreshDue("l0", held, clk.Now()) {
 		t.Error("l0's refresh is not due at its slot")
 	}
-	if got, want := r.refreshInterval("l0", 15*time.Second), 1000*gap-10*time.Second; got != want {
+	if got, want := r.refreshInterval("l0", 15*time.Second, clk.Now()), 1000*gap-10*time.Second; got != want {
 		t.Errorf("l0's next refresh in %s, want after the burst's slots, %s", got, want)
 	}
-	// A Lease without a slot (adopted) is due; a TTL longer than
-	// statusRefresh sets the floor.
+
 	clk.Step(time.Hour)
-	if !r.refreshDue("adopted", clk.Now()) {
-		t.Error("a Lease without a slot is not due")
+	// A long TTL sets its own Lease's floor, not the next one's.
+	if got := r.refreshInterval("long", time.Hour, clk.Now()); got != time.Hour {
+		t.Errorf("TTL 1h: refresh in %s, want 1h", got)
 	}
-	if got := r.refreshInterval("long", 2*time.Minute); got != 2*time.Minute {
-		t.Errorf("long TTL: refresh in %s, want 2m", got)
+	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+gap {
+		t.Errorf("after a 1h-TTL Lease: refresh in %s, want %s", got, statusRefresh+gap)
 	}
-	r.forgetRefresh("long")
-	if got := r.refreshInterval("long", 2*time.Minute); got != 2*time.Minute+gap {
-		t.Errorf("a forgotten slot: refresh in %s, want the next slot, 2m%s", got, gap)
+	r.forgetRefresh("short")
+	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+2*gap {
+		t.Errorf("a forgotten slot: refresh in %s, want the next slot, %s", got, statusRefresh+2*gap)
+	}
+}
+
+// A Lease without a slot (this replica has not refreshed it) is due only
+// when its status shows no renewal of the current grant.
+func TestRefreshDueWithoutSlot(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &LeaseReconciler{refreshAt: map[string]time.Time{}}
+	for _, tc := range []struct {
+		name             string
+		acquire, renewed *time.Time
+		want             bool
+	}{
+		{"nothing shown", ptrTo(now), nil, true},
+		{"adopted from another replica, its renewal shown", ptrTo(now), ptrTo(now.Add(time.Minute)), false},
+		{"a renewal from before this grant (its first write failed)", ptrTo(now), ptrTo(now.Add(-time.Minute)), true},
+	} {
+		l := &fencerv1.Lease{}
+		if tc.acquire != nil {
+			l.Status.AcquireTime = microTime(*tc.acquire)
+		}
+		if tc.renewed != nil {
+			l.Status.RenewTime = microTime(*tc.renewed)
+		}
+		if got := r.refreshDue("k", l, now.Add(2*time.Minute)); got != tc.want {
+			t.Errorf("%s: due %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -153,9 +182,11 @@ func TestShowRenewal(t *testing.T) {
 		{"nothing shown yet", nil, false, t0.Add(time.Minute)},
 		{"a renewal before the refresh is due is not worth a write", ptrTo(t0), false, t0},
 		{"the periodic refresh shows the last renewal", ptrTo(t0), true, t0.Add(time.Minute)},
+		{"a renewal from before acquireTime is replaced", ptrTo(t0.Add(-time.Hour)), false, t0.Add(time.Minute)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := &fencerv1.Lease{}
+			l.Status.AcquireTime = microTime(t0.Add(-time.Minute))
 			if tc.shown != nil {
 				l.Status.RenewTime = microTime(*tc.shown)
 			}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -72,6 +74,9 @@ func TestScale(t *testing.T) {
 
 func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	n := run.leases
+	// Only the processes started for this run count in its CPU split, not
+	// the shared fixture's idle control plane.
+	before := processCPU(nil)
 	f, err := framework.StartFencer(false)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +117,8 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	defer stopWatching()
 	held := countHeld(t, watching, fast, ns)
 	writes0 := apiserverWrites(t, f.Config)
-	procs0 := processCPU()
+	procs0 := processCPU(before)
+	apiserverProfile := profileAPIServer(t, f.Config, fmt.Sprintf("scale-%d-apiserver-cpu.pprof", n))
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
 		return f.Client.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
@@ -122,8 +128,9 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	waitAll(t, 15*time.Minute, func() (int, error) { return held(), nil }, n)
 	allHeld := time.Since(start)
 	stopWatching()
-	burst := processCPU().minus(procs0)
-	fmt.Printf("%7s CPU during the burst, of %.0f core-s (2 cores): %s\n", "", 2*allHeld.Seconds(), burst)
+	<-apiserverProfile
+	burst := processCPU(before).minus(procs0)
+	fmt.Printf("%7s CPU during the burst, of %.0f core-s (%d cores): %s\n", "", float64(runtime.NumCPU())*allHeld.Seconds(), runtime.NumCPU(), burst)
 	// The manager's writes per grant: everything written during the burst
 	// but the test's own n Lease creations.
 	writes := apiserverWrites(t, f.Config).minus(writes0)
@@ -156,13 +163,16 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		if err := fetch(mgr.pprof+"/debug/pprof/profile?seconds=30", filepath.Join(dir, fmt.Sprintf("scale-%d-cpu.pprof", n))); err != nil {
 			t.Fatal(err)
 		}
-		if err := fetch(mgr.pprof+"/debug/pprof/heap", filepath.Join(dir, fmt.Sprintf("scale-%d-heap.pprof", n))); err != nil {
-			t.Fatal(err)
-		}
 	} else {
 		time.Sleep(window)
 	}
 	cpu1, _ := mgr.cpu()
+	steady, reconciles := apiserverWrites(t, f.Config).minus(steady0), mgr.reconciles(t)-reconciles0
+	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
+		if err := fetch(mgr.pprof+"/debug/pprof/heap", filepath.Join(dir, fmt.Sprintf("scale-%d-heap.pprof", n))); err != nil {
+			t.Fatal(err)
+		}
+	}
 	req1, err := etcdRequests(f.Etcd.MetricsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -177,8 +187,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("scale-%d-manager.log", n)), raw, 0o644)
 		}
 	}
-	steady := apiserverWrites(t, f.Config).minus(steady0)
-	fmt.Printf("%7s steady: %.1f Lease reconciles/s; apiserver writes/s: %.1f (%s in %s)\n", "", (mgr.reconciles(t)-reconciles0)/window.Seconds(),
+	fmt.Printf("%7s steady: %.1f Lease reconciles/s; apiserver writes/s: %.1f (%s in %s)\n", "", reconciles/window.Seconds(),
 		steady.total()/window.Seconds(), steady, window)
 	cores := (cpu1 - cpu0).Seconds() / window.Seconds()
 	reqs := (req1 - req0) / window.Seconds()
@@ -446,12 +455,12 @@ func etcdRequests(metricsURL string) (float64, error) {
 	return total, sc.Err()
 }
 
-// cpuByProcess is CPU time by process name: this test's own process
-// ("test") and its children (the apiserver, both etcds, the manager).
+// cpuByProcess is CPU time by process: this test's own process ("test")
+// and its children (the apiserver, both etcds, the manager), by name and pid.
 type cpuByProcess map[string]time.Duration
 
-// processCPU reads it from /proc.
-func processCPU() cpuByProcess {
+// processCPU reads it from /proc, leaving out the children in skip.
+func processCPU(skip cpuByProcess) cpuByProcess {
 	out := cpuByProcess{}
 	self := os.Getpid()
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
@@ -472,6 +481,11 @@ func processCPU() cpuByProcess {
 		case pid == self:
 			name = "test"
 		case ppid != self:
+			continue
+		default:
+			name = fmt.Sprintf("%s[%d]", name, pid)
+		}
+		if _, ok := skip[name]; ok && name != "test" {
 			continue
 		}
 		utime, _ := strconv.ParseInt(fields[11], 10, 64)
@@ -580,4 +594,31 @@ func countHeld(t *testing.T, ctx context.Context, cfg *rest.Config, ns string) f
 		}
 		return n
 	}
+}
+
+// profileAPIServer saves a 30 s CPU profile of the apiserver to
+// $SCALE_PROFILE_DIR/name, when that is set, from the apiserver's own
+// /debug/pprof (on by default); the channel closes when it is done.
+func profileAPIServer(t *testing.T, cfg *rest.Config, name string) <-chan struct{} {
+	done := make(chan struct{})
+	dir := os.Getenv("SCALE_PROFILE_DIR")
+	if dir == "" {
+		close(done)
+		return done
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		raw, err := cs.Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "30").DoRaw(context.Background())
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name), raw, 0o644)
+		}
+		if err != nil {
+			t.Errorf("profiling the apiserver: %v", err)
+		}
+	}()
+	return done
 }

@@ -11,10 +11,12 @@ package main
 import (
 	"encoding/json"
 	"flag"
+	"fmt"
 	"log"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,9 +31,14 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to serve TLS on")
 	certDir := flag.String("cert-dir", "", "directory with tls.crt and tls.key")
 	flag.Parse()
+	var allowed, patched atomic.Int64
 	mux := http.NewServeMux()
-	mux.HandleFunc("/allow", func(w http.ResponseWriter, r *http.Request) { serve(w, r, false) })
-	mux.HandleFunc("/patch", func(w http.ResponseWriter, r *http.Request) { serve(w, r, true) })
+	mux.HandleFunc("/allow", func(w http.ResponseWriter, r *http.Request) { allowed.Add(1); serve(w, r, false) })
+	mux.HandleFunc("/patch", func(w http.ResponseWriter, r *http.Request) { patched.Add(1); serve(w, r, true) })
+	// How many reviews each path served: the bench checks it was called.
+	mux.HandleFunc("/calls", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "%d %d\n", allowed.Load(), patched.Load())
+	})
 	log.Fatal(http.ListenAndServeTLS(*addr, filepath.Join(*certDir, "tls.crt"), filepath.Join(*certDir, "tls.key"), mux))
 }
 
