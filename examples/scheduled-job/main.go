@@ -88,28 +88,13 @@ func withTTLLock(ctx context.Context, night string) error {
 			story.Say(me, "tonight's report exists: nothing to do")
 		} else {
 			report(me)
-			// The demo may have frozen and woken this process: bounded
-			// calls (story.Env.Bounded), each safe to repeat.
-			if err := env.Bounded(ctx, func(ctx context.Context, etcd *clientv3.Client) error {
-				_, err := etcd.Put(ctx, reports+me, time.Now().Format(time.RFC3339Nano))
-				return err
-			}); err != nil {
+			if _, err := etcd.Put(ctx, reports+me, time.Now().Format(time.RFC3339Nano)); err != nil {
 				return err
 			}
 			story.Say(me, "report written")
 		}
-		var owner *clientv3.GetResponse
-		if err := env.Bounded(ctx, func(ctx context.Context, etcd *clientv3.Client) error {
-			var err error
-			owner, err = etcd.Get(ctx, lock)
-			return err
-		}); err != nil {
-			return err
-		}
-		if err := env.Bounded(ctx, func(ctx context.Context, etcd *clientv3.Client) error {
-			_, err := etcd.Delete(ctx, lock)
-			return err
-		}); err != nil {
+		owner, _ := etcd.Get(ctx, lock)
+		if _, err := etcd.Delete(ctx, lock); err != nil {
 			return err
 		}
 		if len(owner.Kvs) > 0 && string(owner.Kvs[0].Value) != me {
@@ -140,12 +125,8 @@ func withLease(ctx context.Context, night string) error {
 		story.Say(me, "tonight's report exists: nothing to do")
 	} else {
 		report(me)
-		// A fenced write is safe to repeat: it passes only under the live token.
-		err := env.Bounded(ctx, func(ctx context.Context, etcd *clientv3.Client) error {
-			_, err := fence.NewTxn(etcd, prefix, story.Namespace, tok).
-				Then(clientv3.OpPut(reports+me, strconv.FormatInt(tok.Value, 10))).Commit(ctx)
-			return err
-		})
+		_, err := fence.NewTxn(etcd, prefix, story.Namespace, tok).
+			Then(clientv3.OpPut(reports+me, strconv.FormatInt(tok.Value, 10))).Commit(ctx)
 		var fenced *fence.FencedError
 		switch {
 		case errors.As(err, &fenced):
@@ -157,7 +138,7 @@ func withLease(ctx context.Context, night string) error {
 		}
 	}
 	// Done early: give the lease back, only if it is still ours.
-	if err := fence.Release(ctx, env.Etcd, prefix, story.Namespace, tok); err != nil {
+	if err := fence.Release(ctx, etcd, prefix, story.Namespace, tok); err != nil {
 		story.Say(me, "release REFUSED: %v", err)
 	} else {
 		story.Say(me, "released the lease (token %d)", tok.Value)

@@ -79,34 +79,6 @@ type Env struct {
 	Prefix string
 }
 
-// callTimeout bounds one etcd call made by Bounded.
-const callTimeout = 3 * time.Second
-
-// Bounded runs one etcd call, op, with a deadline. A process the demo froze
-// (SIGSTOP) and woke can find its etcd connection wedged: a call then waits
-// for an answer that never comes (seen on the real node, where the call
-// sat in gRPC's waitOnHeader). So a call that times out is tried again, up
-// to twice, on a new connection. Use it only for calls that are safe to
-// repeat.
-func (e *Env) Bounded(ctx context.Context, op func(ctx context.Context, etcd *clientv3.Client) error) error {
-	var err error
-	for try := 0; try < 3; try++ {
-		callCtx, cancel := context.WithTimeout(ctx, callTimeout)
-		err = op(callCtx, e.Etcd)
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
-			return err
-		}
-		fresh, _, cerr := Etcd(ctx, e.K8s)
-		if cerr != nil {
-			return errors.Join(err, cerr)
-		}
-		_ = e.Etcd.Close()
-		e.Etcd = fresh
-	}
-	return err
-}
-
 // Connect connects to both.
 func Connect(ctx context.Context) (*Env, error) {
 	k, err := Kube()
