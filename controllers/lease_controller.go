@@ -71,18 +71,15 @@ func (r *LeaseReconciler) refreshInterval(key string, ttl time.Duration, now tim
 	return at.Sub(now)
 }
 
-// refreshDue reports whether l's status refresh is due at now: its slot has
-// come, or it has none and the status shows no renewal of this grant. (A
-// grant adopted from another replica keeps the renewal that replica showed
-// until its own slot.)
-func (r *LeaseReconciler) refreshDue(key string, l *fencerv1.Lease, now time.Time) bool {
+// refreshDue reports whether key's status refresh slot has come. A Lease
+// without a slot (a grant adopted from another replica) keeps the renewal
+// shown until it gets one; showRenewal replaces one that is not of this
+// grant.
+func (r *LeaseReconciler) refreshDue(key string, now time.Time) bool {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	at, ok := r.refreshAt[key]
-	r.mu.Unlock()
-	if ok {
-		return !now.Before(at)
-	}
-	return l.Status.RenewTime == nil || l.Status.AcquireTime == nil || l.Status.RenewTime.Before(l.Status.AcquireTime)
+	return ok && !now.Before(at)
 }
 
 // forget drops what the reconciler keeps about a Lease that is gone.
@@ -312,7 +309,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
 		}
 		last, _ := r.Renewer.LastRenew(key)
-		showRenewal(lease, last, ttl, r.refreshDue(key, lease, now))
+		showRenewal(lease, last, ttl, r.refreshDue(key, now))
 		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
 		out.result.RequeueAfter = r.refreshInterval(key, ttl, now)
 		return false, nil

@@ -104,14 +104,13 @@ func TestWhyNotQualified(t *testing.T) {
 func TestRefreshSlots(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	r := &LeaseReconciler{Clock: clk, refreshAt: map[string]time.Time{}}
-	held := &fencerv1.Lease{}
 	gap := time.Second / statusRefreshRate
 	for i := range 1000 { // a burst: all at one instant
 		key := fmt.Sprintf("l%d", i)
 		if got, want := r.refreshInterval(key, 15*time.Second, clk.Now()), statusRefresh+time.Duration(i)*gap; got != want {
 			t.Fatalf("refresh %d of a burst in %s, want %s", i, got, want)
 		}
-		if r.refreshDue(key, held, clk.Now()) {
+		if r.refreshDue(key, clk.Now()) {
 			t.Fatalf("refresh %d due before its slot", i)
 		}
 	}
@@ -122,7 +121,7 @@ func TestRefreshSlots(t *testing.T) {
 	}
 	// At its slot the refresh is due, and the next slot comes after the burst's.
 	clk.Step(statusRefresh)
-	if !r.refreshDue("l0", held, clk.Now()) {
+	if !r.refreshDue("l0", clk.Now()) {
 		t.Error("l0's refresh is not due at its slot")
 	}
 	if got, want := r.refreshInterval("l0", 15*time.Second, clk.Now()), 1000*gap-10*time.Second; got != want {
@@ -143,15 +142,16 @@ func TestRefreshSlots(t *testing.T) {
 	}
 }
 
-// A Lease without a slot (this replica has not refreshed it) is due only
-// when its status shows no renewal of the current grant.
+// A Lease without a slot (this replica has not refreshed it) shows the
+// last renewal only when its status shows no renewal of the current grant.
 func TestRefreshDueWithoutSlot(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	last := now.Add(90 * time.Second)
 	r := &LeaseReconciler{refreshAt: map[string]time.Time{}}
 	for _, tc := range []struct {
 		name             string
 		acquire, renewed *time.Time
-		want             bool
+		want             bool // the last renewal is shown
 	}{
 		{"nothing shown", ptrTo(now), nil, true},
 		{"adopted from another replica, its renewal shown", ptrTo(now), ptrTo(now.Add(time.Minute)), false},
@@ -164,8 +164,12 @@ func TestRefreshDueWithoutSlot(t *testing.T) {
 		if tc.renewed != nil {
 			l.Status.RenewTime = microTime(*tc.renewed)
 		}
-		if got := r.refreshDue("k", l, now.Add(2*time.Minute)); got != tc.want {
-			t.Errorf("%s: due %v, want %v", tc.name, got, tc.want)
+		if r.refreshDue("k", now.Add(2*time.Minute)) {
+			t.Fatalf("%s: a Lease without a slot is due", tc.name)
+		}
+		showRenewal(l, last, 15*time.Second, r.refreshDue("k", now.Add(2*time.Minute)))
+		if got := l.Status.RenewTime.Time.Equal(last); got != tc.want {
+			t.Errorf("%s: last renewal shown %v, want %v (renewTime %s)", tc.name, got, tc.want, l.Status.RenewTime.Time)
 		}
 	}
 }

@@ -96,10 +96,11 @@ func heldMessage(l *fencerv1.Lease, g *etcdstore.Grant) string {
 
 // showRenewal shows the controller's last renewal (last) in renewTime and
 // expireTime when the Lease's periodic refresh is due (refreshInterval), or
-// when what is shown is no renewal of this grant (none yet, or one from
-// before acquireTime: a new grant whose first status write failed). Renewals happen every TTL/3; showing each
-// would cost a status write per Lease per reconcile, and every grant is
-// followed by reconciles its own writes cause.
+// when what is shown is no renewal of this grant: none yet, or one from
+// before acquireTime (a new grant whose first status write failed).
+// Renewals happen every TTL/3; showing each would cost a status write per
+// Lease per reconcile, and every grant is followed by reconciles its own
+// writes cause.
 func showRenewal(l *fencerv1.Lease, last time.Time, ttl time.Duration, due bool) {
 	if due || l.Status.RenewTime == nil || (l.Status.AcquireTime != nil && l.Status.RenewTime.Before(l.Status.AcquireTime)) {
 		l.Status.RenewTime = microTime(last)

@@ -1,17 +1,14 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/manifest"
 )
 
 // LeaseFinalizerPolicy is the chart's MutatingAdmissionPolicy that sets
@@ -26,25 +23,14 @@ func CreateFromFile(ctx context.Context, c client.Client, path string) ([]*unstr
 	if err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(filepath.Join(root, path))
+	objs, err := manifest.Read(filepath.Join(root, path))
 	if err != nil {
 		return nil, err
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			return out, nil
-		} else if err != nil {
-			return out, fmt.Errorf("%s: %w", path, err)
-		}
-		if len(obj.Object) == 0 {
-			continue
-		}
+	for i, obj := range objs {
 		if err := c.Create(ctx, obj); err != nil {
-			return out, fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), path, err)
+			return objs[:i], fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), path, err)
 		}
-		out = append(out, obj)
 	}
+	return objs, nil
 }

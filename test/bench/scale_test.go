@@ -398,15 +398,39 @@ func (m *manager) stop() {
 
 // cpu is the process's user+system CPU time, from /proc/<pid>/stat.
 func (m *manager) cpu() (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	st, err := readStat(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	return st.cpu, err
+}
+
+// procStat is what the bench reads of /proc/<pid>/stat.
+type procStat struct {
+	pid, ppid int
+	name      string
+	cpu       time.Duration // user + system
+}
+
+// readStat parses a /proc/<pid>/stat file.
+func readStat(path string) (procStat, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return 0, err
+		return procStat{}, err
 	}
-	// Fields after the command name, which is in parentheses.
-	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	// The command name is in parentheses and may hold spaces.
+	open, shut := strings.IndexByte(string(raw), '('), strings.LastIndexByte(string(raw), ')')
+	if open < 0 || shut < open {
+		return procStat{}, fmt.Errorf("%s: no command name", path)
+	}
+	fields := strings.Fields(string(raw[shut+2:]))
+	if len(fields) < 13 {
+		return procStat{}, fmt.Errorf("%s: %d fields", path, len(fields))
+	}
+	st := procStat{name: string(raw[open+1 : shut])}
+	st.pid, _ = strconv.Atoi(strings.TrimSpace(string(raw[:open])))
+	st.ppid, _ = strconv.Atoi(fields[1])
 	utime, _ := strconv.ParseInt(fields[11], 10, 64)
 	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+	st.cpu = time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return st, nil
 }
 
 // rss returns the resident and peak resident set sizes, in bytes.
@@ -470,32 +494,23 @@ func processCPU(skip cpuByProcess) cpuByProcess {
 	self := os.Getpid()
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, path := range stats {
-		raw, err := os.ReadFile(path)
+		st, err := readStat(path)
 		if err != nil {
 			continue
 		}
-		open, shut := strings.IndexByte(string(raw), '('), strings.LastIndexByte(string(raw), ')')
-		if open < 0 || shut < open {
-			continue
-		}
-		name := string(raw[open+1 : shut])
-		fields := strings.Fields(string(raw[shut+2:]))
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(raw[:open])))
-		ppid, _ := strconv.Atoi(fields[1])
+		name := st.name
 		switch {
-		case pid == self:
+		case st.pid == self:
 			name = "test"
-		case ppid != self:
+		case st.ppid != self:
 			continue
 		default:
-			name = fmt.Sprintf("%s[%d]", name, pid)
+			name = fmt.Sprintf("%s[%d]", name, st.pid)
 		}
 		if _, ok := skip[name]; ok && name != "test" {
 			continue
 		}
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		out[name] += time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100
+		out[name] += st.cpu
 	}
 	return out
 }

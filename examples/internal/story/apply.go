@@ -1,38 +1,25 @@
 package story
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/manifest"
 )
 
 // apply server-side applies every object of a manifest file, as
 // `kubectl apply --server-side -f file` would.
 func apply(ctx context.Context, k client.Client, file string) error {
-	raw, err := os.ReadFile(file)
+	objs, err := manifest.Read(file)
 	if err != nil {
 		return err
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("%s: %w", file, err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
+	for _, u := range objs {
 		if u.GetNamespace() == "" && u.GetKind() != "Namespace" {
 			u.SetNamespace(Namespace)
 		}
@@ -43,10 +30,11 @@ func apply(ctx context.Context, k client.Client, file string) error {
 			podLabels[u.GetName()] = u.GetLabels()
 			continue
 		}
-		if err := k.Apply(ctx, client.ApplyConfigurationFromUnstructured(&u), client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
+		if err := k.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("fencer-story"), client.ForceOwnership); err != nil {
 			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
 		}
 	}
+	return nil
 }
 
 // waitReady waits until the pods are Ready: on kwok nodes they are
