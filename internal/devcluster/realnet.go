@@ -27,11 +27,11 @@ const (
 
 // bridge creates the pods' bridge with the node's address on it. The
 // kubelet refuses a loopback node IP; the apiserver advertises this
-// address, and CoreDNS listens on it.
+// address, and CoreDNS listens on it. Its MAC is fixed (realBridgeMAC).
 func (n *realNode) bridge(ctx context.Context) error {
 	_ = run(ctx, "ip", "link", "del", realBridge) // left by a run that was killed
 	for _, args := range [][]string{
-		{"link", "add", realBridge, "type", "bridge"},
+		{"link", "add", realBridge, "address", realBridgeMAC, "type", "bridge"},
 		{"addr", "add", realBridgeIP + "/24", "dev", realBridge},
 		{"link", "set", realBridge, "up"},
 	} {

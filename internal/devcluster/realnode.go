@@ -19,9 +19,16 @@ import (
 // The real node's network: a bridge this package creates, with no route
 // out and no masquerade, so pod traffic never leaves the machine.
 const (
-	RealNodeName   = "real-node"
-	realBridge     = "fencer0"
-	realBridgeIP   = "10.88.0.1"
+	RealNodeName = "real-node"
+	realBridge   = "fencer0"
+	realBridgeIP = "10.88.0.1"
+	// realBridgeMAC is set on the bridge when it is created. A bridge with
+	// no address of its own takes the lowest of its ports', so a pod
+	// starting or stopping could change it under the other pods, whose ARP
+	// entries for the gateway then point at a MAC nobody answers: their
+	// packets to the node are dropped for seconds, until the entries
+	// expire. This is a locally administered address.
+	realBridgeMAC  = "02:66:65:6e:63:72"
 	realPodSubnet  = "10.88.0.0/24"
 	realPauseImage = "registry.k8s.io/pause:3.10"
 )

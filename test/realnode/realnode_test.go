@@ -151,8 +151,14 @@ func realNodeRun(t *testing.T, run int) {
 	// The file the container reads at /etc/podinfo/annotations.
 	file := filepath.Join(c.RealNodeDir(), "kubelet", "pods", string(created.UID), "volumes", "kubernetes.io~downward-api", "podinfo", "annotations")
 	if run == 1 {
+		bridge := bridgeAddress(t)
 		measureDownwardAPI(t, c, file)
 		storiesAsPods(t, c, root)
+		// Dozens of pods came and went: the gateway's MAC, in every pod's
+		// ARP cache, must not have moved with them.
+		if after := bridgeAddress(t); after != bridge {
+			t.Errorf("the bridge's MAC changed while pods came and went: %s, then %s", bridge, after)
+		}
 		return
 	}
 	chartOnRealNode(t, c, root)
@@ -178,6 +184,24 @@ func measureDownwardAPI(t *testing.T, c *devcluster.Cluster, file string) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	t.Logf("Downward API refresh after a pod annotation changes, 20 changes: min %s, median %s, p90 %s, max %s",
 		lat[0].Round(time.Millisecond), lat[10].Round(time.Millisecond), lat[17].Round(time.Millisecond), lat[19].Round(time.Millisecond))
+}
+
+// bridgeAddress is the pods' bridge's MAC, which must have been set
+// (addr_assign_type 3), not taken from a port: a bridge with a random
+// address moves to its lowest port's MAC as pods start and stop.
+func bridgeAddress(t *testing.T) string {
+	t.Helper()
+	read := func(name string) string {
+		raw, err := os.ReadFile(filepath.Join("/sys/class/net/fencer0", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(raw))
+	}
+	if kind := read("addr_assign_type"); kind != "3" {
+		t.Errorf("the bridge's MAC was not set when it was created (addr_assign_type %s, want 3): it follows its ports", kind)
+	}
+	return read("address")
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, done func() (bool, error)) {

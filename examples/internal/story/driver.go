@@ -102,8 +102,10 @@ func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.
 // behind, the line is there and the wait succeeds, saying so. Otherwise the
 // error carries the state of the pod's processes (a silent process or a
 // stopped one) and its whole log, with its goroutines' stacks: a resumed
-// process that stays silent (seen in about one real-node run in four) is
-// stuck somewhere.
+// process that stays silent is stuck somewhere. (The one such hang seen,
+// pods whose packets to the node were dropped for seconds, was the real
+// node's bridge changing its MAC as pods came and went; see
+// internal/devcluster.)
 func (a *Actor) notPrinted(ctx context.Context, s string, n int, timeout time.Duration) error {
 	err := fmt.Errorf("%s did not print %q %d times within %s", a.Pod, s, n, timeout)
 	if a.cmd != nil {
