@@ -60,6 +60,9 @@ func issue(ctx context.Context, mode, out string) error {
 	if err != nil {
 		return err
 	}
+	if err := waitForStart(ctx, out); err != nil {
+		return err
+	}
 	w := bufio.NewWriter(f)
 	n := 0
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); n++ {
@@ -76,6 +79,26 @@ func issue(ctx context.Context, mode, out string) error {
 	}
 	story.Say(story.Pod(), "issued %d order IDs and %d event IDs", n, n)
 	return w.Flush()
+}
+
+// startFile is the gate beside the replicas' output files: the driver
+// creates it once every replica is ready, so that they issue IDs at the same
+// time however long each pod took to start.
+func startFile(out string) string { return filepath.Join(filepath.Dir(out), "start") }
+
+// waitForStart says this replica is ready and waits for the gate. A
+// replica restarted later finds it open.
+func waitForStart(ctx context.Context, out string) error {
+	story.Say(story.Pod(), "ready to issue IDs")
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(startFile(out)); err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("no %s after 60 s: the demo starts the replicas together", startFile(out))
 }
 
 type next func(context.Context) (int64, error)
@@ -196,6 +219,16 @@ func play(ctx context.Context, mode, verdict string) error {
 	}
 	b, err := story.Start("issue", "ids-1", mode, out("ids-1"))
 	if err != nil {
+		return err
+	}
+	// Both issue at once: the overlap is what the story is about, and a
+	// replica whose pod started late would otherwise run alone.
+	for _, x := range []*story.Actor{a, b} {
+		if err := x.WaitForCount(ctx, "ready to issue IDs", 1, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(startFile(out("ids-0")), nil, 0o644); err != nil {
 		return err
 	}
 	for _, x := range []*story.Actor{a, b} {
