@@ -38,15 +38,30 @@ func main() {
 	})
 }
 
-// now is this process's clock: CLOCK_OFFSET steps it, as an NTP correction
-// after a restart would.
-func now() time.Time {
-	d, _ := time.ParseDuration(os.Getenv("CLOCK_OFFSET"))
-	return time.Now().Add(d)
+// clockOffset steps this process's clock, as an NTP correction after a
+// restart would. issue sets it from CLOCK_OFFSET.
+var clockOffset time.Duration
+
+func now() time.Time { return time.Now().Add(clockOffset) }
+
+func parseClockOffset() (time.Duration, error) {
+	v := os.Getenv("CLOCK_OFFSET")
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("CLOCK_OFFSET=%q: want a Go duration such as -500ms: %w", v, err)
+	}
+	return d, nil
 }
 
 // issue hands out order and event IDs for 1.5 s, appending each to out.
 func issue(ctx context.Context, mode, out string) error {
+	var err error
+	if clockOffset, err = parseClockOffset(); err != nil {
+		return err
+	}
 	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
