@@ -167,36 +167,6 @@ func (c *Cluster) makePKI() (*pki, error) {
 	return p, p.serviceAccountKeys()
 }
 
-// freePort asks the kernel for an unused loopback port.
-func freePort() (int, error) {
-	ports, err := FreePorts(1)
-	if err != nil {
-		return 0, err
-	}
-	return ports[0], nil
-}
-
-// FreePorts returns n distinct free ports on 127.0.0.1. Every listener is
-// held until all n are chosen, so the ports differ from one another.
-func FreePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 func (c *Cluster) run(name string, args ...string) (*proc, error) {
 	p, err := startProc(c.opts.Dir, name, c.bin(name), args...)
 	if err != nil {
