@@ -169,6 +169,15 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	before := lease.Status.DeepCopy()
 	out, err := r.reconcileGrant(ctx, lease)
+	var pe podsError
+	if errors.As(err, &pe) {
+		// etcd has moved on (a grant, an end) though a pod could not be
+		// patched: the status says so now, and the pods are retried.
+		if _, ferr := finish(ctx, r.Client, r.Recorder, lease, before, &lease.Status, out); ferr != nil {
+			return ctrl.Result{}, errors.Join(err, ferr)
+		}
+		return ctrl.Result{}, err
+	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -291,6 +300,9 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	ttl := time.Duration(g.TTL) * time.Second
 	pod := findPod(pods, g.Holder, g.HolderUID)
+	if recordMissedGrant(lease, g) {
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+	}
 	showGrant(lease, g)
 
 	switch decideTenure(lease, pod) {

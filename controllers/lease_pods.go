@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,8 +28,22 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 			}
 		}
 		if err := annotatePod(ctx, r.Client, pod, want, tokenKey, idKey); err != nil {
-			return err
+			return podsError{pod: pod.Name, err: err}
 		}
 	}
 	return nil
 }
+
+// podsError is a pod patch that failed after etcd had changed: Reconcile
+// still writes the status, so a grant is recorded (holder, token, history)
+// while its pods cannot be annotated, and then retries the pods.
+type podsError struct {
+	pod string
+	err error
+}
+
+func (e podsError) Error() string {
+	return fmt.Sprintf("annotating pod %s: %v", e.pod, e.err)
+}
+
+func (e podsError) Unwrap() error { return e.err }

@@ -75,6 +75,26 @@ func closeTenure(l *fencerv1.Lease, at time.Time, why fencerv1.TenureEndReason) 
 	}
 }
 
+// recordMissedGrant puts a live grant that the history does not have at its
+// head: its status was never written (the manager crashed after the grant,
+// or lost its term). The open tenure before it ended by the time this
+// grant began, for a reason no longer known, so its endReason stays unset.
+// It reports whether the history changed.
+func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant) bool {
+	if t := lastTenure(l); t != nil && t.Token == g.Token {
+		return false
+	}
+	start := microTime(g.GrantTime)
+	if t := openTenure(l); t != nil {
+		t.End = start
+	}
+	if prev := lastTenure(l); prev != nil && (prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID)) {
+		l.Status.Transitions++
+	}
+	pushTenure(l, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *start})
+	return true
+}
+
 // pushTenure prepends t, keeping at most MaxLeaseHistory entries.
 func pushTenure(l *fencerv1.Lease, t fencerv1.Tenure) {
 	l.Status.History = append([]fencerv1.Tenure{t}, l.Status.History...)

@@ -99,7 +99,8 @@ type Tenure struct {
 	// end is when the tenure ended; unset while it lasts.
 	// +optional
 	End *metav1.MicroTime `json:"end,omitempty"`
-	// endReason says why the tenure ended.
+	// endReason says why the tenure ended. It is unset on an ended tenure
+	// when the manager that ended it stopped before writing the status.
 	// +optional
 	EndReason TenureEndReason `json:"endReason,omitempty"`
 }

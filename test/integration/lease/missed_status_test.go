@@ -1,0 +1,164 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// TestGrantIsRecordedWhilePodPatchesFail: a grant whose holder annotation
+// cannot be written (another admission policy refuses pod updates, an
+// apiserver error) is still recorded in the status, history included, and
+// the annotation follows once pods can be patched. Before, the status kept
+// saying nothing was held for as long as the patches failed.
+func TestGrantIsRecordedWhilePodPatchesFail(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	unblock := refusePodUpdates(t, ns)
+	create(t, newLease(ns, "job", "w", 15))
+
+	st := heldBy(t, ns, "job")
+	if tok := etcdToken(t, ns, "job"); st.Holder != "w-0" || st.Token != tok {
+		t.Fatalf("status holder %s token %d; etcd holds token %d for w-0", st.Holder, st.Token, tok)
+	}
+	if len(st.History) != 1 || st.History[0].Token != st.Token {
+		t.Fatalf("history %+v, want w-0's tenure with token %d", st.History, st.Token)
+	}
+	if got := annotation(t, ns, "w-0", "job"); got != "" {
+		t.Fatalf("w-0 carries %q though pod updates are refused", got)
+	}
+	unblock()
+	eventually(t, 60*time.Second, "the holder annotation once pods can be patched", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != itoa(st.Token) {
+			return fmt.Errorf("w-0 annotation %q, want %d", got, st.Token)
+		}
+		return nil
+	})
+}
+
+// TestGrantOfACrashedManagerIsRecorded: a manager that granted the Lease to
+// a new holder and stopped before writing the status left the status on the
+// old tenure. The next manager records the grant: the old tenure ends where
+// the new one starts, and the highest token in the status is the new one.
+func TestGrantOfACrashedManagerIsRecorded(t *testing.T) {
+	ctx := context.Background()
+	stop := startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	w1 := readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 15))
+	first := heldBy(t, ns, "job")
+	stop()
+
+	// What the crashed manager did in etcd: ended w-0's grant and granted
+	// the Lease to w-1, the key and its marker in one transaction.
+	if _, err := fx.EtcdCli.Revoke(ctx, clientv3.LeaseID(first.LeaseID)); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := fx.EtcdCli.Grant(ctx, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now().UTC()
+	value, _ := json.Marshal(etcdstore.GrantValue{Holder: w1.Name, HolderUID: string(w1.UID), LeaseID: int64(lease.ID), GrantTime: granted, TTL: 15})
+	put, err := fx.EtcdCli.Txn(ctx).Then(
+		clientv3.OpPut(etcdkeys.LeaseKey(prefix, ns, "job"), string(value), clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(etcdkeys.GrantMarkerKey(prefix, ns, "job"), "")).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := put.Header.Revision
+
+	startController(t, "c2")
+	st := heldBy(t, ns, "job", first.Holder)
+	if st.Holder != "w-1" || st.Token != token {
+		t.Fatalf("status holder %s token %d, want w-1 with the crashed manager's token %d", st.Holder, st.Token, token)
+	}
+	h := st.History
+	if len(h) != 2 || h[0].Token != token || h[0].Holder != "w-1" || h[0].End != nil {
+		t.Fatalf("history %+v: want w-1's open tenure with token %d first", h, token)
+	}
+	if h[1].Token != first.Token || h[1].End == nil || h[1].End.After(h[0].Start.Time) {
+		t.Fatalf("w-0's tenure %+v: want it ended by w-1's start %s", h[1], h[0].Start.Time)
+	}
+	if st.Transitions != 1 {
+		t.Fatalf("transitions %d, want 1", st.Transitions)
+	}
+	if got := st.HighestToken(); got != token {
+		t.Fatalf("highest token in the status %d, want %d", got, token)
+	}
+}
+
+// refusePodUpdates makes the apiserver refuse every pod update in ns, as a
+// ValidatingAdmissionPolicy of the cluster's own might; the returned func
+// lifts it. It returns once a test update is refused.
+func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
+	t.Helper()
+	ctx := context.Background()
+	name := "refuse-pod-updates-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+					},
+				}},
+			},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "pod updates refused by the test"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}},
+			},
+		},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := k8s.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unblock = func() {
+		for _, obj := range []client.Object{binding, policy} {
+			if err := client.IgnoreNotFound(k8s.Delete(ctx, obj)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(unblock)
+	probe := readyPod(t, ns, "probe", "probe")
+	eventually(t, 30*time.Second, "the policy refusing pod updates", func() error {
+		p := &corev1.Pod{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
+			return err
+		}
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations = map[string]string{"test/probe": time.Now().String()}
+		if err := k8s.Patch(ctx, p, patch); err == nil {
+			return fmt.Errorf("a pod update was allowed")
+		}
+		return nil
+	})
+	return unblock
+}
