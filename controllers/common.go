@@ -21,6 +21,10 @@ import (
 type outcome struct {
 	result ctrl.Result
 	events []recordedEvent
+	// afterStatus runs once the status is written, or needed no write:
+	// what must never get ahead of the status, such as a token reaching a
+	// pod before the status records it as issued.
+	afterStatus func(context.Context) error
 }
 
 type recordedEvent struct{ kind, reason, note string }
@@ -38,7 +42,7 @@ func (o *outcome) requeueAt(now, t time.Time) {
 }
 
 // finish writes obj's status once, if it changed from before, and only then
-// records the outcome's Events.
+// records the outcome's Events and runs its afterStatus.
 func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
 	if !equality.Semantic.DeepEqual(before, after) {
 		if err := writeStatus(ctx, c, obj, before); err != nil {
@@ -47,6 +51,11 @@ func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj 
 	}
 	for _, e := range out.events {
 		rec.Eventf(obj, nil, e.kind, e.reason, e.reason, "%s", e.note)
+	}
+	if out.afterStatus != nil {
+		if err := out.afterStatus(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	return out.result, nil
 }

@@ -169,15 +169,6 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	before := lease.Status.DeepCopy()
 	out, err := r.reconcileGrant(ctx, lease)
-	var pe podsError
-	if errors.As(err, &pe) {
-		// etcd has moved on (a grant, an end) though a pod could not be
-		// patched: the status says so now, and the pods are retried.
-		if _, ferr := finish(ctx, r.Client, r.Recorder, lease, before, &lease.Status, out); ferr != nil {
-			return ctrl.Result{}, errors.Join(err, ferr)
-		}
-		return ctrl.Result{}, err
-	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -225,7 +216,8 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 			return out, nil
 		}
 		if !ended {
-			return out, r.publish(ctx, lease, pods, grant)
+			r.publishAfterStatus(&out, lease, pods, grant)
+			return out, nil
 		}
 		grant = nil
 	} else if open := openTenure(lease); open != nil {
@@ -259,12 +251,14 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	}
 	if lease.Spec.Suspend {
 		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
-		return out, r.publish(ctx, lease, pods, nil)
+		r.publishAfterStatus(&out, lease, pods, nil)
+		return out, nil
 	}
 	next := holder.Pick(pods, passOver(lease)...)
 	if next == nil {
 		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
-		return out, r.publish(ctx, lease, pods, nil)
+		r.publishAfterStatus(&out, lease, pods, nil)
+		return out, nil
 	}
 	if r.revisionRegressed(lease, rev, &out) {
 		return out, nil
@@ -289,7 +283,8 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
 		out.result.RequeueAfter = r.refreshInterval(key, ttl, now)
 	}
-	return out, r.publish(ctx, lease, pods, grant)
+	r.publishAfterStatus(&out, lease, pods, grant)
+	return out, nil
 }
 
 // keepOrEnd handles a live grant: it keeps renewing a qualifying PodReady

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -18,6 +19,9 @@ import (
 func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
 	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
 	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
+	// Every pod is tried: one that cannot be patched must not keep the
+	// holder from its token.
+	var errs []error
 	for i := range pods {
 		pod := &pods[i]
 		want := map[string]string{}
@@ -28,22 +32,16 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 			}
 		}
 		if err := annotatePod(ctx, r.Client, pod, want, tokenKey, idKey); err != nil {
-			return podsError{pod: pod.Name, err: err}
+			errs = append(errs, fmt.Errorf("annotating pod %s: %w", pod.Name, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// podsError is a pod patch that failed after etcd had changed: Reconcile
-// still writes the status, so a grant is recorded (holder, token, history)
-// while its pods cannot be annotated, and then retries the pods.
-type podsError struct {
-	pod string
-	err error
+// publishAfterStatus has the pods annotated once the status is written. A
+// pod learns a token only after the status records it, so a manager that
+// stops in between leaves no token in use that the status (and its check
+// for an etcd restored from an old snapshot) does not know.
+func (r *LeaseReconciler) publishAfterStatus(out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) {
+	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g) }
 }
-
-func (e podsError) Error() string {
-	return fmt.Sprintf("annotating pod %s: %v", e.pod, e.err)
-}
-
-func (e podsError) Unwrap() error { return e.err }

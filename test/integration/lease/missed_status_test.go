@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -102,13 +104,15 @@ func TestGrantOfACrashedManagerIsRecorded(t *testing.T) {
 	}
 }
 
-// refusePodUpdates makes the apiserver refuse every pod update in ns, as a
-// ValidatingAdmissionPolicy of the cluster's own might; the returned func
-// lifts it. It returns once a test update is refused.
-func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
+// refuseUpdates makes the apiserver refuse every update of resource (as in
+// rule) in ns, as a ValidatingAdmissionPolicy of the cluster's own might;
+// the returned func lifts it. It returns once probe's update is refused by
+// it.
+func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule, probe func(context.Context) error) (unblock func()) {
 	t.Helper()
 	ctx := context.Background()
-	name := "refuse-pod-updates-" + ns
+	name := "refuse-updates-" + ns
+	const refused = "updates refused by the test"
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
@@ -117,11 +121,11 @@ func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
 				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
 					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
 						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+						Rule:       rule,
 					},
 				}},
 			},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "pod updates refused by the test"}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: refused}},
 		},
 	}
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
@@ -147,18 +151,76 @@ func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
 		}
 	}
 	t.Cleanup(unblock)
-	probe := readyPod(t, ns, "probe", "probe")
-	eventually(t, 30*time.Second, "the policy refusing pod updates", func() error {
-		p := &corev1.Pod{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
-			return err
-		}
-		patch := client.MergeFrom(p.DeepCopy())
-		p.Annotations = map[string]string{"test/probe": time.Now().String()}
-		if err := k8s.Patch(ctx, p, patch); err == nil {
-			return fmt.Errorf("a pod update was allowed")
+	eventually(t, 30*time.Second, "the policy refusing "+strings.Join(rule.Resources, ","), func() error {
+		err := probe(ctx)
+		switch {
+		case err == nil:
+			return fmt.Errorf("the probe update was allowed")
+		case !strings.Contains(err.Error(), refused):
+			return fmt.Errorf("the probe update failed, but not by the policy: %w", err)
 		}
 		return nil
 	})
 	return unblock
+}
+
+// refusePodUpdates refuses every pod update in ns (refuseUpdates).
+func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
+	t.Helper()
+	probe := readyPod(t, ns, "probe", "probe")
+	return refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+		func(ctx context.Context) error {
+			p := &corev1.Pod{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
+				return err
+			}
+			patch := client.MergeFrom(p.DeepCopy())
+			p.Annotations = map[string]string{"test/probe": time.Now().String()}
+			return k8s.Patch(ctx, p, patch)
+		})
+}
+
+// TestNoPodLearnsATokenTheStatusDoesNotRecord: the holder's annotation is
+// written only after the status records the grant. While the Lease's status
+// cannot be written, the grant stays in etcd and no pod carries its token: a
+// manager that stopped there would leave no token in use that the status
+// (and its check for an etcd restored from an old snapshot) does not know.
+func TestNoPodLearnsATokenTheStatusDoesNotRecord(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "probe", "nobody", 15))
+	unblock := refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{fencerv1.GroupVersion.Group}, APIVersions: []string{fencerv1.GroupVersion.Version}, Resources: []string{"leases/status"}},
+		func(ctx context.Context) error {
+			l := getLease(t, ns, "probe")
+			l.Status.ObservedGeneration = l.Generation + 100
+			return k8s.Status().Update(ctx, l)
+		})
+	create(t, newLease(ns, "job", "w", 15))
+	eventually(t, 30*time.Second, "the grant in etcd", func() error {
+		if etcdToken(t, ns, "job") == 0 {
+			return fmt.Errorf("no grant yet")
+		}
+		return nil
+	})
+	// The controller retries the status write with backoff meanwhile; a
+	// publish ahead of the status would have annotated w-0 at once.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if got := annotation(t, ns, "w-0", "job"); got != "" {
+			t.Fatalf("w-0 carries token %s while the Lease's status records no grant", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	unblock()
+	st := heldBy(t, ns, "job")
+	if tok := etcdToken(t, ns, "job"); st.Token != tok || len(st.History) != 1 || st.History[0].Token != tok {
+		t.Fatalf("status token %d, history %+v; etcd holds %d", st.Token, st.History, tok)
+	}
+	eventually(t, 60*time.Second, "the holder annotation after the status", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != itoa(st.Token) {
+			return fmt.Errorf("w-0 annotation %q, want %d", got, st.Token)
+		}
+		return nil
+	})
 }
