@@ -141,6 +141,18 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		return errNextRegressed
 	}
 	var waiting []string
+	var given []givenBlock
+	// Blocks reach pods only once the status is written: status.next then
+	// covers every block in use, so a manager that stops in between leaves
+	// no ID in use that the check for a restored etcd does not know. This
+	// also holds when a claim fails part way.
+	defer func() { out.afterStatus = annotateBlocks(r.Client, key, given) }()
+	advance := func(n int64) {
+		next = n
+		rng.Status.Next = next
+		rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
+	}
+	advance(next)
 	for i := range pods {
 		pod := &pods[i]
 		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
@@ -152,26 +164,45 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		}
 		b, n, err := r.Store.ClaimBlock(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, *rng.Spec.BlockSize)
 		if errors.Is(err, etcdstore.ErrExhausted) {
-			next = n
+			advance(n)
 			waiting = append(waiting, pod.Name)
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		next = n
+		advance(n)
 		rng.Status.AllocatedBlocks++
 		metrics.IDRangeBlocks.Inc()
-		// A claimed block whose annotation write fails is skipped, never
-		// reissued: the pod gets a fresh block next time.
-		if err := annotatePod(ctx, r.Client, pod, map[string]string{key: fmt.Sprintf("block=%d-%d", b.First, b.Last)}, key); err != nil {
-			return err
-		}
+		given = append(given, givenBlock{pod: pod, value: fmt.Sprintf("block=%d-%d", b.First, b.Last)})
 	}
-	rng.Status.Next = next
-	rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
 	return nil
+}
+
+// givenBlock is a claimed block's annotation, value, for pod.
+type givenBlock struct {
+	pod   *corev1.Pod
+	value string
+}
+
+// annotateBlocks annotates every pod with its block. A claimed block whose
+// annotation write fails is skipped, never reissued: the pod gets a fresh
+// block next time. One pod that cannot be patched keeps no other from its
+// block.
+func annotateBlocks(c client.Client, key string, given []givenBlock) func(context.Context) error {
+	if len(given) == 0 {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		var errs []error
+		for _, g := range given {
+			if err := annotatePod(ctx, c, g.pod, map[string]string{key: g.value}, key); err != nil {
+				errs = append(errs, fmt.Errorf("annotating pod %s: %w", g.pod.Name, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
 }
 
 // remainingIDs is max-next+1, clamped to [0, MaxInt64].

@@ -4,20 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/framework"
 )
 
 // TestGrantIsRecordedWhilePodPatchesFail: a grant whose holder annotation
@@ -104,71 +102,11 @@ func TestGrantOfACrashedManagerIsRecorded(t *testing.T) {
 	}
 }
 
-// refuseUpdates makes the apiserver refuse every update of resource (as in
-// rule) in ns, as a ValidatingAdmissionPolicy of the cluster's own might;
-// the returned func lifts it. It returns once probe's update is refused by
-// it.
-func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule, probe func(context.Context) error) (unblock func()) {
-	t.Helper()
-	ctx := context.Background()
-	name := "refuse-updates-" + ns
-	const refused = "updates refused by the test"
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{
-				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-						Rule:       rule,
-					},
-				}},
-			},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: refused}},
-		},
-	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        name,
-			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-			MatchResources: &admissionregistrationv1.MatchResources{
-				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}},
-			},
-		},
-	}
-	for _, obj := range []client.Object{policy, binding} {
-		if err := k8s.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
-	unblock = func() {
-		for _, obj := range []client.Object{binding, policy} {
-			if err := client.IgnoreNotFound(k8s.Delete(ctx, obj)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Cleanup(unblock)
-	eventually(t, 30*time.Second, "the policy refusing "+strings.Join(rule.Resources, ","), func() error {
-		err := probe(ctx)
-		switch {
-		case err == nil:
-			return fmt.Errorf("the probe update was allowed")
-		case !strings.Contains(err.Error(), refused):
-			return fmt.Errorf("the probe update failed, but not by the policy: %w", err)
-		}
-		return nil
-	})
-	return unblock
-}
-
-// refusePodUpdates refuses every pod update in ns (refuseUpdates).
+// refusePodUpdates refuses every pod update in ns (framework.RefuseUpdates).
 func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
 	t.Helper()
 	probe := readyPod(t, ns, "probe", "probe")
-	return refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+	return framework.RefuseUpdates(t, k8s, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}, "false",
 		func(ctx context.Context) error {
 			p := &corev1.Pod{}
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
@@ -190,7 +128,7 @@ func TestNoPodLearnsATokenTheStatusDoesNotRecord(t *testing.T) {
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
 	create(t, newLease(ns, "probe", "nobody", 15))
-	unblock := refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{fencerv1.GroupVersion.Group}, APIVersions: []string{fencerv1.GroupVersion.Version}, Resources: []string{"leases/status"}},
+	unblock := framework.RefuseUpdates(t, k8s, ns, admissionregistrationv1.Rule{APIGroups: []string{fencerv1.GroupVersion.Group}, APIVersions: []string{fencerv1.GroupVersion.Version}, Resources: []string{"leases/status"}}, "false",
 		func(ctx context.Context) error {
 			l := getLease(t, ns, "probe")
 			l.Status.ObservedGeneration = l.Generation + 100
