@@ -42,6 +42,7 @@ type IDRangeReconciler struct {
 	Recorder events.EventRecorder
 	Clock    clock.Clock
 	wake     waker[fencerv1.IDRange, *fencerv1.IDRange]
+	handed   handedBlocks
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
@@ -153,9 +154,15 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
 	}
 	advance(next)
+	id := client.ObjectKeyFromObject(rng)
+	r.handed.prune(id, pods, key)
 	for i := range pods {
 		pod := &pods[i]
 		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
+			continue
+		}
+		if block, ok := r.handed.get(id, pod.UID); ok {
+			given = append(given, givenBlock{pod: pod, value: block})
 			continue
 		}
 		if next > rng.Spec.Max {
@@ -174,7 +181,9 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		advance(n)
 		rng.Status.AllocatedBlocks++
 		metrics.IDRangeBlocks.Inc()
-		given = append(given, givenBlock{pod: pod, value: fmt.Sprintf("block=%d-%d", b.First, b.Last)})
+		block := fmt.Sprintf("block=%d-%d", b.First, b.Last)
+		r.handed.put(id, pod.UID, block)
+		given = append(given, givenBlock{pod: pod, value: block})
 	}
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
 	return nil
@@ -186,10 +195,9 @@ type givenBlock struct {
 	value string
 }
 
-// annotateBlocks annotates every pod with its block. A claimed block whose
-// annotation write fails is skipped, never reissued: the pod gets a fresh
-// block next time. One pod that cannot be patched keeps no other from its
-// block.
+// annotateBlocks annotates every pod with its block. A pod whose annotation
+// write fails is offered the same block next time (handedBlocks). One pod
+// that cannot be patched keeps no other from its block.
 func annotateBlocks(c client.Client, key string, given []givenBlock) func(context.Context) error {
 	if len(given) == 0 {
 		return nil
@@ -340,6 +348,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
+	r.handed.forget(client.ObjectKeyFromObject(rng))
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -185,10 +185,13 @@ func TestExhaustion(t *testing.T) {
 		}
 		return nil
 	})
-	bs := parseBlocks(t, annotations(t, ns, "ids"))
-	if got := fmt.Sprint(bs); got != "[{w-000 1 10} {w-001 11 20} {w-002 21 25}]" {
-		t.Fatalf("blocks %s: want 1-10, 11-20 and the short final block 21-25", got)
-	}
+	// The pods are annotated after the status is written.
+	framework.Eventually(t, 30*time.Second, "the blocks on the pods", func() error {
+		if got := fmt.Sprint(parseBlocks(t, annotations(t, ns, "ids"))); got != "[{w-000 1 10} {w-001 11 20} {w-002 21 25}]" {
+			return fmt.Errorf("blocks %s: want 1-10, 11-20 and the short final block 21-25", got)
+		}
+		return nil
+	})
 	r := getRange(t, ns, "ids")
 	if r.Status.Remaining != 0 || meta.FindStatusCondition(r.Status.Conditions, fencerv1.ConditionLow).Status != metav1.ConditionTrue {
 		t.Fatalf("status %+v", r.Status)

@@ -93,6 +93,16 @@ func TestOnePodThatCannotBePatchedKeepsNoOtherFromItsBlock(t *testing.T) {
 		t.Fatalf("w-000 carries %q though its updates are refused", ann["w-000"])
 	}
 	checkStatusCovers(t, ns)
+	// w-000 is offered its one block again and again, not a new one each
+	// time: a pod that cannot be patched must not drain the range.
+	before := nextInEtcd(t, ns, "ids")
+	time.Sleep(3 * time.Second)
+	if after := nextInEtcd(t, ns, "ids"); after != before {
+		t.Fatalf("etcd next went from %d to %d while w-000 could not be patched: blocks claimed for it and lost", before, after)
+	}
+	if n := getRange(t, ns, "ids").Status.AllocatedBlocks; n != 3 {
+		t.Fatalf("allocatedBlocks %d, want 3: one each", n)
+	}
 }
 
 // checkStatusCovers fails unless status.next lies above every block a pod

@@ -1,0 +1,36 @@
+package controllers
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func TestHandedBlocks(t *testing.T) {
+	const key = "idrange.fencer.io/ids"
+	rng := types.NamespacedName{Namespace: "ns", Name: "ids"}
+	var h handedBlocks
+	h.put(rng, "a", "block=1-10")
+	h.put(rng, "b", "block=11-20")
+	h.put(rng, "c", "block=21-30")
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{UID: "a"}},                                                     // still waiting
+		{ObjectMeta: metav1.ObjectMeta{UID: "b", Annotations: map[string]string{key: "block=11-20"}}}, // the cache shows it
+		// c is gone
+	}
+	h.prune(rng, pods, key)
+	if v, ok := h.get(rng, "a"); !ok || v != "block=1-10" {
+		t.Errorf("a waiting pod's block was forgotten: %q %v", v, ok)
+	}
+	for _, uid := range []types.UID{"b", "c"} {
+		if v, ok := h.get(rng, uid); ok {
+			t.Errorf("pod %s: still remembers %q", uid, v)
+		}
+	}
+	h.forget(rng)
+	if _, ok := h.get(rng, "a"); ok {
+		t.Error("forget kept a block")
+	}
+}
