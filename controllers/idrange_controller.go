@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -142,27 +143,27 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		return errNextRegressed
 	}
 	var waiting []string
-	var given []givenBlock
+	var given []*corev1.Pod
 	// Blocks reach pods only once the status is written: status.next then
 	// covers every block in use, so a manager that stops in between leaves
 	// no ID in use that the check for a restored etcd does not know. This
 	// also holds when a claim fails part way.
-	defer func() { out.afterStatus = annotateBlocks(r.Client, key, given) }()
+	id := client.ObjectKeyFromObject(rng)
+	defer func() { out.afterStatus = r.annotateBlocks(id, key, given) }()
 	advance := func(n int64) {
 		next = n
 		rng.Status.Next = next
 		rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
 	}
 	advance(next)
-	id := client.ObjectKeyFromObject(rng)
 	r.handed.prune(id, pods, key)
 	for i := range pods {
 		pod := &pods[i]
 		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
 			continue
 		}
-		if block, ok := r.handed.get(id, pod.UID); ok {
-			given = append(given, givenBlock{pod: pod, value: block})
+		if _, ok := r.handed.get(id, pod.UID); ok {
+			given = append(given, pod)
 			continue
 		}
 		if next > rng.Spec.Max {
@@ -181,35 +182,26 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		advance(n)
 		rng.Status.AllocatedBlocks++
 		metrics.IDRangeBlocks.Inc()
-		block := fmt.Sprintf("block=%d-%d", b.First, b.Last)
-		r.handed.put(id, pod.UID, block)
-		given = append(given, givenBlock{pod: pod, value: block})
+		r.handed.put(id, pod.UID, fmt.Sprintf("block=%d-%d", b.First, b.Last))
+		given = append(given, pod)
 	}
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
 	return nil
 }
 
-// givenBlock is a claimed block's annotation, value, for pod.
-type givenBlock struct {
-	pod   *corev1.Pod
-	value string
-}
-
-// annotateBlocks annotates every pod with its block. A pod whose annotation
-// write fails is offered the same block next time (handedBlocks). One pod
-// that cannot be patched keeps no other from its block.
-func annotateBlocks(c client.Client, key string, given []givenBlock) func(context.Context) error {
-	if len(given) == 0 {
+// annotateBlocks annotates each pod with the block handed to it
+// (handedBlocks), which it is offered again if the write fails.
+func (r *IDRangeReconciler) annotateBlocks(id types.NamespacedName, key string, pods []*corev1.Pod) func(context.Context) error {
+	if len(pods) == 0 {
 		return nil
 	}
 	return func(ctx context.Context) error {
-		var errs []error
-		for _, g := range given {
-			if err := annotatePod(ctx, c, g.pod, map[string]string{key: g.value}, key); err != nil {
-				errs = append(errs, fmt.Errorf("annotating pod %s: %w", g.pod.Name, err))
+		return annotateEach(ctx, r.Client, pods, func(pod *corev1.Pod) map[string]string {
+			if block, ok := r.handed.get(id, pod.UID); ok {
+				return map[string]string{key: block}
 			}
-		}
-		return errors.Join(errs...)
+			return nil
+		}, key)
 	}
 }
 

@@ -501,16 +501,7 @@ func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstor
 	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
 		r.Renewer.Ensure(key, g.LeaseID, now)
 	}
-	// Like coordination.k8s.io Leases, the first holder is no transition.
-	transition := "first"
-	if prev := lastTenure(lease); prev != nil {
-		transition = "same"
-		if prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID) {
-			transition = "new"
-			lease.Status.Transitions++
-		}
-	}
-	metrics.LeaseGrants.WithLabelValues(transition).Inc()
+	metrics.LeaseGrants.WithLabelValues(beginTenure(lease, g, now)).Inc()
 	r.mu.Lock()
 	if at, ok := r.deletedAt[key]; ok {
 		metrics.FailoverSeconds.Observe(r.Clock.Since(at).Seconds())
@@ -520,7 +511,6 @@ func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstor
 	showGrant(lease, g)
 	lease.Status.RenewTime = microTime(now)
 	lease.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
-	pushTenure(lease, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(now)})
 	setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
 	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
 }

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,11 +17,11 @@ import (
 func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
 	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
 	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
-	// Every pod is tried: one that cannot be patched must not keep the
-	// holder from its token.
-	var errs []error
+	candidates := make([]*corev1.Pod, len(pods))
 	for i := range pods {
-		pod := &pods[i]
+		candidates[i] = &pods[i]
+	}
+	return annotateEach(ctx, r.Client, candidates, func(pod *corev1.Pod) map[string]string {
 		want := map[string]string{}
 		if g != nil && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
@@ -31,11 +29,8 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)
 			}
 		}
-		if err := annotatePod(ctx, r.Client, pod, want, tokenKey, idKey); err != nil {
-			errs = append(errs, fmt.Errorf("annotating pod %s: %w", pod.Name, err))
-		}
-	}
-	return errors.Join(errs...)
+		return want
+	}, tokenKey, idKey)
 }
 
 // publishAfterStatus has the pods annotated once the status is written. A

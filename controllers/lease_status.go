@@ -84,15 +84,28 @@ func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant) bool {
 	if t := lastTenure(l); t != nil && t.Token == g.Token {
 		return false
 	}
-	start := microTime(g.GrantTime)
 	if t := openTenure(l); t != nil {
-		t.End = start
+		t.End = microTime(g.GrantTime)
 	}
-	if prev := lastTenure(l); prev != nil && (prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID)) {
-		l.Status.Transitions++
-	}
-	pushTenure(l, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *start})
+	beginTenure(l, g, g.GrantTime)
 	return true
+}
+
+// beginTenure puts g's tenure, from start, at the head of the history and
+// counts a change of holder. It returns the transition, as the grants
+// metric labels it: like coordination.k8s.io Leases, the first holder is no
+// transition.
+func beginTenure(l *fencerv1.Lease, g *etcdstore.Grant, start time.Time) (transition string) {
+	transition = "first"
+	if prev := lastTenure(l); prev != nil {
+		transition = "same"
+		if prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID) {
+			transition = "new"
+			l.Status.Transitions++
+		}
+	}
+	pushTenure(l, fencerv1.Tenure{Holder: g.Holder, HolderUID: types.UID(g.HolderUID), Token: g.Token, Start: *microTime(start)})
+	return transition
 }
 
 // pushTenure prepends t, keeping at most MaxLeaseHistory entries.

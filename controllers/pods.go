@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -73,4 +75,17 @@ func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map
 		}
 	}
 	return client.IgnoreNotFound(c.Patch(ctx, pod, patch))
+}
+
+// annotateEach gives each pod the annotations want(pod) among keys
+// (annotatePod), trying every pod: one that cannot be patched keeps no
+// other from its annotation.
+func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want func(*corev1.Pod) map[string]string, keys ...string) error {
+	var errs []error
+	for _, pod := range pods {
+		if err := annotatePod(ctx, c, pod, want(pod), keys...); err != nil {
+			errs = append(errs, fmt.Errorf("annotating pod %s: %w", pod.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

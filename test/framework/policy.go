@@ -73,3 +73,20 @@ func RefuseUpdates(t *testing.T, c client.Client, ns string, rule admissionregis
 	})
 	return unblock
 }
+
+// RefusePodUpdates refuses the pod updates in probe's namespace for which
+// expression is false (RefuseUpdates), and returns once an update of probe
+// is refused.
+func RefusePodUpdates(t *testing.T, c client.Client, probe client.ObjectKey, expression string) (unblock func()) {
+	t.Helper()
+	rule := admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}
+	return RefuseUpdates(t, c, probe.Namespace, rule, expression, func(ctx context.Context) error {
+		p := &corev1.Pod{}
+		if err := c.Get(ctx, probe, p); err != nil {
+			return err
+		}
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations = map[string]string{"test/probe": time.Now().String()}
+		return c.Patch(ctx, p, patch)
+	})
+}

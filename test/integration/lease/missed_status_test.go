@@ -9,7 +9,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -102,20 +101,11 @@ func TestGrantOfACrashedManagerIsRecorded(t *testing.T) {
 	}
 }
 
-// refusePodUpdates refuses every pod update in ns (framework.RefuseUpdates).
+// refusePodUpdates refuses every pod update in ns.
 func refusePodUpdates(t *testing.T, ns string) (unblock func()) {
 	t.Helper()
 	probe := readyPod(t, ns, "probe", "probe")
-	return framework.RefuseUpdates(t, k8s, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}, "false",
-		func(ctx context.Context) error {
-			p := &corev1.Pod{}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
-				return err
-			}
-			patch := client.MergeFrom(p.DeepCopy())
-			p.Annotations = map[string]string{"test/probe": time.Now().String()}
-			return k8s.Patch(ctx, p, patch)
-		})
+	return framework.RefusePodUpdates(t, k8s, client.ObjectKeyFromObject(probe), "false")
 }
 
 // TestNoPodLearnsATokenTheStatusDoesNotRecord: the holder's annotation is
