@@ -20,11 +20,6 @@ kind: Namespace
 metadata: {name: plugin}
 ---
 apiVersion: fencer.io/v1alpha1
-kind: Lease
-metadata: {name: job, namespace: plugin}
-spec: {ttlSeconds: 10, holderSelector: {matchLabels: {app: w}}}
----
-apiVersion: fencer.io/v1alpha1
 kind: IDRange
 metadata: {name: orders, namespace: plugin}
 spec: {mode: Blocks, min: 1, max: 1000000000, blockSize: 1000, podSelector: {matchLabels: {app: w}}}
@@ -33,6 +28,15 @@ apiVersion: fencer.io/v1alpha1
 kind: IDRange
 metadata: {name: workers, namespace: plugin}
 spec: {mode: Slots, min: 0, max: 1023, slotTTLSeconds: 15, podSelector: {matchLabels: {app: w}}}
+`
+
+// pluginLease is created once every pod is Ready, so that its first holder
+// is the one the golden files name (the oldest Ready pod, then by name:
+// w-0), whatever order kwok makes the pods Ready in.
+const pluginLease = `apiVersion: fencer.io/v1alpha1
+kind: Lease
+metadata: {name: job, namespace: plugin}
+spec: {ttlSeconds: 10, holderSelector: {matchLabels: {app: w}}}
 `
 
 // runPlugin runs kubectl-fencer's four commands through the real kubectl
@@ -52,6 +56,7 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 	}
 	apply("plugin.yaml", objects)
 	kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", "plugin", "--timeout=60s")
+	apply("plugin-lease.yaml", pluginLease)
 	kubectl("wait", "--for=condition=Ready", "flease/job", "-n", "plugin", "--timeout=60s")
 	var token int64
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
