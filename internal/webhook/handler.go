@@ -18,6 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -346,12 +347,17 @@ func decodeBoth(req admission.Request) (obj, old *objectMeta, d *Denial) {
 	return obj, old, nil
 }
 
+// decodeMeta reads an object's labels and annotations as the apiserver
+// reads them: keys match case-sensitively. encoding/json would also take a
+// stored top-level "Metadata" (a custom resource that keeps unknown fields
+// may hold one) for "metadata", and fencer would judge labels the object
+// does not have.
 func decodeMeta(raw []byte) (*objectMeta, error) {
 	if len(raw) == 0 {
 		return nil, nil
 	}
 	m := &objectMeta{}
-	if err := json.Unmarshal(raw, m); err != nil {
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, m); err != nil {
 		return nil, err
 	}
 	return m, nil
