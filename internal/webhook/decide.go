@@ -33,6 +33,9 @@ const (
 	ReasonAllowed      Reason = "Allowed"
 	ReasonNotFenced    Reason = "NotFenced"
 	ReasonExempt       Reason = "ExemptIdentity"
+	// ReasonFinalizersReleased: an UPDATE of an object already being
+	// deleted that only removes finalizers, from any identity.
+	ReasonFinalizersReleased Reason = "FinalizersReleased"
 	ReasonLookupFailed Reason = "LookupFailed"
 	ReasonBadRequest   Reason = "BadRequest"
 )

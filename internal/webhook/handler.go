@@ -100,11 +100,20 @@ func (f *Checker) record(ctx context.Context, req admission.Request) (Reason, ad
 		return ReasonNotFenced, admission.Allowed("not a write of the object itself")
 	}
 	w, leaseName, obj, old, d := parseWrite(req)
-	if d == nil && leaseName != "" && f.Exempt.Matches(req.UserInfo) && lifecycleOnly(req) {
+	if d == nil && leaseName != "" {
 		// A lifecycle write (a finalizer or ownerReference removed) sends
 		// no token and must not erase the record either.
 		record, ok := recordOf(old, leaseName)
-		return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, record, ok)...)
+		switch {
+		case finalizersReleased(req):
+			// Whoever owns a finalizer (pvc-protection, say, which is no
+			// exempt identity) must be able to remove it, or the object
+			// hangs in deletion forever. The object is going away, and
+			// nothing else changes.
+			return ReasonFinalizersReleased, admission.Patched("finalizers removed from an object being deleted", recordPatch(obj, record, ok)...)
+		case f.Exempt.Matches(req.UserInfo) && lifecycleOnly(req):
+			return ReasonExempt, admission.Patched("exempt lifecycle identity", recordPatch(obj, record, ok)...)
+		}
 	}
 	reason, resp := f.judge(ctx, req, w, leaseName, d)
 	if resp.Allowed && leaseName != "" {
@@ -270,20 +279,55 @@ var lifecycleFields = []string{"ownerReferences", "finalizers", "managedFields",
 // (a spec change by a controller manager running under one identity) is
 // judged like any write.
 func lifecycleOnly(req admission.Request) bool {
-	if req.Operation != admissionv1.Update {
+	_, _, ok := changesOnly(req, lifecycleFields)
+	return ok
+}
+
+// finalizersReleased says whether an UPDATE of an object that is already
+// being deleted only removes finalizers: no finalizer added, nothing else
+// changed.
+func finalizersReleased(req admission.Request) bool {
+	obj, old, ok := changesOnly(req, []string{"finalizers", "managedFields", "resourceVersion"})
+	if !ok || old["deletionTimestamp"] == nil {
 		return false
+	}
+	had := map[any]bool{}
+	oldF, _ := old["finalizers"].([]any)
+	for _, f := range oldF {
+		had[f] = true
+	}
+	newF, _ := obj["finalizers"].([]any)
+	for _, f := range newF {
+		if !had[f] {
+			return false
+		}
+	}
+	return len(newF) < len(oldF)
+}
+
+// changesOnly says whether an UPDATE changes nothing in the object but the
+// metadata fields named (and the offer and record, which are restored from
+// the old object either way). It returns the new and old metadata, with
+// the named fields still in them.
+func changesOnly(req admission.Request, fields []string) (objMeta, oldMeta map[string]any, ok bool) {
+	if req.Operation != admissionv1.Update {
+		return nil, nil, false
 	}
 	obj, errNew := decodeExact(req.Object.Raw)
 	old, errOld := decodeExact(req.OldObject.Raw)
 	if errNew != nil || errOld != nil {
-		return false
+		return nil, nil, false
 	}
-	for _, m := range []map[string]any{obj, old} {
-		meta, _ := m["metadata"].(map[string]any)
-		for _, f := range lifecycleFields {
+	objMeta, _ = obj["metadata"].(map[string]any)
+	oldMeta, _ = old["metadata"].(map[string]any)
+	kept := map[string][2]any{}
+	for _, f := range fields {
+		kept[f] = [2]any{objMeta[f], oldMeta[f]}
+	}
+	for _, meta := range []map[string]any{objMeta, oldMeta} {
+		for _, f := range fields {
 			delete(meta, f)
 		}
-		// The record is restored from the old object either way.
 		if ann, _ := meta["annotations"].(map[string]any); ann != nil {
 			delete(ann, fencerv1.TokenAnnotation)
 			delete(ann, fencerv1.WrittenTokenAnnotation)
@@ -292,7 +336,16 @@ func lifecycleOnly(req admission.Request) bool {
 			}
 		}
 	}
-	return reflect.DeepEqual(obj, old)
+	same := reflect.DeepEqual(obj, old)
+	for f, v := range kept {
+		if objMeta != nil && v[0] != nil {
+			objMeta[f] = v[0]
+		}
+		if oldMeta != nil && v[1] != nil {
+			oldMeta[f] = v[1]
+		}
+	}
+	return objMeta, oldMeta, same
 }
 
 // decodeExact decodes a JSON object keeping numbers as written, so two

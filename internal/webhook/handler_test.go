@@ -118,6 +118,17 @@ func TestRecord(t *testing.T) {
 		{"exempt identity changing a big integer is judged", as(request(admissionv1.Update,
 			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740993}}`),
 			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740992}}`)), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
+		{"any identity removes a finalizer from an object being deleted, and the record stays", as(request(admissionv1.Update,
+			deleting(`["a"]`, ""), deleting(`["a","kubernetes.io/pvc-protection"]`, "")), "system:serviceaccount:kube-system:pvc-protection-controller"), 0, "", nil},
+		{"removing the last finalizer", request(admissionv1.Update, deleting(`[]`, ""), deleting(`["x"]`, "")), 0, "", nil},
+		{"a finalizer removed from an object not being deleted is judged", request(admissionv1.Update,
+			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"},"finalizers":["a"]}}`),
+			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"},"finalizers":["a","b"]}}`)), 409, "this write sends no fencing token", nil},
+		{"a finalizer added to an object being deleted is judged", request(admissionv1.Update, deleting(`["a","b"]`, ""), deleting(`["a"]`, "")), 409, "this write sends no fencing token", nil},
+		{"a finalizer swapped on an object being deleted is judged", request(admissionv1.Update, deleting(`["b"]`, ""), deleting(`["a","c"]`, "")), 409, "this write sends no fencing token", nil},
+		{"a finalizer removed with a data change is judged", request(admissionv1.Update, deleting(`["a"]`, `,"data":{"v":"new"}`), deleting(`["a","b"]`, "")), 409, "this write sends no fencing token", nil},
+		{"a finalizer removed with the label removed is judged", request(admissionv1.Update,
+			[]byte(`{"metadata":{"name":"cm","deletionTimestamp":"2026-01-01T00:00:00Z","annotations":{"fencer.io/written-token":"42"},"finalizers":[]}}`), deleting(`["a"]`, "")), 409, "this write sends no fencing token", nil},
 		{"exempt identity keeps the record", as(request(admissionv1.Update, stored("report", "", ""), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
 			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": "42"}}}},
 	}
@@ -193,6 +204,12 @@ func TestDenialCauses(t *testing.T) {
 }
 
 // relabelStatus is a /status write whose object drops the lease label.
+// deleting is a fenced ConfigMap being deleted, with the record 42, the
+// finalizers given (a JSON list) and extra top-level JSON fields.
+func deleting(finalizers, extra string) []byte {
+	return []byte(`{"metadata":{"name":"cm","deletionTimestamp":"2026-01-01T00:00:00Z","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"},"finalizers":` + finalizers + `}` + extra + `}`)
+}
+
 func relabelStatus() admission.Request {
 	r := request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42"))
 	r.SubResource = "status"
