@@ -47,8 +47,16 @@ func TestMain(m *testing.M) {
 // the namespace and the first grant's holder and token.
 func setup(t *testing.T, mutate func(*fencerv1.Lease)) (ns, holder string, tok int64) {
 	t.Helper()
+	return setupIn(t, "", mutate)
+}
+
+// setupIn is setup in namespace ns, or in a new one when ns is "".
+func setupIn(t *testing.T, ns string, mutate func(*fencerv1.Lease)) (string, string, int64) {
+	t.Helper()
 	fx.StartController(t, "c1")
-	ns = fx.Namespace(t)
+	if ns == "" {
+		ns = fx.Namespace(t)
+	}
 	fx.ReadyPod(t, ns, "w-0", "w", "")
 	fx.ReadyPod(t, ns, "w-1", "w", "")
 	l := &fencerv1.Lease{
@@ -61,7 +69,7 @@ func setup(t *testing.T, mutate func(*fencerv1.Lease)) (ns, holder string, tok i
 	if err := fx.Client.Create(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}
-	holder, tok = held(t, ns, "")
+	holder, tok := held(t, ns, "")
 	return ns, holder, tok
 }
 

@@ -1,0 +1,125 @@
+package chart
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// webhooksOf returns each webhook of the Mutating and Validating
+// configurations in objs, by name, without what is install-specific: the
+// configuration's name and the service the client calls (its name, its
+// namespace and the CA). The path it calls, the rules, selectors, match
+// conditions and failure policy are what decide which writes are judged
+// and how, and must not differ between an install and make dev.
+func webhooksOf(t *testing.T, objs []*unstructured.Unstructured) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for _, o := range objs {
+		if o.GetKind() != "MutatingWebhookConfiguration" && o.GetKind() != "ValidatingWebhookConfiguration" {
+			continue
+		}
+		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+		for _, h := range hooks {
+			hook := h.(map[string]any)
+			name := o.GetKind() + "/" + hook["name"].(string)
+			path, _, _ := unstructured.NestedString(hook, "clientConfig", "service", "path")
+			hook = deepCopy(hook)
+			delete(hook, "clientConfig")
+			hook["path"] = path
+			normalizeNamespaces(hook)
+			out[name] = hook
+		}
+	}
+	return out
+}
+
+func deepCopy(m map[string]any) map[string]any {
+	return (&unstructured.Unstructured{Object: m}).DeepCopy().Object
+}
+
+// normalizeNamespaces sorts the values of namespace selector expressions,
+// whose order means nothing.
+func normalizeNamespaces(hook map[string]any) {
+	exprs, _, _ := unstructured.NestedSlice(hook, "namespaceSelector", "matchExpressions")
+	for _, e := range exprs {
+		m := e.(map[string]any)
+		if vs, ok := m["values"].([]any); ok {
+			slices.SortFunc(vs, func(a, b any) int {
+				switch {
+				case a.(string) < b.(string):
+					return -1
+				case a.(string) > b.(string):
+					return 1
+				}
+				return 0
+			})
+		}
+	}
+}
+
+// The webhook configuration of make dev, the integration tests and the
+// fault run (config/webhook/manifests.yaml) is the chart's, rendered with
+// no values into fencer-system: the same webhooks, rules, selectors, match
+// conditions and failure policies. The two are written by hand, so this
+// test is what keeps them one: a fenced object in fencer's own namespace
+// once took tokenless writes under make dev while the chart judged it.
+func TestDevWebhooksMatchTheChart(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir(), "..", "..", "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dev []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		m := map[string]any{}
+		if err := dec.Decode(&m); err != nil {
+			break
+		}
+		if len(m) > 0 {
+			dev = append(dev, &unstructured.Unstructured{Object: m})
+		}
+	}
+	devHooks := webhooksOf(t, dev)
+	chartHooks := webhooksOf(t, render(t))
+	if len(devHooks) == 0 {
+		t.Fatal("config/webhook/manifests.yaml has no webhooks")
+	}
+	for name, want := range chartHooks {
+		got, ok := devHooks[name]
+		if !ok {
+			t.Errorf("%s: in the chart, missing from config/webhook/manifests.yaml", name)
+			continue
+		}
+		for _, field := range fieldsOf(want, got) {
+			if !reflect.DeepEqual(want[field], got[field]) {
+				t.Errorf("%s: %s differs:\n chart:  %v\n config: %v", name, field, want[field], got[field])
+			}
+		}
+	}
+	for name := range devHooks {
+		if _, ok := chartHooks[name]; !ok {
+			t.Errorf("%s: in config/webhook/manifests.yaml, not in the chart", name)
+		}
+	}
+}
+
+func fieldsOf(a, b map[string]any) []string {
+	var out []string
+	for k := range a {
+		out = append(out, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
