@@ -23,6 +23,7 @@ func main() {
 		manager = flag.String("manager", "bin/fencer", "The fencer manager binary (built by `make build`).")
 		crds    = flag.String("crds", "config/crd/bases", "Directory of fencer's CRD manifests.")
 		webhook = flag.String("webhook", "config/webhook/manifests.yaml", "fencer's ValidatingWebhookConfiguration; dev points it at the manager on loopback.")
+		guard   = flag.String("guard", "config/guard/status-guard.yaml", "fencer's status guard (a ValidatingAdmissionPolicy); dev admits the manager's identity here.")
 		tools   = flag.String("tools", "hack/tools", "The tools module; kwok's stages are read from the kwok version it pins.")
 		nodes   = flag.Int("nodes", 3, "How many kwok nodes to create.")
 		real    = flag.Bool("real-node", false, "Also run a real node: a kubelet with containerd, runc and CNI on this machine (root; installs the Debian packages if missing; docs/development.md).")
@@ -30,13 +31,13 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dir, *binDir, *manager, *crds, *webhook, *tools, *nodes, *real); err != nil {
+	if err := run(ctx, *dir, *binDir, *manager, *crds, *webhook, *guard, *tools, *nodes, *real); err != nil {
 		fmt.Fprintf(os.Stderr, "dev: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string, nodes int, real bool) error {
+func run(ctx context.Context, dir, binDir, manager, crds, webhook, guard, tools string, nodes int, real bool) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -67,6 +68,9 @@ func run(ctx context.Context, dir, binDir, manager, crds, webhook, tools string,
 	}
 	fmt.Println("[dev] installing the fencing webhook with kubectl")
 	if err := c.InstallWebhook(ctx, webhook); err != nil {
+		return err
+	}
+	if err := c.InstallStatusGuard(ctx, guard); err != nil {
 		return err
 	}
 	if err := c.WriteEndpoints(); err != nil {

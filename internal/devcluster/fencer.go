@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-io/fencer/internal/identity"
+	"github.com/fencer-io/fencer/internal/manifest"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -149,6 +150,34 @@ func (c *Cluster) webhookCerts() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// InstallStatusGuard applies the chart's status guard (guard, the file
+// manifest.StatusGuardFile names) with kubectl, admitting the status writes
+// of the identity the manager runs as here: the cluster's kubeconfig user.
+func (c *Cluster) InstallStatusGuard(ctx context.Context, guard string) error {
+	user, err := c.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+	if err != nil {
+		return err
+	}
+	objs, err := manifest.StatusGuard(guard, strings.TrimSpace(user))
+	if err != nil {
+		return err
+	}
+	var out []byte
+	for _, obj := range objs {
+		b, err := yaml.Marshal(obj.Object)
+		if err != nil {
+			return err
+		}
+		out = append(append(out, b...), "---\n"...)
+	}
+	path := c.Path("status-guard.yaml")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		return err
+	}
+	_, err = c.Kubectl(ctx, "apply", "-f", path)
+	return err
 }
 
 // InstallWebhook applies the webhook configurations in manifest (a

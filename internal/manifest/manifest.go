@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -32,4 +33,41 @@ func Read(path string) ([]*unstructured.Unstructured, error) {
 			out = append(out, obj)
 		}
 	}
+}
+
+// StatusGuardFile is the chart's status guard as `make manifests` renders
+// it, relative to the repository root: a ValidatingAdmissionPolicy that
+// admits status writes only from the manager named by its variable
+// "manager", and its binding.
+const StatusGuardFile = "config/guard/status-guard.yaml"
+
+// StatusGuard reads the status guard from path and names manager (a
+// username) as the one identity its policy admits: make dev and the tests
+// run the manager under their own identity, not the chart's service
+// account.
+func StatusGuard(path, manager string) ([]*unstructured.Unstructured, error) {
+	objs, err := Read(path)
+	if err != nil {
+		return nil, err
+	}
+	set := false
+	for _, obj := range objs {
+		if obj.GetKind() != "ValidatingAdmissionPolicy" {
+			continue
+		}
+		vars, _, _ := unstructured.NestedSlice(obj.Object, "spec", "variables")
+		for _, v := range vars {
+			if m, ok := v.(map[string]any); ok && m["name"] == "manager" {
+				m["expression"] = strconv.Quote(manager)
+				set = true
+			}
+		}
+		if err := unstructured.SetNestedSlice(obj.Object, vars, "spec", "variables"); err != nil {
+			return nil, err
+		}
+	}
+	if !set {
+		return nil, fmt.Errorf("%s: no ValidatingAdmissionPolicy with a variable named manager", path)
+	}
+	return objs, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -33,4 +34,29 @@ func CreateFromFile(ctx context.Context, c client.Client, path string) ([]*unstr
 		}
 	}
 	return objs, nil
+}
+
+// InstallStatusGuard creates the chart's status guard (manifest.StatusGuard)
+// admitting only the status writes of c's own identity, which the tests'
+// managers share.
+func InstallStatusGuard(ctx context.Context, c client.Client) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	me := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, me); err != nil {
+		return fmt.Errorf("asking the apiserver who the tests are (SelfSubjectReview): %w", err)
+	}
+	manager := me.Status.UserInfo.Username
+	objs, err := manifest.StatusGuard(filepath.Join(root, manifest.StatusGuardFile), manager)
+	if err != nil {
+		return err
+	}
+	for _, obj := range objs {
+		if err := c.Create(ctx, obj); err != nil {
+			return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	return nil
 }

@@ -33,6 +33,9 @@ func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
 	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.InstallStatusGuard(ctx, filepath.Join(root, "config", "guard", "status-guard.yaml")); err != nil {
+		t.Fatal(err)
+	}
 	shared := filepath.Join(t.TempDir(), "shared")
 	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"} {
 		t.Run(name, func(t *testing.T) {

@@ -163,8 +163,10 @@ func (h *Harness) startAPIServer(context.Context) error {
 	if h.cfg, err = h.env.Start(); err != nil {
 		return err
 	}
-	h.cl, err = client.New(h.cfg, client.Options{Scheme: h.env.Scheme})
-	return err
+	if h.cl, err = client.New(h.cfg, client.Options{Scheme: h.env.Scheme}); err != nil {
+		return err
+	}
+	return testenv.InstallStatusGuard(context.Background(), h.cl)
 }
 
 func (h *Harness) startEtcd(ctx context.Context) error {
@@ -362,7 +364,7 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 			name: name, bin: h.opts.Worker, proxies: ps,
 			log: filepath.Join(h.opts.Dir, "logs", name+".log"),
 			args: []string{
-				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name,
+				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name, "--pod-uid=" + string(pod.UID),
 				"--leases=alpha,beta", "--etcd-credentials=" + creds,
 				"--idrange=ids", "--block-size=1000", "--hostile-every=250ms",
 				"--history=" + filepath.Join(h.opts.Dir, "workers", name+".jsonl"),
