@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -64,6 +66,36 @@ func podLabelValues(obj client.Object) []string {
 	return out
 }
 
+// indexPodLease holds the name of each Lease whose token or etcd lease ID
+// annotation a pod carries, so that the annotation is found on every pod
+// that carries it, not only on the pods the Lease's selector matches: a
+// holder relabelled out of the selector, or a pod given a copied
+// annotation, must lose it too.
+const indexPodLease = "fencer.io/pod-lease"
+
+func podLeaseValues(obj client.Object) []string {
+	if _, ok := obj.(*corev1.Pod); !ok {
+		return nil
+	}
+	return leasesAnnotated(obj.GetAnnotations())
+}
+
+// leasesAnnotated names the Leases whose token or etcd lease ID
+// annotations are among annotations.
+func leasesAnnotated(annotations map[string]string) []string {
+	var out []string
+	for k := range annotations {
+		name, ok := strings.CutPrefix(k, fencerv1.HolderTokenAnnotationPrefix)
+		if !ok {
+			name, ok = strings.CutPrefix(k, fencerv1.HolderLeaseIDAnnotationPrefix)
+		}
+		if ok && name != "" && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // SetupIndexes registers every index the controllers read, in one place,
 // before any controller starts.
 func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
@@ -75,6 +107,7 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 		{&fencerv1.Lease{}, indexSelectorLabel, selectorLabelValues},
 		{&fencerv1.Lease{}, indexHolder, holderValues},
 		{&corev1.Pod{}, indexPodLabel, podLabelValues},
+		{&corev1.Pod{}, indexPodLease, podLeaseValues},
 	} {
 		if err := idx.IndexField(ctx, ix.obj, ix.field, ix.fn); err != nil {
 			return fmt.Errorf("indexing %T by %s: %w", ix.obj, ix.field, err)

@@ -37,6 +37,21 @@ func TestIndexFunctions(t *testing.T) {
 	if got := podLabelValues(l); got != nil {
 		t.Errorf("a Lease indexed as a pod: %v", got)
 	}
+	if got := podLeaseValues(l); got != nil {
+		t.Errorf("a Lease indexed as a pod: %v", got)
+	}
+	p.Annotations = map[string]string{
+		"lease.fencer.io/report": "7", "leaseid.fencer.io/report": "9", // one Lease, two annotations
+		"leaseid.fencer.io/direct": "3", // a lease ID alone still names its Lease
+		"lease.fencer.io/":         "1", // no name
+		"idrange.fencer.io/ids":    "block=1-2",
+		"other":                    "x",
+	}
+	got := podLeaseValues(p)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"direct", "report"}) {
+		t.Errorf("pod lease values %v, want [direct report]", got)
+	}
 }
 
 // TestSetupIndexesRegistersEveryIndex: every field the controllers list by
@@ -46,7 +61,7 @@ func TestSetupIndexesRegistersEveryIndex(t *testing.T) {
 	if err := SetupIndexes(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"*v1alpha1.Lease/" + indexSelectorLabel, "*v1alpha1.Lease/" + indexHolder, "*v1.Pod/" + indexPodLabel}
+	want := []string{"*v1alpha1.Lease/" + indexSelectorLabel, "*v1alpha1.Lease/" + indexHolder, "*v1.Pod/" + indexPodLabel, "*v1.Pod/" + indexPodLease}
 	if !slices.Equal(rec.fields, want) {
 		t.Fatalf("indexes %v, want %v", rec.fields, want)
 	}

@@ -106,6 +106,9 @@ type LeaseReconciler struct {
 	Renewer  *renew.Renewer
 	Recorder events.EventRecorder
 	Clock    clock.Clock
+	// APIReader confirms, uncached, that a Lease the cache does not have
+	// is gone before its grant is released (gone).
+	APIReader client.Reader
 	// Workers is how many Leases are reconciled at once (0 means 1). The
 	// workqueue never hands one Lease to two workers; shared state below is
 	// under mu, and the store and renewer are safe for concurrent use.
@@ -151,14 +154,14 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 // Reconcile grants, renews or releases one Lease and writes its status once.
 func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	lease := &fencerv1.Lease{}
-	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.forget(etcdkeys.LeaseKey(r.Store.Prefix(), req.Namespace, req.Name))
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
 	log := ctrl.LoggerFrom(ctx).WithValues("lease", req.NamespacedName)
 	ctx = ctrl.LoggerInto(ctx, log)
+	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			return r.gone(ctx, req.NamespacedName)
+		}
+		return ctrl.Result{}, err
+	}
 	if !lease.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, lease)
 	}
@@ -303,6 +306,12 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	switch decideTenure(lease, pod) {
 	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
+	case endHolderLost:
+		why, err := r.whyLost(ctx, lease, g)
+		if err != nil {
+			return false, err
+		}
+		return true, r.release(ctx, lease, g, why, now, out)
 	case keepDirect:
 		// The holder renews through the SDK; etcd expiry ends the tenure.
 		r.Renewer.Stop(key) // renewal may have just been switched from PodReady
@@ -365,18 +374,25 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 type tenureAction int
 
 const (
-	endSuspended tenureAction = iota // spec.suspend: release now
-	keepDirect                       // renewal Direct: the holder renews, etcd expiry ends it
-	keepRenewing                     // a qualifying PodReady holder: the controller renews
-	endUnrenewed                     // a PodReady holder that stopped qualifying: end one TTL after its last renewal
+	endSuspended  tenureAction = iota // spec.suspend: release now
+	endHolderLost                     // the holder's pod is gone, replaced or no longer selected: release now
+	keepDirect                        // renewal Direct: the holder renews, etcd expiry ends it
+	keepRenewing                      // a qualifying PodReady holder: the controller renews
+	endUnrenewed                      // a PodReady holder that stopped qualifying: end one TTL after its last renewal
 )
 
 // decideTenure is keepOrEnd's decision, from the Lease and the holder pod
-// (nil when gone).
+// among the pods the selector matches (nil when none has the holder's name
+// and UID). One rule for every renewal mode: a holder whose pod object is
+// gone, carries a new UID or is no longer selected loses its tenure at
+// once, even if its process still renews (Direct): the pod it was granted
+// to is no longer a candidate, and its successor must not wait a TTL.
 func decideTenure(lease *fencerv1.Lease, pod *corev1.Pod) tenureAction {
 	switch {
 	case lease.Spec.Suspend:
 		return endSuspended
+	case pod == nil:
+		return endHolderLost
 	case lease.Spec.Renewal == fencerv1.RenewalDirect:
 		return keepDirect
 	case holder.Qualifies(pod):
@@ -404,6 +420,23 @@ func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
 		return fencerv1.TenureHolderGone
 	}
 	return fencerv1.TenureHolderNotReady
+}
+
+// whyLost names why a holder missing from the candidates lost its tenure:
+// its pod is gone or replaced (another UID under its name), or is still
+// there but no longer matches spec.holderSelector.
+func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (fencerv1.TenureEndReason, error) {
+	pod := &corev1.Pod{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fencerv1.TenureHolderGone, nil
+	case err != nil:
+		return "", err
+	case string(pod.UID) != g.HolderUID:
+		return fencerv1.TenureHolderGone, nil
+	}
+	return fencerv1.TenureHolderNotSelected, nil
 }
 
 // takeEnding reports, and forgets, whether key's tenure was being ended.
@@ -644,6 +677,51 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	return ctrl.Result{}, r.Update(ctx, lease)
 }
 
+// gone releases what a Lease that no longer exists left behind: its grant
+// (conditional delete and revoke, so its holder's Hold and WatchHeld end),
+// its grant marker, its renewal and the annotations of the pods that carry
+// it. finalize does this for a Lease deleted with fencer's finalizer; a
+// Lease whose finalizer was removed by hand (as docs/install.md says to do
+// after an uninstall), or deleted while no manager ran, comes here. The
+// cache may not have seen a Lease just created, so the apiserver confirms
+// the Lease is gone before anything is released.
+func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (ctrl.Result, error) {
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), name.Namespace, name.Name)
+	if r.APIReader != nil {
+		err := r.APIReader.Get(ctx, name, &fencerv1.Lease{})
+		switch {
+		case err == nil:
+			return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil // the cache has yet to see it
+		case !apierrors.IsNotFound(err):
+			return ctrl.Result{}, err
+		}
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	g, err := r.Store.GetGrant(ctx, name.Namespace, name.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if g != nil {
+		lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name}}
+		if err := r.endGrant(ctx, lease, g); err != nil {
+			return ctrl.Result{}, err
+		}
+		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
+		ctrl.LoggerFrom(ctx).Info("released the grant of a Lease that no longer exists", "holder", g.Holder, "token", g.Token)
+	}
+	r.Renewer.Stop(key)
+	if err := r.Store.ForgetLease(ctx, name.Namespace, name.Name); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.unpublish(ctx, name.Namespace, name.Name); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(key)
+	return ctrl.Result{}, nil
+}
+
 // SetupWithManager registers the controller and the runnables that feed it:
 // the etcd watch of lease keys, and a resync whenever the etcd term changes.
 // notStatusOnly drops Lease updates that changed nothing but the status.
@@ -686,6 +764,9 @@ func (r *LeaseReconciler) watchEtcd(ctx context.Context) error {
 	return nil
 }
 
+// enqueueAll reconciles every Lease, and every Lease that etcd holds a
+// grant or grant marker of: a Lease deleted while no manager looked (its
+// finalizer removed by hand) is released by gone.
 func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
 	var leases fencerv1.LeaseList
 	if err := r.List(ctx, &leases, client.UnsafeDisableDeepCopy); err != nil {
@@ -693,6 +774,14 @@ func (r *LeaseReconciler) enqueueAll(ctx context.Context) {
 		return
 	}
 	for _, l := range leases.Items {
+		r.wake.wake(l.Namespace, l.Name)
+	}
+	granted, err := r.Store.GrantedLeases(ctx)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing etcd's grants for a resync")
+		return
+	}
+	for _, l := range granted {
 		r.wake.wake(l.Namespace, l.Name)
 	}
 }
@@ -729,6 +818,15 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 	consider(indexHolder, obj.GetName())
 	for _, k := range keys {
 		consider(indexSelectorLabel, k)
+	}
+	// The Leases whose annotations the pod carries, whether or not they
+	// exist or select it: each removes what the pod must not carry.
+	for _, name := range leasesAnnotated(obj.GetAnnotations()) {
+		key := client.ObjectKey{Namespace: obj.GetNamespace(), Name: name}
+		if !seen[key] {
+			seen[key] = true
+			reqs = append(reqs, reconcile.Request{NamespacedName: key})
+		}
 	}
 	return reqs
 }

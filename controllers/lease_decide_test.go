@@ -41,11 +41,13 @@ func TestDecideTenure(t *testing.T) {
 		{"suspended ends now, even with a Ready holder", lease(fencerv1.RenewalPodReady, true), pod(true, false), endSuspended},
 		{"suspended Direct ends now", lease(fencerv1.RenewalDirect, true), pod(true, false), endSuspended},
 		{"Direct is the holder's to renew, Ready or not", lease(fencerv1.RenewalDirect, false), pod(false, false), keepDirect},
-		{"Direct with the holder gone: etcd expiry ends it", lease(fencerv1.RenewalDirect, false), nil, keepDirect},
+		{"Direct with the holder gone, replaced or unselected ends now, even if it still renews", lease(fencerv1.RenewalDirect, false), nil, endHolderLost},
+		{"Direct with the holder terminating: it still renews", lease(fencerv1.RenewalDirect, false), pod(true, true), keepDirect},
 		{"PodReady, Ready holder: renew", lease(fencerv1.RenewalPodReady, false), pod(true, false), keepRenewing},
 		{"PodReady, holder not Ready: end after a TTL", lease(fencerv1.RenewalPodReady, false), pod(false, false), endUnrenewed},
 		{"PodReady, holder being deleted", lease(fencerv1.RenewalPodReady, false), pod(true, true), endUnrenewed},
-		{"PodReady, holder gone", lease(fencerv1.RenewalPodReady, false), nil, endUnrenewed},
+		{"PodReady, holder gone, replaced or unselected ends now", lease(fencerv1.RenewalPodReady, false), nil, endHolderLost},
+		{"suspended with the holder gone", lease(fencerv1.RenewalPodReady, true), nil, endSuspended},
 	} {
 		if got := decideTenure(tc.lease, tc.pod); got != tc.want {
 			t.Errorf("%s: got %d, want %d", tc.name, got, tc.want)

@@ -5,23 +5,28 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
 // publish makes the pod annotations match the grant: the holder carries its
-// token (and, for Direct renewal, its etcd lease ID), and every other
-// candidate carries none. Removal is tidiness, never safety: the webhook and
-// the SDK check tokens against etcd.
+// token (and, for Direct renewal, its etcd lease ID), and every other pod
+// carries none: the other candidates, and any pod found carrying the
+// Lease's annotations (a holder relabelled out of the selector, a pod given
+// a copied annotation). Removal is not what the fences rest on (the webhook
+// and the SDK's etcd transactions check tokens against etcd), but pods and
+// the SDK's sources read their token there, and a pod must not report a
+// token it does not hold.
 func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
 	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
 	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
-	candidates := make([]*corev1.Pod, len(pods))
-	for i := range pods {
-		candidates[i] = &pods[i]
+	annotated, err := r.annotatedFor(ctx, lease.Namespace, lease.Name)
+	if err != nil {
+		return err
 	}
-	return annotateEach(ctx, r.Client, candidates, func(pod *corev1.Pod) map[string]string {
+	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
 		want := map[string]string{}
 		if g != nil && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
@@ -31,6 +36,43 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 		}
 		return want
 	}, tokenKey, idKey)
+}
+
+// unpublish removes a Lease's annotations from every pod that carries
+// them: the Lease is gone.
+func (r *LeaseReconciler) unpublish(ctx context.Context, namespace, name string) error {
+	annotated, err := r.annotatedFor(ctx, namespace, name)
+	if err != nil {
+		return err
+	}
+	none := func(*corev1.Pod) map[string]string { return nil }
+	return annotateEach(ctx, r.Client, union(annotated), none,
+		fencerv1.HolderTokenAnnotationPrefix+name, fencerv1.HolderLeaseIDAnnotationPrefix+name)
+}
+
+// annotatedFor lists the pods of namespace that carry the token or etcd
+// lease ID annotation of Lease name, whatever their labels.
+func (r *LeaseReconciler) annotatedFor(ctx context.Context, namespace, name string) ([]corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(namespace), client.MatchingFields{indexPodLease: name}); err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
+}
+
+// union is the pods of the lists, each once (by UID).
+func union(lists ...[]corev1.Pod) []*corev1.Pod {
+	seen := map[string]bool{}
+	var out []*corev1.Pod
+	for _, pods := range lists {
+		for i := range pods {
+			if uid := string(pods[i].UID); !seen[uid] {
+				seen[uid] = true
+				out = append(out, &pods[i])
+			}
+		}
+	}
+	return out
 }
 
 // publishAfterStatus has the pods annotated once the status is written. A

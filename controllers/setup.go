@@ -35,6 +35,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	rec := withEventBudget(mgr.GetEventRecorder("fencer"))
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
 	leases.Workers = o.LeaseWorkers
+	leases.APIReader = mgr.GetAPIReader()
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}

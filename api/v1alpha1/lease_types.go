@@ -71,18 +71,24 @@ type LeaseSpec struct {
 }
 
 // TenureEndReason says why a tenure ended.
-// +kubebuilder:validation:Enum=Expired;Released;HolderGone;HolderNotReady;Suspended;Deleted
+// +kubebuilder:validation:Enum=Expired;Released;HolderGone;HolderNotSelected;HolderNotReady;Suspended;Deleted
 type TenureEndReason string
 
 const (
 	TenureExpired TenureEndReason = "Expired"
 	// TenureReleased: a renewal: Direct holder gave the lease back with
 	// fence.Release before its TTL ran out.
-	TenureReleased       TenureEndReason = "Released"
-	TenureHolderGone     TenureEndReason = "HolderGone"
-	TenureHolderNotReady TenureEndReason = "HolderNotReady"
-	TenureSuspended      TenureEndReason = "Suspended"
-	TenureDeleted        TenureEndReason = "Deleted"
+	TenureReleased TenureEndReason = "Released"
+	// TenureHolderGone: the holder's pod object was deleted, or replaced
+	// by one of the same name and a new UID (or, under renewal PodReady,
+	// is terminating).
+	TenureHolderGone TenureEndReason = "HolderGone"
+	// TenureHolderNotSelected: the holder's pod no longer matches
+	// spec.holderSelector (relabelled, or the selector changed).
+	TenureHolderNotSelected TenureEndReason = "HolderNotSelected"
+	TenureHolderNotReady    TenureEndReason = "HolderNotReady"
+	TenureSuspended         TenureEndReason = "Suspended"
+	TenureDeleted           TenureEndReason = "Deleted"
 )
 
 // Tenure is one past or present grant of a Lease.

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -219,6 +220,29 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 	}
 	s.Revoke(g.LeaseID)
 	return nil
+}
+
+// GrantedLeases names every Lease that etcd holds a grant or a grant marker
+// of, so that a resync finds those whose Lease object is gone.
+func (s *Store) GrantedLeases(ctx context.Context) ([]types.NamespacedName, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var out []types.NamespacedName
+	seen := map[types.NamespacedName]bool{}
+	for _, prefix := range []string{etcdkeys.LeasesPrefix(s.prefix), etcdkeys.GrantMarkersPrefix(s.prefix)} {
+		resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range resp.Kvs {
+			ns, name, ok := etcdkeys.SplitLeaseKey(prefix, string(kv.Key))
+			if n := (types.NamespacedName{Namespace: ns, Name: name}); ok && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	return out, nil
 }
 
 // ForgetLease deletes the grant marker of a Lease being deleted, once its

@@ -64,7 +64,7 @@ var (
 	// LeaseReleases counts tenures ended before their etcd lease expired.
 	LeaseReleases = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_lease_releases_total",
-		Help: "Tenures ended before their etcd lease expired: by the controller's conditional delete, or by a renewal: Direct holder's fence.Release. Label reason: HolderNotReady, HolderGone (deleted or being deleted), Suspended, Deleted, Released (by the holder).",
+		Help: "Tenures ended before their etcd lease expired: by the controller's conditional delete, or by a renewal: Direct holder's fence.Release. Label reason: HolderNotReady, HolderGone (deleted, replaced by a new UID, or being deleted), HolderNotSelected (no longer matches holderSelector), Suspended, Deleted, Released (by the holder).",
 	}, []string{"reason"})
 
 	// LeaseExpiries counts tenures that ended by their etcd lease expiring.
@@ -169,7 +169,7 @@ func init() {
 	for _, r := range []string{fencerv1.ReasonGranted, fencerv1.ReasonReleased, fencerv1.ReasonExpired, "SlotFreed"} {
 		EventsDropped.WithLabelValues(r)
 	}
-	for _, r := range []fencerv1.TenureEndReason{fencerv1.TenureHolderNotReady, fencerv1.TenureHolderGone, fencerv1.TenureSuspended, fencerv1.TenureDeleted, fencerv1.TenureReleased} {
+	for _, r := range []fencerv1.TenureEndReason{fencerv1.TenureHolderNotReady, fencerv1.TenureHolderGone, fencerv1.TenureHolderNotSelected, fencerv1.TenureSuspended, fencerv1.TenureDeleted, fencerv1.TenureReleased} {
 		LeaseReleases.WithLabelValues(string(r))
 	}
 	for _, k := range []string{"annotation_without_slot", "slot_without_pod"} {

@@ -47,6 +47,21 @@ func IDRangeConsumedKey(prefix, namespace, name string, first int64) string {
 	return join(prefix, "idranges", namespace, name, "consumed", strconv.FormatInt(first, 10))
 }
 
+// IDRangeClaimKey records, for the block starting at first, the pod the
+// controller handed it to and its last ID: written in the transaction that
+// claims the block, never changed. Namespace identities may read it but
+// not write it, so a forged or copied block annotation is found out when
+// the block is consumed.
+func IDRangeClaimKey(prefix, namespace, name string, first int64) string {
+	return join(prefix, "claims", namespace, name, strconv.FormatInt(first, 10))
+}
+
+// NamespaceClaimsPrefix is the prefix of every IDRangeClaimKey of one
+// namespace.
+func NamespaceClaimsPrefix(prefix, namespace string) string {
+	return join(prefix, "claims", namespace) + "/"
+}
+
 // NamespaceLeasesPrefix is the prefix of every LeaseKey of one namespace.
 func NamespaceLeasesPrefix(prefix, namespace string) string {
 	return join(prefix, "leases", namespace) + "/"
@@ -71,6 +86,9 @@ func DataPrefix(prefix, namespace string) string {
 func GrantMarkerKey(prefix, namespace, name string) string {
 	return join(prefix, "grants", namespace, name)
 }
+
+// GrantMarkersPrefix is the prefix every GrantMarkerKey starts with.
+func GrantMarkersPrefix(prefix string) string { return join(prefix, "grants") + "/" }
 
 // LeaderKey is the etcd election key of the active controller.
 func LeaderKey(prefix string) string { return join(prefix, "controller", "leader") }
@@ -103,7 +121,8 @@ func ParseLeaseKey(prefix, key string) (namespace, name string, ok bool) {
 	return SplitLeaseKey(LeasesPrefix(prefix), key)
 }
 
-// SplitLeaseKey splits a key below a LeasesPrefix into namespace and name.
+// SplitLeaseKey splits a key below a LeasesPrefix (or GrantMarkersPrefix)
+// into namespace and name.
 func SplitLeaseKey(prefix, key string) (namespace, name string, ok bool) {
 	rest, found := strings.CutPrefix(key, prefix)
 	if !found {

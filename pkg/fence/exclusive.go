@@ -2,13 +2,16 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
 
 // RunExclusive is the scheduled-job pattern: it waits until src says this
 // pod holds lease, then runs fn once with the token and a context that is
-// cancelled the moment the token changes or disappears. It returns fn's
+// cancelled the moment the token changes or disappears. With a Verified
+// src it is also cancelled the moment the grant ends, whatever the
+// annotation says. It returns fn's
 // error, or an error wrapping ErrLeaseLost if the lease was lost while fn
 // ran. Pass every write fn makes through the token (Stamp, Client, NewTxn),
 // since cancellation alone cannot stop a write already on the wire.
@@ -34,6 +37,14 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 			}
 		}
 	}()
+	if v, ok := src.(Verified); ok {
+		// The grant itself, not only the annotation: the moment it ends.
+		go func() {
+			if err := v.Check.UntilLost(run, held); errors.Is(err, ErrLeaseLost) {
+				lose(err)
+			}
+		}()
+	}
 	err := fn(run, held)
 	if cause := context.Cause(run); cause != nil && run.Err() != nil && ctx.Err() == nil {
 		return cause

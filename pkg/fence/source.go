@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -134,14 +135,24 @@ type PodSource struct {
 	Client    client.Reader
 	Namespace string
 	Pod       string
-	Lease     string
+	// UID is this pod's UID (the Downward API's metadata.uid). Required:
+	// a pod of the same name that replaced this one (a StatefulSet's) may
+	// hold the lease, and its token is not this pod's.
+	UID   types.UID
+	Lease string
 }
 
 // Token reads the pod now.
 func (p PodSource) Token(ctx context.Context) (Token, error) {
+	if p.UID == "" {
+		return Token{}, errors.New("fence: PodSource needs UID, this pod's UID (the Downward API's metadata.uid)")
+	}
 	pod := &corev1.Pod{}
 	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
 		return Token{}, err
+	}
+	if pod.UID != p.UID {
+		return Token{}, fmt.Errorf("pod %s/%s is now uid %s, not this pod (uid %s): %w", p.Namespace, p.Pod, pod.UID, p.UID, ErrNotHolder)
 	}
 	return TokenFromAnnotations(pod.Annotations, p.Lease)
 }
@@ -188,16 +199,23 @@ type LeaseSource struct {
 	Lease     string
 	// Pod is this pod's name.
 	Pod string
+	// UID is this pod's UID (the Downward API's metadata.uid). Required:
+	// the status names a holder by name and UID, and a same-name
+	// replacement's token is not this pod's.
+	UID types.UID
 }
 
 // Token reads the Lease now.
 func (l LeaseSource) Token(ctx context.Context) (Token, error) {
+	if l.UID == "" {
+		return Token{}, errors.New("fence: LeaseSource needs UID, this pod's UID (the Downward API's metadata.uid)")
+	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {
 		return Token{}, err
 	}
-	if lease.Status.Holder != l.Pod || lease.Status.Token == 0 {
-		return Token{}, fmt.Errorf("lease %s/%s is held by %q: %w", l.Namespace, l.Lease, lease.Status.Holder, ErrNotHolder)
+	if lease.Status.Holder != l.Pod || lease.Status.HolderUID != l.UID || lease.Status.Token == 0 {
+		return Token{}, fmt.Errorf("lease %s/%s is held by %q (uid %s): %w", l.Namespace, l.Lease, lease.Status.Holder, lease.Status.HolderUID, ErrNotHolder)
 	}
 	return Token{Lease: l.Lease, Value: lease.Status.Token, LeaseID: lease.Status.LeaseID}, nil
 }

@@ -47,6 +47,8 @@ spec:
     - {name: LEASE, value: report}
     - name: POD_NAME
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - name: POD_UID
+      valueFrom: {fieldRef: {fieldPath: metadata.uid}}
     - name: POD_NAMESPACE
       valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
     volumeMounts: [{name: podinfo, mountPath: /etc/podinfo}]
@@ -127,6 +129,8 @@ spec:
     - {name: BLOCK_SIZE, value: "1000"}
     - name: POD_NAME
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - name: POD_UID
+      valueFrom: {fieldRef: {fieldPath: metadata.uid}}
     - name: POD_NAMESPACE
       valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
     volumeMounts:

@@ -68,6 +68,7 @@ func startPod(role, name string, args []string) (*Actor, error) {
 	}
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}},
 		{Name: "STORY_T0", Value: strconv.FormatInt(t0.UnixNano(), 10)},
 		{Name: "STORY_SHARED", Value: SharedDir()},
 	}

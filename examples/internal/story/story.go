@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -150,10 +151,28 @@ func secretToDir(ctx context.Context, k client.Client) (string, error) {
 // Pod is the pod this actor stands in for.
 func Pod() string { return os.Getenv("POD_NAME") }
 
+// PodUID is that pod's UID: from the Downward API (POD_UID) in a real
+// container; a process standing in for a simulated pod reads it from the
+// API, once, as the pod is when the actor starts.
+func PodUID(ctx context.Context, k client.Client) (types.UID, error) {
+	if uid := os.Getenv("POD_UID"); uid != "" {
+		return types.UID(uid), nil
+	}
+	pod := &corev1.Pod{}
+	if err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: Pod()}, pod); err != nil {
+		return "", fmt.Errorf("reading pod %s for its UID: %w", Pod(), err)
+	}
+	return pod.UID, nil
+}
+
 // waitToken waits until this pod holds lease, reading its token through
 // the API.
 func waitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
-	src := fence.PodSource{Client: k, Namespace: Namespace, Pod: Pod(), Lease: lease}
+	uid, err := PodUID(ctx, k)
+	if err != nil {
+		return fence.Token{}, err
+	}
+	src := fence.PodSource{Client: k, Namespace: Namespace, Pod: Pod(), UID: uid, Lease: lease}
 	for {
 		if t, err := src.Token(ctx); err == nil && t.Value > 0 {
 			return t, nil

@@ -39,7 +39,7 @@ import (
 )
 
 type config struct {
-	kubeconfig, namespace, pod string
+	kubeconfig, namespace, pod, podUID string
 	leases                     []string
 	etcdCredentials            string
 	prefix                     string
@@ -58,6 +58,7 @@ func main() {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig authenticating as this pod")
 	fs.StringVar(&c.namespace, "namespace", "default", "the pod's namespace")
 	fs.StringVar(&c.pod, "pod", "", "the pod this worker is")
+	fs.StringVar(&c.podUID, "pod-uid", "", "that pod's UID (the Downward API's metadata.uid)")
 	fs.StringVar(&leases, "leases", "", "comma-separated fencer Lease names to write under")
 	fs.StringVar(&c.etcdCredentials, "etcd-credentials", "", "directory of the namespace's mounted etcd credentials Secret (fence.LoadEtcdAccess)")
 	fs.StringVar(&c.idRange, "idrange", "", "Blocks IDRange to issue IDs from; empty for none")
@@ -84,8 +85,8 @@ func split(s string) []string {
 }
 
 func run(c config) error {
-	if c.pod == "" || c.historyPath == "" {
-		return errors.New("--pod and --history are required")
+	if c.pod == "" || c.podUID == "" || c.historyPath == "" {
+		return errors.New("--pod, --pod-uid and --history are required")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -172,7 +173,7 @@ func (w *worker) record(a history.Attempt) {
 // token only every few writes: a worker that was paused writes first with
 // what it knew before the pause.
 func (w *worker) writeLoop(ctx context.Context, lease string) {
-	src := fence.PodSource{Client: w.kube, Namespace: w.namespace, Pod: w.pod, Lease: lease}
+	src := fence.PodSource{Client: w.kube, Namespace: w.namespace, Pod: w.pod, UID: types.UID(w.podUID), Lease: lease}
 	var tok fence.Token
 	for i := 0; ctx.Err() == nil; i++ {
 		if i%5 == 0 {

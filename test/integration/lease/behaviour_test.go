@@ -391,10 +391,10 @@ func TestEventsAreRecorded(t *testing.T) {
 func TestDirectHolderRenewsWithHold(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
-	readyPod(t, ns, "w-0", "w")
+	w0 := readyPod(t, ns, "w-0", "w")
 	createDirect(t, ns, 2)
 	heldBy(t, ns, "job")
-	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0"}
+	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0", UID: w0.UID}
 	tok, err := src.Token(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -431,9 +431,10 @@ func TestDirectHolderReleases(t *testing.T) {
 	ns := namespace(t)
 	readyPod(t, ns, "w-0", "w")
 	createDirect(t, ns, 60)
-	first := heldBy(t, ns, "job").Holder
+	st := heldBy(t, ns, "job")
+	first := st.Holder
 	readyPod(t, ns, "w-1", "w")
-	tok, err := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: first}.Token(context.Background())
+	tok, err := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: first, UID: st.HolderUID}.Token(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +458,7 @@ func TestDirectHolderReleases(t *testing.T) {
 		}
 		return nil
 	})
-	st := getLease(t, ns, "job").Status
+	st = getLease(t, ns, "job").Status
 	if ended := st.History[1]; ended.Token != tok.Value || ended.EndReason != fencerv1.TenureReleased {
 		t.Fatalf("the released tenure: %+v, want token %d ended Released", ended, tok.Value)
 	}

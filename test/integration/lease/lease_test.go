@@ -146,3 +146,5 @@ func heldReason(l *fencerv1.Lease) string {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func metaOf(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -45,7 +46,7 @@ func main() {
 		os.Exit(1)
 	}
 	file := fence.FileSource{Path: "/etc/podinfo/annotations", Lease: lease}
-	api := fence.PodSource{Client: cl, Namespace: ns, Pod: pod, Lease: lease}
+	api := fence.PodSource{Client: cl, Namespace: ns, Pod: pod, UID: types.UID(os.Getenv("POD_UID")), Lease: lease}
 	var wrote int64
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

@@ -1,0 +1,160 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+func fakeClient(objs ...client.Object) client.Client {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(fencerv1alpha1.AddToScheme(s))
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&fencerv1alpha1.Lease{}).Build()
+}
+
+// A pod replaced by one of the same name (a StatefulSet's, after a force
+// delete) must never read its successor's token as its own.
+func TestPodSourceMatchesTheUID(t *testing.T) {
+	successor := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "db-0", Namespace: "ns", UID: "new",
+		Annotations: map[string]string{TokenAnnotationPrefix + "report": "9"}}}
+	c := fakeClient(successor)
+	ctx := context.Background()
+	if _, err := (PodSource{Client: c, Namespace: "ns", Pod: "db-0", UID: "old", Lease: "report"}).Token(ctx); !errors.Is(err, ErrNotHolder) {
+		t.Fatalf("the old pod read its successor's token: %v", err)
+	}
+	if tok, err := (PodSource{Client: c, Namespace: "ns", Pod: "db-0", UID: "new", Lease: "report"}).Token(ctx); err != nil || tok.Value != 9 {
+		t.Fatalf("the successor reads %+v, %v", tok, err)
+	}
+	if _, err := (PodSource{Client: c, Namespace: "ns", Pod: "db-0", Lease: "report"}).Token(ctx); err == nil || errors.Is(err, ErrNotHolder) {
+		t.Fatalf("a PodSource without UID: want a configuration error, got %v", err)
+	}
+}
+
+func statusLease(holder, uid string, tok int64) *fencerv1alpha1.Lease {
+	l := &fencerv1alpha1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: "ns"}}
+	l.Status.Holder, l.Status.HolderUID, l.Status.Token = holder, types.UID(uid), tok
+	return l
+}
+
+func TestLeaseSourceMatchesTheUID(t *testing.T) {
+	c := fakeClient(statusLease("db-0", "new", 9))
+	ctx := context.Background()
+	if _, err := (LeaseSource{Client: c, Namespace: "ns", Lease: "report", Pod: "db-0", UID: "old"}).Token(ctx); !errors.Is(err, ErrNotHolder) {
+		t.Fatalf("the old pod read its successor's token: %v", err)
+	}
+	if tok, err := (LeaseSource{Client: c, Namespace: "ns", Lease: "report", Pod: "db-0", UID: "new"}).Token(ctx); err != nil || tok.Value != 9 {
+		t.Fatalf("the successor reads %+v, %v", tok, err)
+	}
+	if _, err := (LeaseSource{Client: c, Namespace: "ns", Lease: "report", Pod: "db-0"}).Token(ctx); err == nil || errors.Is(err, ErrNotHolder) {
+		t.Fatalf("a LeaseSource without UID: want a configuration error, got %v", err)
+	}
+}
+
+// An annotation that stays (its pod's kubelet has stopped, or the
+// controller cannot patch it) must not keep RunExclusive's work going once
+// the grant has ended: the status check cancels it.
+func TestRunExclusiveFollowsTheStatus(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "annotations")
+	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="9"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := fakeClient(statusLease("w-0", "me", 9))
+	src := Verified{Source: FileSource{Path: path, Lease: "report"}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+	started := make(chan Token, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, tok Token) error {
+			started <- tok
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	if tok := <-started; tok.Value != 9 {
+		t.Fatalf("ran with %+v", tok)
+	}
+	// The grant moves on; the annotation file does not change.
+	l := &fencerv1alpha1.Lease{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "report"}, l); err != nil {
+		t.Fatal(err)
+	}
+	l.Status.Holder, l.Status.HolderUID, l.Status.Token = "w-1", "other", 12
+	if err := c.Status().Update(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunExclusive kept running after the grant ended")
+	}
+	if _, err := src.Token(context.Background()); !errors.Is(err, ErrNotHolder) {
+		t.Fatalf("Verified reads a token whose grant ended: %v", err)
+	}
+}
+
+// With etcd access, the grant key itself: RunExclusive is cancelled the
+// moment the key is deleted, though the annotation never changes, and
+// Watch reports the loss.
+func TestRunExclusiveFollowsTheGrantInEtcd(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	tok := grant(t, cli, "report", 60)
+	path := filepath.Join(t.TempDir(), "annotations")
+	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="`+strconv.FormatInt(tok.Value, 10)+`"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := Verified{Source: FileSource{Path: path, Lease: "report"}, Check: EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}}
+	started := make(chan Token, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, tok Token) error {
+			started <- tok
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	tokens := Watch(watchCtx, src, "report", 20*time.Millisecond)
+	if first := <-tokens; first.Value != tok.Value {
+		t.Fatalf("Watch first sent %+v", first)
+	}
+	if _, err := cli.Delete(context.Background(), etcdkeys.LeaseKey(prefix, "ns", "report")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunExclusive kept running after the grant key was deleted")
+	}
+	select {
+	case lost := <-tokens:
+		if lost.Value != 0 {
+			t.Fatalf("Watch sent %+v after the grant ended, want the zero token", lost)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch never reported the lost grant")
+	}
+}
