@@ -170,7 +170,7 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 			waiting = append(waiting, pod.Name)
 			continue
 		}
-		b, n, err := r.Store.ClaimBlock(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, *rng.Spec.BlockSize)
+		b, n, err := r.Store.ClaimBlock(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, *rng.Spec.BlockSize, pod.Name, string(pod.UID))
 		if errors.Is(err, etcdstore.ErrExhausted) {
 			advance(n)
 			waiting = append(waiting, pod.Name)

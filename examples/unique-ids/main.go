@@ -134,7 +134,11 @@ func generators(ctx context.Context, env *story.Env, mode string) (next, next, e
 		return nil, nil, err
 	}
 	story.Say(story.Pod(), "order IDs: blocks of IDRange order-ids; event IDs: snowflake on slot %d (token %d) of IDRange event-workers", slot, token)
-	sf, err := idgen.NewSnowflake(ctx, etcd, idgen.SnowflakeOptions{Prefix: prefix, Namespace: story.Namespace, Name: "event-workers", Slot: slot, Token: token, Now: now})
+	uid, err := story.PodUID(ctx, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	sf, err := idgen.NewSnowflake(ctx, etcd, idgen.SnowflakeOptions{Prefix: prefix, Namespace: story.Namespace, Name: "event-workers", Slot: slot, Token: token, PodUID: uid, Now: now})
 	if err != nil {
 		return nil, nil, err
 	}

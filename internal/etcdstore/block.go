@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,15 +17,21 @@ var ErrExhausted = idgen.ErrExhausted
 // Block is a claimed range of IDs, both ends inclusive.
 type Block = idgen.Block
 
-// ClaimBlock hands out the next block of up to size IDs in [min,max] with
-// the shared claim transaction (idgen.Claim), fenced by this controller's
-// term. When fewer than size IDs remain, the shorter final block is handed
-// out; after it, ErrExhausted.
-func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max, size int64) (b Block, next int64, err error) {
+// ClaimBlock hands out the next block of up to size IDs in [min,max] to
+// pod (name and UID) with the shared claim transaction (idgen.Claim),
+// fenced by this controller's term. The same transaction records whom the
+// block is for (etcdkeys.IDRangeClaimKey), which idgen.ConsumeBlock
+// checks. When fewer than size IDs remain, the shorter final block is
+// handed out; after it, ErrExhausted.
+func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max, size int64, pod, podUID string) (b Block, next int64, err error) {
 	defer s.timed("claim")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	c := idgen.Claim{Cli: s.cli, Key: etcdkeys.IDRangeNextKey(s.prefix, namespace, name), Min: min, Max: max, Size: size}
+	c := idgen.Claim{Cli: s.cli, Key: etcdkeys.IDRangeNextKey(s.prefix, namespace, name), Min: min, Max: max, Size: size,
+		Record: func(b Block) ([]clientv3.Op, error) {
+			v, err := json.Marshal(idgen.BlockClaim{Pod: pod, PodUID: podUID, Last: b.Last})
+			return []clientv3.Op{clientv3.OpPut(etcdkeys.IDRangeClaimKey(s.prefix, namespace, name, b.First), string(v))}, err
+		}}
 	for {
 		term, err := s.elector.Term()
 		if err != nil {

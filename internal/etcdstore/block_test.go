@@ -24,7 +24,7 @@ func TestConcurrentClaimersNeverOverlap(t *testing.T) {
 	var blocks []Block
 	claim := func(s *Store, n int) error {
 		for range n {
-			b, _, err := s.ClaimBlock(ctx, "ns", "ids", 1, 1<<40, 13)
+			b, _, err := s.ClaimBlock(ctx, "ns", "ids", 1, 1<<40, 13, "p", "uid-p")
 			if err != nil {
 				return err
 			}
@@ -87,20 +87,20 @@ func TestClaimBlockEdges(t *testing.T) {
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
 	const max = 1<<63 - 2
-	b, _, err := s.ClaimBlock(ctx, "ns", "top", max-4, max, 10)
+	b, _, err := s.ClaimBlock(ctx, "ns", "top", max-4, max, 10, "p", "uid-p")
 	if err != nil || b.First != max-4 || b.Last != max {
 		t.Fatalf("final short block near MaxInt64: %+v %v", b, err)
 	}
-	if _, _, err := s.ClaimBlock(ctx, "ns", "top", max-4, max, 10); !errors.Is(err, ErrExhausted) {
+	if _, _, err := s.ClaimBlock(ctx, "ns", "top", max-4, max, 10, "p", "uid-p"); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("after the last block: %v, want ErrExhausted", err)
 	}
-	if _, _, err := s.ClaimBlock(ctx, "ns", "bad", 0, 1<<63-1, 10); err == nil {
+	if _, _, err := s.ClaimBlock(ctx, "ns", "bad", 0, 1<<63-1, 10, "p", "uid-p"); err == nil {
 		t.Fatal("max = MaxInt64 accepted")
 	}
 	if _, err := cli.Put(ctx, etcdkeys.IDRangeNextKey(DefaultPrefix, "ns", "junk"), "twelve"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.ClaimBlock(ctx, "ns", "junk", 0, 100, 10); err == nil || !strings.Contains(err.Error(), `holds "twelve", not a decimal ID`) {
+	if _, _, err := s.ClaimBlock(ctx, "ns", "junk", 0, 100, 10, "p", "uid-p"); err == nil || !strings.Contains(err.Error(), `holds "twelve", not a decimal ID`) {
 		t.Fatalf("malformed next key: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/idgen"
 )
 
 // Slot is a live worker-ID slot lease.
@@ -21,11 +22,9 @@ type Slot struct {
 	SlotValue
 }
 
-// SlotValue is the JSON stored at a slot key (docs/concepts.md).
-type SlotValue struct {
-	Pod    string `json:"pod"`
-	PodUID string `json:"podUID"`
-}
+// SlotValue is the JSON stored at a slot key (docs/concepts.md); the
+// snowflake generator reads it to refuse a slot leased to another pod.
+type SlotValue = idgen.SlotValue
 
 // Slots lists the live slots of an IDRange, in no particular order.
 func (s *Store) Slots(ctx context.Context, namespace, name string) (slots []Slot, err error) {

@@ -58,7 +58,8 @@ func (p Permission) rangeEnd() string {
 // NamespacePermissions are all a namespace's workloads may do: read their
 // Lease keys (to compare tokens, watch and hold them) but never write them,
 // since a written lease key would be a forged token; use their IDRanges
-// (claim blocks, mark consumed ones, write a slot's clock); and keep fenced
+// (claim blocks, mark consumed ones, write a slot's clock) and read the
+// controller's block claim records, never write them; and keep fenced
 // data keys below DataPrefix. Nothing of any other namespace.
 //
 // The one exception is the key of each Lease in directLeases (renewal
@@ -70,6 +71,8 @@ func NamespacePermissions(prefix, ns string, directLeases []string) []Permission
 	perms := []Permission{
 		{Prefix: etcdkeys.NamespaceLeasesPrefix(prefix, ns)},
 		{Prefix: etcdkeys.NamespaceIDRangesPrefix(prefix, ns), Write: true},
+		// Read only: the controller's records of whom each block is for.
+		{Prefix: etcdkeys.NamespaceClaimsPrefix(prefix, ns)},
 		{Prefix: etcdkeys.DataPrefix(prefix, ns), Write: true},
 	}
 	for _, name := range directLeases {

@@ -116,6 +116,14 @@ func TestNamespaceIdentityReachesOnlyItsNamespace(t *testing.T) {
 	denied(t, "create a lease key", err)
 	_, err = a.Delete(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
 	denied(t, "delete own lease key", err)
+	// Block claim records are read-only: writing one would make a forged
+	// block annotation pass idgen.ConsumeBlock.
+	_, err = a.Get(ctx, etcdkeys.IDRangeClaimKey(prefix, "a", "ids", 1))
+	allowed(t, "read own block claim records", err)
+	_, err = a.Put(ctx, etcdkeys.IDRangeClaimKey(prefix, "a", "ids", 2), `{"pod":"p","podUID":"u","last":999999}`)
+	denied(t, "forge a block claim record", err)
+	_, err = a.Get(ctx, etcdkeys.IDRangeClaimKey(prefix, "b", "ids", 1))
+	denied(t, "read b's block claim records", err)
 
 	// Nothing of namespace b.
 	_, err = a.Get(ctx, etcdkeys.LeaseKey(prefix, "b", "l"))

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // TestRestartedContainerNeverReissuesAnnotatedIDs: a container consumes its
@@ -76,4 +79,49 @@ func FuzzParseBlock(f *testing.F) {
 			t.Fatalf("ParseBlock(%q) = %v", s, b)
 		}
 	})
+}
+
+// A block annotation that the controller did not hand to this pod is
+// refused: forged to span every block ever claimed, copied from another
+// pod, or with its last ID stretched. The genuine owner still consumes its
+// own block.
+func TestForgedAndCopiedBlocksAreRefused(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	mine, err := claimFor(ctx, cli, 1, 1_000_000, 100, "p", "uid-p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := claimFor(ctx, cli, 1, 1_000_000, 100, "q", "uid-q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		annotation string
+		uid        string
+		want       string
+	}{
+		"forged across every block": {"block=2-999999", "uid-p", "fencer never claimed a block starting at 2"},
+		"forged over a real block":  {fmt.Sprintf("block=%d-%d", mine.First, mine.Last+100_000), "uid-p", fmt.Sprintf("fencer handed block %d-%d to pod p (uid uid-p)", mine.First, mine.Last)},
+		"copied from another pod":   {fmt.Sprintf("block=%d-%d", theirs.First, theirs.Last), "uid-p", "to pod q (uid uid-q), not"},
+		"a real block, no UID":      {fmt.Sprintf("block=%d-%d", mine.First, mine.Last), "", "needs the pod's UID"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ConsumeBlock(ctx, cli, "", "ns", "ids", tc.annotation, types.UID(tc.uid))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ConsumeBlock(%s) = %v, want an error containing %q", tc.annotation, err, tc.want)
+			}
+			if tc.uid != "" && !errors.Is(err, ErrBlockNotClaimed) {
+				t.Fatalf("want ErrBlockNotClaimed, got %v", err)
+			}
+		})
+	}
+	for _, own := range []struct {
+		b   Block
+		uid types.UID
+	}{{mine, "uid-p"}, {theirs, "uid-q"}} {
+		if got, err := ConsumeBlock(ctx, cli, "", "ns", "ids", fmt.Sprintf("block=%d-%d", own.b.First, own.b.Last), own.uid); err != nil || got != own.b {
+			t.Fatalf("the owner of %v: %v %v", own.b, got, err)
+		}
+	}
 }

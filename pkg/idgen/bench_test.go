@@ -79,7 +79,7 @@ func benchNextTail(b *testing.B, a *Blocks) {
 // BenchmarkSnowflakeNext: one generator; bounded by 2,048 IDs per ms.
 func BenchmarkSnowflakeNext(b *testing.B) {
 	cli := startEtcd(b)
-	g, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: leaseSlotB(b, cli, 1)})
+	g, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: leaseSlotB(b, cli, 1), PodUID: "uid-p"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package idgen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math/bits"
 	"strconv"
@@ -137,15 +138,23 @@ func TestManyAllocatorsNeverDuplicate(t *testing.T) {
 // controllerClaim is the controller's block claim (etcdstore.Store.ClaimBlock
 // without its election fence, which needs a controller term).
 func controllerClaim(ctx context.Context, cli *clientv3.Client, min, max, size int64) (Block, error) {
-	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "ids", Min: min, Max: max, BlockSize: size})
-	if err != nil {
-		return Block{}, err
+	return claimFor(ctx, cli, min, max, size, "p", "pod-uid")
+}
+
+// claimFor claims a block of IDRange ns/ids for a pod as fencer's
+// controller does, with the claim record naming the pod.
+func claimFor(ctx context.Context, cli *clientv3.Client, min, max, size int64, pod, uid string) (Block, error) {
+	c := Claim{Cli: cli, Key: etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, "ns", "ids"), Min: min, Max: max, Size: size,
+		Record: func(b Block) ([]clientv3.Op, error) {
+			v, err := json.Marshal(BlockClaim{Pod: pod, PodUID: uid, Last: b.Last})
+			return []clientv3.Op{clientv3.OpPut(etcdkeys.IDRangeClaimKey(etcdkeys.DefaultPrefix, "ns", "ids", b.First), string(v))}, err
+		}}
+	for {
+		b, claimed, _, err := c.Try(ctx)
+		if err != nil || claimed {
+			return b, err
+		}
 	}
-	s, err := a.claim(ctx, size)
-	if err != nil {
-		return Block{}, err
-	}
-	return Block{First: s.next.Load(), Last: s.last}, nil
 }
 
 func TestExhaustionAndShortFinalBlock(t *testing.T) {

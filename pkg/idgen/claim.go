@@ -27,6 +27,9 @@ type Claim struct {
 	// so the caller can tell a failed guard from a lost race.
 	Guard  []clientv3.Cmp
 	OrElse []clientv3.Op
+	// Record, when set, gives writes that commit with the claim of b (the
+	// controller's record of whom the block is for).
+	Record func(b Block) ([]clientv3.Op, error)
 }
 
 // Try makes one attempt. claimed is false when the transaction failed:
@@ -46,9 +49,17 @@ func (c Claim) Try(ctx context.Context) (b Block, claimed bool, resp *clientv3.T
 		return Block{First: next}, false, nil, ErrExhausted
 	}
 	b = Block{First: next, Last: lastOf(next, c.Size, c.Max)}
+	then := []clientv3.Op{clientv3.OpPut(c.Key, strconv.FormatInt(b.Last+1, 10))}
+	if c.Record != nil {
+		ops, err := c.Record(b)
+		if err != nil {
+			return Block{}, false, nil, err
+		}
+		then = append(then, ops...)
+	}
 	resp, err = c.Cli.Txn(ctx).
 		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.Key), "=", modRev)}, c.Guard...)...).
-		Then(clientv3.OpPut(c.Key, strconv.FormatInt(b.Last+1, 10))).
+		Then(then...).
 		Else(c.OrElse...).
 		Commit()
 	if err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log"
+	"os"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/pkg/idgen"
 )
@@ -36,6 +38,7 @@ func ExampleNewSnowflake() {
 	}
 	gen, err := idgen.NewSnowflake(context.Background(), cli, idgen.SnowflakeOptions{
 		Namespace: "default", Name: "event-workers", Slot: slot, Token: token,
+		PodUID: types.UID(os.Getenv("POD_UID")), // the Downward API's metadata.uid
 	})
 	if err != nil {
 		log.Fatal(err)

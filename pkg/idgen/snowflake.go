@@ -2,6 +2,7 @@ package idgen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -45,6 +47,18 @@ func (e *ClockRollbackError) Error() string {
 	return fmt.Sprintf("idgen: the clock went back %s, more than the %s the generator waits out; refusing to issue IDs that could repeat", e.Back, e.Max)
 }
 
+// ErrSlotOfAnotherPod means the slot named by the annotation is leased to
+// another pod: the annotation was copied from that pod. Two generators on
+// one slot would issue the same IDs, so the generator refuses to start.
+var ErrSlotOfAnotherPod = errors.New("idgen: the worker-ID slot is leased to another pod")
+
+// SlotValue is what fencer's controller stores at a slot key: the pod the
+// slot is leased to.
+type SlotValue struct {
+	Pod    string `json:"pod"`
+	PodUID string `json:"podUID"`
+}
+
 // SnowflakeOptions configure a generator.
 type SnowflakeOptions struct {
 	// Prefix is fencer's etcd prefix ("/fencer" by default).
@@ -54,6 +68,10 @@ type SnowflakeOptions struct {
 	// Slot and Token come from the pod's annotation
 	// idrange.fencer.io/<name>: "slot=<n>,token=<rev>". Slot must fit 10 bits.
 	Slot, Token int64
+	// PodUID is this pod's UID (the Downward API's metadata.uid). Required:
+	// the generator refuses a slot leased to another pod, so a copy of
+	// another pod's annotation cannot run a second generator on its slot.
+	PodUID types.UID
 	// MaxRollback is the largest clock step back the generator waits out
 	// (default 10 ms); a larger one is refused with *ClockRollbackError.
 	MaxRollback time.Duration
@@ -78,7 +96,10 @@ type Snowflake struct {
 	lastMs   int64 // the millisecond of the last ID
 	seq      int64
 	reserved int64 // IDs may be issued up to this millisecond
-	stop     context.CancelFunc
+	// slotValue is the slot key's value naming this pod, which every
+	// reservation compares with the token.
+	slotValue string
+	stop      context.CancelFunc
 }
 
 // ParseSlot reads the annotation fencer writes on a Slots-mode pod.
@@ -109,6 +130,9 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if o.Slot < 0 || o.Slot > MaxWorker {
 		return nil, fmt.Errorf("idgen: slot %d does not fit the %d worker bits: use an IDRange within [0, %d]", o.Slot, WorkerBits, MaxWorker)
 	}
+	if o.PodUID == "" {
+		return nil, errors.New("idgen: SnowflakeOptions.PodUID is required: this pod's UID, from the Downward API's metadata.uid")
+	}
 	if o.Prefix == "" {
 		o.Prefix = etcdkeys.DefaultPrefix
 	}
@@ -134,6 +158,16 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if len(slot) == 0 || slot[0].CreateRevision != o.Token {
 		return nil, fmt.Errorf("slot %d is not held under token %d: %w", o.Slot, o.Token, ErrSlotLost)
 	}
+	var holder SlotValue
+	if err := json.Unmarshal(slot[0].Value, &holder); err != nil {
+		return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a slot fencer leased: %w", g.slotKey, slot[0].Value, err)
+	}
+	if holder.PodUID != string(o.PodUID) {
+		return nil, fmt.Errorf("slot %d of %s/%s is leased to pod %s (uid %s), not to this pod (uid %s); its annotation was copied from that pod: %w",
+			o.Slot, o.Namespace, o.Name, holder.Pod, holder.PodUID, o.PodUID, ErrSlotOfAnotherPod)
+	}
+	// Reservations compare the value too: the slot must still name this pod.
+	g.slotValue = string(slot[0].Value)
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 		if g.lastMs, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
 			return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a millisecond count", g.clockKey, kvs[0].Value)
@@ -215,7 +249,7 @@ func (g *Snowflake) tick(ctx context.Context) (int64, error) {
 func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 	upTo := ms + g.o.Reserve.Milliseconds()
 	resp, err := g.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(g.slotKey), "=", g.o.Token)).
+		If(clientv3.Compare(clientv3.CreateRevision(g.slotKey), "=", g.o.Token), clientv3.Compare(clientv3.Value(g.slotKey), "=", g.slotValue)).
 		Then(clientv3.OpPut(g.clockKey, strconv.FormatInt(upTo, 10))).
 		Commit()
 	if err != nil {

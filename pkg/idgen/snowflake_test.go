@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ func leaseSlotB(t testing.TB, cli *clientv3.Client, n int64) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(context.Background(), etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "workers", n), `{"pod":"p"}`, clientv3.WithLease(l.ID))
+	resp, err := cli.Put(context.Background(), etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "workers", n), `{"pod":"p","podUID":"uid-p"}`, clientv3.WithLease(l.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.U
 
 func newGen(t *testing.T, cli *clientv3.Client, slot, token int64, now func() time.Time) *Snowflake {
 	t.Helper()
-	g, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: slot, Token: token, Now: now})
+	g, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: slot, Token: token, PodUID: "uid-p", Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestRestartAfterRollbackCannotRepeat(t *testing.T) {
 	}
 	g.Close()
 	c.Add(-5 * time.Second) // far behind the reservation: refused
-	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 4, Token: tok, Now: c.Now}); !errors.As(err, new(*ClockRollbackError)) {
+	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 4, Token: tok, PodUID: "uid-p", Now: c.Now}); !errors.As(err, new(*ClockRollbackError)) {
 		t.Fatalf("restart 5s behind: %v, want a ClockRollbackError", err)
 	}
 	c.Add(5 * time.Second) // back where it was, inside the reservation: waits it out
@@ -167,7 +168,7 @@ func TestSlotLossStopsIssuance(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 5, Token: 1}); !errors.Is(err, ErrSlotLost) {
+	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 5, Token: 1, PodUID: "uid-p"}); !errors.Is(err, ErrSlotLost) {
 		t.Fatalf("a generator on a lost slot started: %v", err)
 	}
 }
@@ -201,4 +202,32 @@ func FuzzParseSlot(f *testing.F) {
 			t.Fatalf("ParseSlot(%q) = %d, %d, which prints as %q", s, slot, tok, back)
 		}
 	})
+}
+
+// A pod carrying a copy of another live pod's slot annotation (from
+// `kubectl get pod -o yaml`, renamed and applied) must not run a second
+// generator on that slot: the two would issue the same IDs.
+func TestSnowflakeRefusesASlotLeasedToAnotherPod(t *testing.T) {
+	cli := startEtcd(t)
+	tok := leaseSlot(t, cli, 6) // leased to uid-p
+	owner := newGen(t, cli, 6, tok, nil)
+	_, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 6, Token: tok, PodUID: "uid-copier"})
+	if !errors.Is(err, ErrSlotOfAnotherPod) || !strings.Contains(err.Error(), "leased to pod p (uid uid-p), not to this pod (uid uid-copier)") {
+		t.Fatalf("a copied slot annotation: got %v, want ErrSlotOfAnotherPod naming both pods", err)
+	}
+	if _, err := NewSnowflake(context.Background(), cli, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 6, Token: tok}); err == nil || !strings.Contains(err.Error(), "PodUID is required") {
+		t.Fatalf("no PodUID: got %v, want a configuration error", err)
+	}
+	if _, err := owner.Next(context.Background()); err != nil {
+		t.Fatalf("the owner: %v", err)
+	}
+	// A slot key rewritten to name another pod (same create revision)
+	// stops the owner's reservations.
+	if _, err := cli.Put(context.Background(), etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "workers", 6), `{"pod":"q","podUID":"uid-q"}`, clientv3.WithIgnoreLease()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // past the owner's 1 s reservation
+	if _, err := owner.Next(context.Background()); !errors.Is(err, ErrSlotLost) {
+		t.Fatalf("the owner reserved on a slot that names another pod: %v", err)
+	}
 }

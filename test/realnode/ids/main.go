@@ -15,6 +15,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/pkg/fence"
 	"github.com/fencer-io/fencer/pkg/idgen"
@@ -66,7 +67,7 @@ func allocator(ctx context.Context, cli *clientv3.Client, prefix, ns, pod, name 
 	if err != nil {
 		return nil, "", err
 	}
-	block, err := idgen.ConsumeBlock(ctx, cli, prefix, ns, name, annotation, pod)
+	block, err := idgen.ConsumeBlock(ctx, cli, prefix, ns, name, annotation, types.UID(os.Getenv("POD_UID")))
 	if err == nil {
 		id := block.First - 1
 		return func(context.Context) (int64, error) {
