@@ -366,7 +366,7 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 			args: []string{
 				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name, "--pod-uid=" + string(pod.UID),
 				"--leases=alpha,beta", "--etcd-credentials=" + creds,
-				"--idrange=ids", "--block-size=1000", "--hostile-every=250ms",
+				"--idrange=ids", "--slots=slots", "--block-size=1000", "--hostile-every=250ms",
 				"--history=" + filepath.Join(h.opts.Dir, "workers", name+".jsonl"),
 				"--ready-addr=" + readyAddr,
 			},
@@ -407,7 +407,9 @@ func (h *Harness) workerRBAC(ctx context.Context) error {
 		// The hostile writes' fenced Deployment: RBAC lets them through, so
 		// only the webhook refuses them.
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments", "deployments/scale", "deployments/status"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+		// get and list: the worker reads its own and other pods'
+		// annotations (the hostile copies); patch: it relabels its own pod.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "patch"}},
 		{APIGroups: []string{"fencer.io"}, Resources: []string{"leases", "leases/status"}, Verbs: []string{"get", "list", "update", "patch"}},
 	}}
 	objs := []client.Object{

@@ -56,7 +56,7 @@ func (h *Harness) startWatches(context.Context) error {
 	h.watchers.Go(func() {
 		h.follow(ctx, wc, &fencerv1.LeaseList{}, &h.seenLease, func(obj client.Object, _ watch.EventType) error {
 			l := obj.(*fencerv1.Lease)
-			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder})
+			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder, At: time.Now()})
 		})
 	})
 	return nil

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -29,7 +30,10 @@ type Report struct {
 	StaleAccepted    int // a write accepted under a token below one already accepted, or not live
 	DoubleGrants     int // a lease or slot key overwritten while held, or a pod holding two slots
 	TokenRegressions int // a Lease's token went down, or a grant's token was not above the last one
-	DuplicateIDs     int // IDs issued twice, or a next-ID key that went backwards
+	DuplicateIDs     int // IDs issued twice (blocks or snowflakes), or a next-ID key that went backwards
+	// StaleReports counts pods that reported holding a token more than
+	// ReportBound after the Lease's status showed its tenure over.
+	StaleReports int
 	Unexplained      int // refusals with no reason the checker can name
 	Missing          int // accepted writes absent from the histories: the history is incomplete
 	Hostile          int // hostile writes tried (KindHostile)
@@ -41,13 +45,13 @@ type Report struct {
 
 // Summary is the one line a fault run ends with.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, hostile writes %d accepted %d",
-		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.Hostile, r.HostileAccepted)
+	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, stale reports %d, hostile writes %d accepted %d",
+		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.StaleReports, r.Hostile, r.HostileAccepted)
 }
 
 // OK reports whether no guarantee was violated.
 func (r *Report) OK() bool {
-	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.Unexplained+r.Missing+r.HostileAccepted == 0
+	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.StaleReports+r.Unexplained+r.Missing+r.HostileAccepted == 0
 }
 
 // violate counts one violation and describes the first 20 of each counter,
@@ -110,13 +114,15 @@ func Check(h *Histories) *Report {
 	r.slots(h)
 	r.blocks(h)
 	r.ids(h)
+	r.snowflakes(h)
+	r.reports(h)
 	return r
 }
 
 // attempts counts writes and checks every refusal has a nameable reason.
 func (r *Report) attempts(h *Histories) {
 	for _, a := range h.Attempts {
-		if a.Kind == KindIDs {
+		if a.Kind == KindIDs || a.Kind == KindSnowflake || a.Kind == KindReport || a.Kind == KindRelabel {
 			continue
 		}
 		if a.Kind == KindHostile {
@@ -346,6 +352,68 @@ func (r *Report) ids(h *Histories) {
 			}
 		}
 	}
+}
+
+// snowflakes: no snowflake ID is issued twice, by one generator or two
+// (a generator started on a copied slot annotation would repeat its
+// owner's IDs).
+func (r *Report) snowflakes(h *Histories) {
+	by := map[int64]string{}
+	for _, a := range h.Attempts {
+		if a.Kind != KindSnowflake {
+			continue
+		}
+		r.IDs += int64(len(a.IDs))
+		for _, id := range a.IDs {
+			if first, dup := by[id]; dup {
+				r.violate(&r.DuplicateIDs, "snowflake ID %d issued by %s and by %s", id, first, a.Worker)
+				continue
+			}
+			by[id] = a.Worker
+		}
+	}
+}
+
+// ReportBound is how long after the Lease's status shows a tenure over
+// that its pod may still report the token: the pod's annotation is
+// removed right after the status write, and the longest fault of the run
+// (8 s) may stand between them.
+const ReportBound = 20 * time.Second
+
+// reports: a pod reports holding a Lease under a token only while, or up
+// to ReportBound after, the Lease's status names that pod and token.
+func (r *Report) reports(h *Histories) {
+	byName := map[string][]LeaseEvent{}
+	for _, e := range h.Leases {
+		byName[e.Name] = append(byName[e.Name], e)
+	}
+	for _, evs := range byName {
+		slices.SortFunc(evs, func(a, b LeaseEvent) int { return cmpInt(a.ResourceVersion, b.ResourceVersion) })
+	}
+	for _, a := range h.Attempts {
+		if a.Kind != KindReport || a.Token == 0 {
+			continue
+		}
+		if end, ok := tenureEnd(byName[a.Lease], a.Worker, a.Token); ok && a.At.After(end.Add(ReportBound)) {
+			r.violate(&r.StaleReports, "%s reported holding lease %s under token %d at %s, %s after the status showed that tenure over",
+				a.Worker, a.Lease, a.Token, a.At.Format(time.RFC3339Nano), a.At.Sub(end).Round(time.Millisecond))
+		}
+	}
+}
+
+// tenureEnd is when the harness first saw a status that no longer names
+// holder and token, after one that did; ok is false while it still does.
+func tenureEnd(evs []LeaseEvent, holder string, token int64) (time.Time, bool) {
+	seen := false
+	for _, e := range evs {
+		held := e.Token == token && e.Holder == holder
+		if held {
+			seen = true
+		} else if seen {
+			return e.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 func cmpInt(a, b int64) int {

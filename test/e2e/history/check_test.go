@@ -10,6 +10,8 @@ import (
 
 const prefix = "/fencer"
 
+var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
 func val(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -34,12 +36,18 @@ func clean(t *testing.T) *Histories {
 			{Worker: "w0", Kind: KindIDs, Lo: 0, Hi: 99},
 			{Worker: "w1", Kind: KindIDs, Lo: 100, Hi: 199},
 			{Worker: "w0", Kind: KindHostile, Mode: "merge-no-token", Lease: "a", Target: "cm", Reason: ReasonFenced},
+			{Worker: "w0", Kind: KindSnowflake, IDs: []int64{1 << 40, 1<<40 + 1}},
+			{Worker: "w1", Kind: KindSnowflake, IDs: []int64{1<<40 + 2}},
+			{Worker: "w0", Kind: KindReport, Lease: "a", Token: 10, At: t0.Add(time.Second)},
+			// Reported 5 s after its tenure ended: within the bound.
+			{Worker: "w0", Kind: KindReport, Lease: "a", Token: 10, At: t0.Add(7 * time.Second)},
+			{Worker: "w1", Kind: KindReport, Lease: "a", Token: 20, At: t0.Add(time.Hour)},
 		},
 		Objects: []ObjectEvent{
 			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
 			{Name: "cm", ResourceVersion: 9, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1},
 		},
-		Leases: []LeaseEvent{{Name: "a", ResourceVersion: 1, Token: 10}, {Name: "a", ResourceVersion: 2, Token: 20}},
+		Leases: []LeaseEvent{{Name: "a", ResourceVersion: 1, Token: 10, Holder: "w0", At: t0}, {Name: "a", ResourceVersion: 2, Token: 20, Holder: "w1", At: t0.Add(2 * time.Second)}},
 		Etcd: []EtcdEvent{
 			{Revision: 10, Type: "PUT", Key: lk, CreateRevision: 10, Version: 1},
 			{Revision: 11, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 3})},
@@ -61,12 +69,12 @@ func TestCleanHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("violations in a clean history: %v", r.Violations)
 	}
-	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, hostile writes 1 accepted 0"
+	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, stale reports 0, hostile writes 1 accepted 0"
 	if got := r.Summary(); got != want {
 		t.Fatalf("summary\n got %s\nwant %s", got, want)
 	}
-	if r.IDs != 200 {
-		t.Fatalf("IDs %d, want 200", r.IDs)
+	if r.IDs != 203 {
+		t.Fatalf("IDs %d, want 203", r.IDs)
 	}
 }
 
@@ -99,6 +107,12 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"IDs issued twice", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w2", Kind: KindIDs, Lo: 150, Hi: 150})
 		}, func(r *Report) int { return r.DuplicateIDs }},
+		{"snowflake ID issued twice (a generator on a copied slot)", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w2", Kind: KindSnowflake, IDs: []int64{1<<40 + 1}})
+		}, func(r *Report) int { return r.DuplicateIDs }},
+		{"a pod reports a token it no longer holds", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w0", Kind: KindReport, Lease: "a", Token: 10, At: t0.Add(2*time.Second + ReportBound + time.Millisecond)})
+		}, func(r *Report) int { return r.StaleReports }},
 		{"next-ID key went back", func(h *Histories) {
 			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 25, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "150"})
 		}, func(r *Report) int { return r.DuplicateIDs }},

@@ -28,6 +28,13 @@ const (
 	KindConfigMap = "configmap" // a fenced ConfigMap write through the apiserver
 	KindEtcd      = "etcd"      // a fenced etcd transaction (pkg/fence.Txn)
 	KindIDs       = "ids"       // a run of IDs issued by pkg/idgen.Blocks
+	KindSnowflake = "snowflake" // IDs issued by a pkg/idgen.Snowflake (IDs)
+	// KindReport is a pod reporting that it holds Lease Lease under token
+	// Token, as read from its own annotations at At.
+	KindReport = "report"
+	// KindRelabel is a pod relabelled out of a Lease's selector (Target)
+	// while it held the Lease; it is put back later. Not a write.
+	KindRelabel = "relabel"
 	// KindHostile is a write the SDK never sends: no token, a forged or old
 	// token, a label removal, or a write that cannot carry a token. Every
 	// one must be refused.
@@ -71,6 +78,8 @@ type Attempt struct {
 	// Lo and Hi bound a run of consecutive IDs (KindIDs), inclusive.
 	Lo int64 `json:"lo,omitempty"`
 	Hi int64 `json:"hi,omitempty"`
+	// IDs are snowflake IDs (KindSnowflake).
+	IDs []int64 `json:"ids,omitempty"`
 }
 
 // ObjectEvent is one version of a fenced object, from the apiserver's watch.
@@ -83,12 +92,13 @@ type ObjectEvent struct {
 	Seq             int64  `json:"seq"`
 }
 
-// LeaseEvent is a Lease status the harness saw, in watch order.
+// LeaseEvent is a Lease status the harness saw, in watch order, and when.
 type LeaseEvent struct {
-	Name            string `json:"name"`
-	ResourceVersion int64  `json:"rv"`
-	Token           int64  `json:"token"`
-	Holder          string `json:"holder"`
+	Name            string    `json:"name"`
+	ResourceVersion int64     `json:"rv"`
+	Token           int64     `json:"token"`
+	Holder          string    `json:"holder"`
+	At              time.Time `json:"at"`
 }
 
 // EtcdEvent is one change in etcd's history.

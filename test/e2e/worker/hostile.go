@@ -40,6 +40,10 @@ var hostileModes = []string{
 	"status",         // a /status write of the fenced Deployment
 	"delete",         // kubectl delete of the fenced ConfigMap
 	"delete-deployment",
+	"copied-slot",    // a snowflake generator on another pod's slot annotation
+	"forged-block",   // a block annotation spanning every block
+	"copied-block",   // another pod's block annotation
+	"relabel-holder", // this pod, holding alpha, relabelled out of its selector for a while
 }
 
 // hostileLoop sends one hostile write every interval, each mode in turn
@@ -74,6 +78,14 @@ func (w *worker) saw(lease string, tok int64) {
 }
 
 func (w *worker) hostile(ctx context.Context, mode string) {
+	switch mode {
+	case "copied-slot", "forged-block", "copied-block":
+		w.hostileIDs(ctx, mode)
+		return
+	case "relabel-holder":
+		w.relabelHolder(ctx)
+		return
+	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	cm, dep := "cm-"+hostileLease, "dep-"+hostileLease
@@ -139,6 +151,70 @@ func (w *worker) hostile(ctx context.Context, mode string) {
 		a.Reason, a.Message = apiReason(err), err.Error()
 	}
 	w.record(a)
+}
+
+// hostileIDs uses an ID annotation this pod was never handed; the SDK
+// must refuse it.
+func (w *worker) hostileIDs(ctx context.Context, mode string) {
+	if w.slotRange == "" || w.idRange == "" {
+		return
+	}
+	a := history.Attempt{Kind: history.KindHostile, Mode: mode}
+	var tried bool
+	var err error
+	switch mode {
+	case "copied-slot":
+		tried, err = w.copiedSlot(ctx, &a)
+	default:
+		tried, err = w.forgedBlock(ctx, &a, mode == "copied-block")
+	}
+	if !tried || ctx.Err() != nil {
+		return
+	}
+	a.OK = err == nil
+	if err != nil {
+		a.Reason, a.Message = idRefusalReason(err), err.Error()
+	}
+	w.record(a)
+}
+
+// relabelHolder relabels this worker's own pod out of alpha's selector
+// while it holds alpha, as a careless operator would, and puts the label
+// back after relabelFor. The pod must lose its tenure and its annotation:
+// its reports of the token (writeLoop) must stop within the checker's
+// bound. One relabel at a time per worker.
+func (w *worker) relabelHolder(ctx context.Context) {
+	if !w.relabelling.CompareAndSwap(false, true) {
+		return
+	}
+	l := &fencerv1.Lease{}
+	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err := w.kube.Get(gctx, client.ObjectKey{Namespace: w.namespace, Name: hostileLease}, l)
+	cancel()
+	if err != nil || l.Status.Holder != w.pod || w.setApp(ctx, "relabelled") != nil {
+		w.relabelling.Store(false)
+		return
+	}
+	w.record(history.Attempt{Kind: history.KindRelabel, Lease: hostileLease, Target: w.pod, Token: l.Status.Token, OK: true})
+	go func() {
+		defer w.relabelling.Store(false)
+		sleep(ctx, relabelFor)
+		// Put it back even while shutting down, so the pod is whole again.
+		for try := 0; try < 20 && w.setApp(context.Background(), "worker") != nil; try++ {
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+}
+
+// relabelFor is longer than the checker's bound on stale reports, so a pod
+// that kept its annotation while relabelled would be counted.
+const relabelFor = 25 * time.Second
+
+func (w *worker) setApp(ctx context.Context, app string) error {
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: w.pod, Namespace: w.namespace}}
+	return w.kube.Patch(pctx, pod, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"labels":{"app":%q}}}`, app)))
 }
 
 // ensureDeployment creates the fenced Deployment the scale and status

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,7 +44,7 @@ type config struct {
 	leases                     []string
 	etcdCredentials            string
 	prefix                     string
-	idRange                    string
+	idRange, slotRange         string
 	idMin, idMax, blockSize    int64
 	historyPath, readyAddr     string
 	interval                   time.Duration
@@ -62,6 +63,7 @@ func main() {
 	fs.StringVar(&leases, "leases", "", "comma-separated fencer Lease names to write under")
 	fs.StringVar(&c.etcdCredentials, "etcd-credentials", "", "directory of the namespace's mounted etcd credentials Secret (fence.LoadEtcdAccess)")
 	fs.StringVar(&c.idRange, "idrange", "", "Blocks IDRange to issue IDs from; empty for none")
+	fs.StringVar(&c.slotRange, "slots", "", "Slots IDRange whose annotated slot the worker issues snowflake IDs on; empty for none")
 	fs.Int64Var(&c.idMin, "id-min", 0, "the IDRange's spec.min")
 	fs.Int64Var(&c.idMax, "id-max", 1<<62, "the IDRange's spec.max")
 	fs.Int64Var(&c.blockSize, "block-size", 1000, "block size of the ID allocator")
@@ -127,6 +129,9 @@ func run(c config) error {
 	if c.idRange != "" {
 		wg.Go(func() { w.idLoop(ctx) })
 	}
+	if c.slotRange != "" {
+		wg.Go(func() { w.snowflakeLoop(ctx) })
+	}
 	if c.hostileEvery > 0 {
 		wg.Go(func() { w.hostileLoop(ctx, c.hostileEvery) })
 	}
@@ -152,6 +157,9 @@ type worker struct {
 	seq  int64
 	// tokens are the tokens read per lease, for the hostile writes.
 	tokens map[string][]int64
+	// relabelling is set while this worker's pod is relabelled out of
+	// alpha's selector (relabelHolder).
+	relabelling atomic.Bool
 }
 
 func (w *worker) nextSeq() int64 {
@@ -162,7 +170,10 @@ func (w *worker) nextSeq() int64 {
 }
 
 func (w *worker) record(a history.Attempt) {
-	a.At, a.Worker = time.Now(), w.pod
+	if a.At.IsZero() {
+		a.At = time.Now()
+	}
+	a.Worker = w.pod
 	if err := w.hist.Add(a); err != nil {
 		fmt.Fprintln(os.Stderr, "worker: history:", err)
 		os.Exit(1)
@@ -177,6 +188,7 @@ func (w *worker) writeLoop(ctx context.Context, lease string) {
 	var tok fence.Token
 	for i := 0; ctx.Err() == nil; i++ {
 		if i%5 == 0 {
+			read := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			t, err := src.Token(rctx)
 			cancel()
@@ -184,6 +196,8 @@ func (w *worker) writeLoop(ctx context.Context, lease string) {
 			case err == nil:
 				tok = t
 				w.saw(lease, t.Value)
+				// What the pod reports it holds, as read at read.
+				w.record(history.Attempt{At: read, Kind: history.KindReport, Lease: lease, Token: t.Value})
 			case errors.Is(err, fence.ErrNotHolder):
 				tok = fence.Token{}
 			}
