@@ -30,14 +30,14 @@ type Reason = fencerv1.DenialReason
 // Reasons for allowing a write, and for refusing one that the API package
 // does not name because it is not about the token.
 const (
-	ReasonAllowed      Reason = "Allowed"
-	ReasonNotFenced    Reason = "NotFenced"
-	ReasonExempt       Reason = "ExemptIdentity"
+	ReasonAllowed   Reason = "Allowed"
+	ReasonNotFenced Reason = "NotFenced"
+	ReasonExempt    Reason = "ExemptIdentity"
 	// ReasonFinalizersReleased: an UPDATE of an object already being
 	// deleted that only removes finalizers, from any identity.
 	ReasonFinalizersReleased Reason = "FinalizersReleased"
-	ReasonLookupFailed Reason = "LookupFailed"
-	ReasonBadRequest   Reason = "BadRequest"
+	ReasonLookupFailed       Reason = "LookupFailed"
+	ReasonBadRequest         Reason = "BadRequest"
 )
 
 // Denial is a refused write: an HTTP code, a message a person can act on,

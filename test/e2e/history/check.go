@@ -33,11 +33,11 @@ type Report struct {
 	DuplicateIDs     int // IDs issued twice (blocks or snowflakes), or a next-ID key that went backwards
 	// StaleReports counts pods that reported holding a token more than
 	// ReportBound after the Lease's status showed its tenure over.
-	StaleReports int
-	Unexplained      int // refusals with no reason the checker can name
-	Missing          int // accepted writes absent from the histories: the history is incomplete
-	Hostile          int // hostile writes tried (KindHostile)
-	HostileAccepted  int // hostile writes the apiserver accepted
+	StaleReports    int
+	Unexplained     int // refusals with no reason the checker can name
+	Missing         int // accepted writes absent from the histories: the history is incomplete
+	Hostile         int // hostile writes tried (KindHostile)
+	HostileAccepted int // hostile writes the apiserver accepted
 
 	// Violations describes the first violations found.
 	Violations []string

@@ -41,14 +41,14 @@ import (
 
 type config struct {
 	kubeconfig, namespace, pod, podUID string
-	leases                     []string
-	etcdCredentials            string
-	prefix                     string
-	idRange, slotRange         string
-	idMin, idMax, blockSize    int64
-	historyPath, readyAddr     string
-	interval                   time.Duration
-	hostileEvery               time.Duration
+	leases                             []string
+	etcdCredentials                    string
+	prefix                             string
+	idRange, slotRange                 string
+	idMin, idMax, blockSize            int64
+	historyPath, readyAddr             string
+	interval                           time.Duration
+	hostileEvery                       time.Duration
 }
 
 func main() {
