@@ -259,11 +259,13 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	}
 	next := holder.Pick(pods, passOver(lease)...)
 	if next == nil {
-		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
+		noCandidates(lease, &out)
 		r.publishAfterStatus(&out, lease, pods, nil)
 		return out, nil
 	}
 	if r.revisionRegressed(lease, rev, &out) {
+		// No tenure is open: no pod keeps a token, whatever etcd does.
+		r.publishAfterStatus(&out, lease, pods, nil)
 		return out, nil
 	}
 	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
@@ -307,9 +309,13 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
 	case endHolderLost:
-		why, err := r.whyLost(ctx, lease, g)
+		why, lagging, err := r.whyLost(ctx, lease, g)
 		if err != nil {
 			return false, err
+		}
+		if lagging {
+			out.result.RequeueAfter = 100 * time.Millisecond // the cache will catch up
+			return false, nil
 		}
 		return true, r.release(ctx, lease, g, why, now, out)
 	case keepDirect:
@@ -422,21 +428,45 @@ func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
 	return fencerv1.TenureHolderNotReady
 }
 
+// noCandidates says why no pod can be granted the Lease: none Ready
+// matches, or the selector cannot be parsed.
+func noCandidates(lease *fencerv1.Lease, out *outcome) {
+	if _, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector); err != nil {
+		msg := fmt.Sprintf("spec.holderSelector is invalid and matches no pod: %v", err)
+		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonInvalidSelector, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidSelector, "%s", msg)
+		return
+	}
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonNoCandidates, fmt.Sprintf("no Ready pod matches spec.holderSelector in namespace %s", lease.Namespace))
+}
+
 // whyLost names why a holder missing from the candidates lost its tenure:
 // its pod is gone or replaced (another UID under its name), or is still
 // there but no longer matches spec.holderSelector.
-func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (fencerv1.TenureEndReason, error) {
+//
+// The pod is read from the apiserver, not the cache: a cache behind it
+// (a new leader's, just after a relist) must not end a tenure whose
+// holder is still there and selected; then lagging is true.
+func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (why fencerv1.TenureEndReason, lagging bool, err error) {
+	reader := client.Reader(r.Client)
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
 	pod := &corev1.Pod{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
+	err = reader.Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
 	switch {
 	case apierrors.IsNotFound(err):
-		return fencerv1.TenureHolderGone, nil
+		return fencerv1.TenureHolderGone, false, nil
 	case err != nil:
-		return "", err
+		return "", false, err
 	case string(pod.UID) != g.HolderUID:
-		return fencerv1.TenureHolderGone, nil
+		return fencerv1.TenureHolderGone, false, nil
 	}
-	return fencerv1.TenureHolderNotSelected, nil
+	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
+	if err == nil && sel.Matches(labels.Set(pod.Labels)) {
+		return "", true, nil
+	}
+	return fencerv1.TenureHolderNotSelected, false, nil
 }
 
 // takeEnding reports, and forgets, whether key's tenure was being ended.
@@ -634,11 +664,13 @@ func (r *LeaseReconciler) etcdUnavailable(lease *fencerv1.Lease, out *outcome, e
 	ctrl.Log.V(1).Info("etcd unavailable", "lease", client.ObjectKeyFromObject(lease), "err", err.Error())
 }
 
-// candidates lists the pods the Lease's selector matches.
+// candidates lists the pods the Lease's selector matches. A selector that
+// cannot be parsed matches no pod (noCandidates says why), so its holder
+// loses the tenure and its annotations go, as for any unselected holder.
 func (r *LeaseReconciler) candidates(ctx context.Context, lease *fencerv1.Lease) ([]corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
 	if err != nil {
-		return nil, reconcile.TerminalError(fmt.Errorf("spec.holderSelector: %w", err))
+		return nil, nil
 	}
 	return podsMatching(ctx, r.Client, lease.Namespace, &lease.Spec.HolderSelector, sel)
 }

@@ -182,6 +182,9 @@ const ConditionHeld = "Held"
 const (
 	ReasonGranted      = "Granted"
 	ReasonNoCandidates = "NoCandidates"
+	// ReasonInvalidSelector: spec.holderSelector cannot be parsed (a label
+	// value the API does not allow, say), so it matches no pod.
+	ReasonInvalidSelector = "InvalidSelector"
 	ReasonExpired      = "Expired"
 	// ReasonReleased (an Event): a tenure ended before its etcd lease
 	// expired: by the controller, or by a renewal: Direct holder's

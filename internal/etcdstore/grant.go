@@ -248,10 +248,20 @@ func (s *Store) GrantedLeases(ctx context.Context) ([]types.NamespacedName, erro
 // ForgetLease deletes the grant marker of a Lease being deleted, once its
 // grant is released. A marker left behind would be harmless (it matches no
 // future key), only clutter.
+// It is fenced like a grant: a deposed controller, or one that looked
+// before the Lease was created again and granted by the new leader, must
+// not delete the marker of a live grant (the grant would read as never
+// issued), so it deletes only while this term holds and no lease key
+// exists.
 func (s *Store) ForgetLease(ctx context.Context, namespace, name string) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.cli.Delete(ctx, etcdkeys.GrantMarkerKey(s.prefix, namespace, name))
+	term, err := s.elector.Term()
+	if err != nil {
+		return err
+	}
+	_, _, err = term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(etcdkeys.LeaseKey(s.prefix, namespace, name)), "=", 0)},
+		clientv3.OpDelete(etcdkeys.GrantMarkerKey(s.prefix, namespace, name)))
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -283,26 +284,58 @@ func lifecycleOnly(req admission.Request) bool {
 	return ok
 }
 
+// gcFinalizers are the garbage collector's own finalizers. Removing one
+// decides what happens to the object's dependents (orphan keeps them,
+// foregroundDeletion deletes them first), and only the garbage collector,
+// an exempt identity, removes them.
+var gcFinalizers = map[string]bool{metav1.FinalizerOrphanDependents: true, metav1.FinalizerDeleteDependents: true}
+
 // finalizersReleased says whether an UPDATE of an object that is already
-// being deleted only removes finalizers: no finalizer added, nothing else
-// changed.
+// being deleted only removes finalizers other than the garbage
+// collector's: no finalizer added, nothing else changed.
 func finalizersReleased(req admission.Request) bool {
 	obj, old, ok := changesOnly(req, []string{"finalizers", "managedFields", "resourceVersion"})
 	if !ok || old["deletionTimestamp"] == nil {
 		return false
 	}
-	had := map[any]bool{}
-	oldF, _ := old["finalizers"].([]any)
-	for _, f := range oldF {
-		had[f] = true
+	oldF, okOld := stringList(old["finalizers"])
+	newF, okNew := stringList(obj["finalizers"])
+	if !okOld || !okNew || len(newF) >= len(oldF) {
+		return false
 	}
-	newF, _ := obj["finalizers"].([]any)
+	kept := map[string]bool{}
 	for _, f := range newF {
-		if !had[f] {
-			return false
+		kept[f] = true
+	}
+	for _, f := range newF {
+		if !slices.Contains(oldF, f) {
+			return false // added
 		}
 	}
-	return len(newF) < len(oldF)
+	for _, f := range oldF {
+		if !kept[f] && gcFinalizers[f] {
+			return false // the garbage collector's to remove
+		}
+	}
+	return true
+}
+
+// stringList reads a JSON list of strings (nil reads as empty); ok is false
+// for anything else.
+func stringList(v any) ([]string, bool) {
+	list, ok := v.([]any)
+	if v != nil && !ok {
+		return nil, false
+	}
+	out := make([]string, 0, len(list))
+	for _, e := range list {
+		s, ok := e.(string)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, s)
+	}
+	return out, true
 }
 
 // changesOnly says whether an UPDATE changes nothing in the object but the

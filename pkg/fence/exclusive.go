@@ -16,6 +16,9 @@ import (
 // ran. Pass every write fn makes through the token (Stamp, Client, NewTxn),
 // since cancellation alone cannot stop a write already on the wire.
 func RunExclusive(ctx context.Context, src Source, lease string, poll time.Duration, fn func(context.Context, Token) error) error {
+	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) {
+		return err // Watch would retry it forever
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	tokens := Watch(ctx, src, lease, poll)
@@ -37,10 +40,13 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 			}
 		}
 	}()
-	if v, ok := src.(Verified); ok {
-		// The grant itself, not only the annotation: the moment it ends.
+	if v, ok := src.(interface {
+		untilLost(context.Context, Token) error
+	}); ok {
+		// Verified (or *Verified): the grant itself, not only the
+		// annotation, the moment it ends.
 		go func() {
-			if err := v.Check.UntilLost(run, held); errors.Is(err, ErrLeaseLost) {
+			if err := v.untilLost(run, held); errors.Is(err, ErrLeaseLost) {
 				lose(err)
 			}
 		}()

@@ -91,7 +91,7 @@ type StatusHeld struct {
 // Held reads the Lease now.
 func (s StatusHeld) Held(ctx context.Context, t Token) error {
 	if s.PodUID == "" {
-		return errors.New("fence: StatusHeld needs PodUID, this pod's UID (the Downward API's metadata.uid)")
+		return fmt.Errorf("%w: StatusHeld needs PodUID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: t.Lease}, lease); err != nil {
@@ -111,7 +111,7 @@ func (s StatusHeld) UntilLost(ctx context.Context, t Token) error {
 		every = time.Second
 	}
 	for {
-		if err := s.Held(ctx, t); errors.Is(err, ErrLeaseLost) || (err != nil && s.PodUID == "") {
+		if err := s.Held(ctx, t); errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrMisconfigured) {
 			return err
 		}
 		select {
@@ -130,6 +130,8 @@ type Verified struct {
 	Source Source
 	Check  HeldCheck
 }
+
+func (v Verified) untilLost(ctx context.Context, t Token) error { return v.Check.UntilLost(ctx, t) }
 
 // Token reads Source, then confirms the grant with Check.
 func (v Verified) Token(ctx context.Context) (Token, error) {

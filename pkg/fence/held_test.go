@@ -158,3 +158,23 @@ func TestRunExclusiveFollowsTheGrantInEtcd(t *testing.T) {
 		t.Fatal("Watch never reported the lost grant")
 	}
 }
+
+// A source missing the pod's UID is a mistake no retry mends: RunExclusive
+// says so at once instead of waiting forever.
+func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
+	c := fakeClient(statusLease("w-0", "me", 9))
+	for name, src := range map[string]Source{
+		"PodSource without UID":   PodSource{Client: c, Namespace: "ns", Pod: "w-0", Lease: "report"},
+		"LeaseSource without UID": LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", Lease: "report"},
+		"StatusHeld without PodUID": &Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+			Check: StatusHeld{Client: c, Namespace: "ns"}},
+	} {
+		err := RunExclusive(context.Background(), src, "report", time.Millisecond, func(context.Context, Token) error {
+			t.Errorf("%s: ran", name)
+			return nil
+		})
+		if !errors.Is(err, ErrMisconfigured) {
+			t.Errorf("%s: RunExclusive = %v, want ErrMisconfigured", name, err)
+		}
+	}
+}

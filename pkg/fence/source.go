@@ -41,6 +41,10 @@ const (
 // ErrNotHolder means the pod does not hold the lease (now).
 var ErrNotHolder = errors.New("this pod does not hold the lease")
 
+// ErrMisconfigured means a source or check lacks a field it needs (the
+// pod's UID, say): no retry will help. RunExclusive returns it at once.
+var ErrMisconfigured = errors.New("fence: misconfigured")
+
 // Token is a fencing token of one lease.
 type Token struct {
 	// Lease is the name of the fencer Lease, in the pod's namespace.
@@ -145,7 +149,7 @@ type PodSource struct {
 // Token reads the pod now.
 func (p PodSource) Token(ctx context.Context) (Token, error) {
 	if p.UID == "" {
-		return Token{}, errors.New("fence: PodSource needs UID, this pod's UID (the Downward API's metadata.uid)")
+		return Token{}, fmt.Errorf("%w: PodSource needs UID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
 	}
 	pod := &corev1.Pod{}
 	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
@@ -208,7 +212,7 @@ type LeaseSource struct {
 // Token reads the Lease now.
 func (l LeaseSource) Token(ctx context.Context) (Token, error) {
 	if l.UID == "" {
-		return Token{}, errors.New("fence: LeaseSource needs UID, this pod's UID (the Downward API's metadata.uid)")
+		return Token{}, fmt.Errorf("%w: LeaseSource needs UID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {

@@ -36,7 +36,8 @@ const (
 var Epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // ErrSlotLost means the generator's slot lease ended (or its token is no
-// longer live): it issues no more IDs, since another pod may now hold the slot.
+// longer live, or another generator started on the slot reserved after it):
+// it issues no more IDs, since another generator may now issue on the slot.
 var ErrSlotLost = errors.New("idgen: the worker-ID slot was lost")
 
 // ClockRollbackError means the clock went back further than the generator
@@ -99,6 +100,12 @@ type Snowflake struct {
 	// slotValue is the slot key's value naming this pod, which every
 	// reservation compares with the token.
 	slotValue string
+	// clockRev is the clock key's ModRevision as this generator last saw
+	// or wrote it. Each reservation compares it: a second generator on the
+	// slot (two containers of one pod, a tool run with kubectl exec)
+	// reserves in between, and this one then stops, having issued only up
+	// to the time the other waited out.
+	clockRev int64
 	stop      context.CancelFunc
 }
 
@@ -169,6 +176,7 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	// Reservations compare the value too: the slot must still name this pod.
 	g.slotValue = string(slot[0].Value)
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		g.clockRev = kvs[0].ModRevision
 		if g.lastMs, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
 			return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a millisecond count", g.clockKey, kvs[0].Value)
 		}
@@ -249,7 +257,8 @@ func (g *Snowflake) tick(ctx context.Context) (int64, error) {
 func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 	upTo := ms + g.o.Reserve.Milliseconds()
 	resp, err := g.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(g.slotKey), "=", g.o.Token), clientv3.Compare(clientv3.Value(g.slotKey), "=", g.slotValue)).
+		If(clientv3.Compare(clientv3.CreateRevision(g.slotKey), "=", g.o.Token), clientv3.Compare(clientv3.Value(g.slotKey), "=", g.slotValue),
+			clientv3.Compare(clientv3.ModRevision(g.clockKey), "=", g.clockRev)).
 		Then(clientv3.OpPut(g.clockKey, strconv.FormatInt(upTo, 10))).
 		Commit()
 	if err != nil {
@@ -259,7 +268,7 @@ func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 		g.lost.Store(true)
 		return ErrSlotLost
 	}
-	g.reserved = upTo
+	g.reserved, g.clockRev = upTo, resp.Header.Revision
 	return nil
 }
 

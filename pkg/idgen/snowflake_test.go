@@ -231,3 +231,36 @@ func TestSnowflakeRefusesASlotLeasedToAnotherPod(t *testing.T) {
 		t.Fatalf("the owner reserved on a slot that names another pod: %v", err)
 	}
 }
+
+// Two generators on one slot of one pod (two containers, or a tool run
+// with kubectl exec, both passing the pod's own UID) never issue the same
+// ID: the second waits out the first's reservation, and whichever reserves
+// second stops with ErrSlotLost.
+func TestTwoGeneratorsOnOneSlotNeverRepeat(t *testing.T) {
+	cli := startEtcd(t)
+	tok := leaseSlot(t, cli, 7)
+	first := newGen(t, cli, 7, tok, nil)
+	seen := map[int64]string{}
+	issue := func(g *Snowflake, name string, until time.Time) error {
+		for time.Now().Before(until) {
+			id, err := g.Next(context.Background())
+			if err != nil {
+				return err
+			}
+			if other, dup := seen[id]; dup {
+				t.Fatalf("ID %d issued by %s and %s", id, other, name)
+			}
+			seen[id] = name
+		}
+		return nil
+	}
+	if err := issue(first, "first", time.Now().Add(300*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	second := newGen(t, cli, 7, tok, nil) // waits out first's reservation
+	errSecond := issue(second, "second", time.Now().Add(1500*time.Millisecond))
+	errFirst := issue(first, "first", time.Now().Add(1500*time.Millisecond))
+	if !errors.Is(errFirst, ErrSlotLost) && !errors.Is(errSecond, ErrSlotLost) {
+		t.Fatalf("both generators kept issuing on one slot: first %v, second %v", errFirst, errSecond)
+	}
+}

@@ -86,7 +86,7 @@ func (f *Fencer) startEtcd() error {
 	}
 	// The chart's IDRange status guard, admitting the managers of
 	// StartController, which run as the tests do.
-	if err := testenv.InstallStatusGuard(context.Background(), f.Client); err != nil {
+	if err := testenv.InstallStatusGuard(context.Background(), f.Client, ""); err != nil {
 		return err
 	}
 	if f.dir, err = os.MkdirTemp("", "fencer-test"); err != nil {

@@ -166,7 +166,8 @@ func (h *Harness) startAPIServer(context.Context) error {
 	if h.cl, err = client.New(h.cfg, client.Options{Scheme: h.env.Scheme}); err != nil {
 		return err
 	}
-	return testenv.InstallStatusGuard(context.Background(), h.cl)
+	// The managers run as the chart's service account (startManagers).
+	return testenv.InstallStatusGuard(context.Background(), h.cl, "system:serviceaccount:"+systemNamespace+":fencer")
 }
 
 func (h *Harness) startEtcd(ctx context.Context) error {

@@ -390,30 +390,50 @@ func (r *Report) reports(h *Histories) {
 	for _, evs := range byName {
 		slices.SortFunc(evs, func(a, b LeaseEvent) int { return cmpInt(a.ResourceVersion, b.ResourceVersion) })
 	}
+	// A token the status never gave the pod (a copied annotation) may be
+	// reported only until ReportBound after the pod first reported it.
+	firstUnheld := map[string]time.Time{}
 	for _, a := range h.Attempts {
 		if a.Kind != KindReport || a.Token == 0 {
 			continue
 		}
-		if end, ok := tenureEnd(byName[a.Lease], a.Worker, a.Token); ok && a.At.After(end.Add(ReportBound)) {
+		end, held, ever := tenureEnd(byName[a.Lease], a.Worker, a.Token)
+		if !ever {
+			k := fmt.Sprintf("%s/%s/%d", a.Worker, a.Lease, a.Token)
+			if first, ok := firstUnheld[k]; !ok || a.At.Before(first) {
+				firstUnheld[k] = a.At
+			}
+			continue
+		}
+		if !held && a.At.After(end.Add(ReportBound)) {
 			r.violate(&r.StaleReports, "%s reported holding lease %s under token %d at %s, %s after the status showed that tenure over",
 				a.Worker, a.Lease, a.Token, a.At.Format(time.RFC3339Nano), a.At.Sub(end).Round(time.Millisecond))
+		}
+	}
+	for _, a := range h.Attempts {
+		if a.Kind != KindReport || a.Token == 0 {
+			continue
+		}
+		first, ok := firstUnheld[fmt.Sprintf("%s/%s/%d", a.Worker, a.Lease, a.Token)]
+		if ok && a.At.After(first.Add(ReportBound)) {
+			r.violate(&r.StaleReports, "%s reported holding lease %s under token %d at %s, which the status never gave it, %s after first reporting it",
+				a.Worker, a.Lease, a.Token, a.At.Format(time.RFC3339Nano), a.At.Sub(first).Round(time.Millisecond))
 		}
 	}
 }
 
 // tenureEnd is when the harness first saw a status that no longer names
-// holder and token, after one that did; ok is false while it still does.
-func tenureEnd(evs []LeaseEvent, holder string, token int64) (time.Time, bool) {
-	seen := false
+// holder and token, after one that did. held is true while the newest
+// status still names them; ever is false when no status ever did.
+func tenureEnd(evs []LeaseEvent, holder string, token int64) (end time.Time, held, ever bool) {
 	for _, e := range evs {
-		held := e.Token == token && e.Holder == holder
-		if held {
-			seen = true
-		} else if seen {
-			return e.At, true
+		if e.Token == token && e.Holder == holder {
+			ever = true
+		} else if ever {
+			return e.At, false, true
 		}
 	}
-	return time.Time{}, false
+	return time.Time{}, ever, ever
 }
 
 func cmpInt(a, b int64) int {

@@ -113,6 +113,11 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"a pod reports a token it no longer holds", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w0", Kind: KindReport, Lease: "a", Token: 10, At: t0.Add(2*time.Second + ReportBound + time.Millisecond)})
 		}, func(r *Report) int { return r.StaleReports }},
+		{"a pod keeps reporting a copied token the status never gave it", func(h *Histories) {
+			h.Attempts = append(h.Attempts,
+				Attempt{Worker: "w2", Kind: KindReport, Lease: "a", Token: 20, At: t0.Add(3 * time.Second)},
+				Attempt{Worker: "w2", Kind: KindReport, Lease: "a", Token: 20, At: t0.Add(4*time.Second + ReportBound)})
+		}, func(r *Report) int { return r.StaleReports }},
 		{"next-ID key went back", func(h *Histories) {
 			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 25, Type: "PUT", Key: prefix + "/idranges/ns/ids/next", Value: "150"})
 		}, func(r *Report) int { return r.DuplicateIDs }},

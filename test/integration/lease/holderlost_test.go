@@ -229,3 +229,31 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 	})
 	noAnnotation(t, ns, st.Holder, "job")
 }
+
+// A selector edited into one the API cannot parse (no schema rule checks
+// label syntax) matches no pod: the holder loses its tenure and its
+// annotation, and the Lease says why, instead of renewing forever with the
+// error only in the manager's log.
+func TestInvalidSelectorEndsTheTenure(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 30))
+	st := heldBy(t, ns, "job")
+	l := getLease(t, ns, "job")
+	l.Spec.HolderSelector.MatchLabels = map[string]string{"app": "not a label value!"}
+	if err := k8s.Update(context.Background(), l); err != nil {
+		t.Fatalf("the API refused the selector itself (then this hole is closed upstream): %v", err)
+	}
+	eventually(t, 30*time.Second, "the tenure ended with reason InvalidSelector", func() error {
+		got := getLease(t, ns, "job")
+		if etcdToken(t, ns, "job") != 0 || heldReason(got) != fencerv1.ReasonInvalidSelector {
+			return fmt.Errorf("etcd token %d, Held reason %q", etcdToken(t, ns, "job"), heldReason(got))
+		}
+		return nil
+	})
+	noAnnotation(t, ns, st.Holder, "job")
+	if h := getLease(t, ns, "job").Status.History[0]; h.Token != st.Token || h.EndReason != fencerv1.TenureHolderNotSelected {
+		t.Fatalf("the ended tenure: %+v, want token %d ended HolderNotSelected", h, st.Token)
+	}
+}
