@@ -185,7 +185,7 @@ const (
 	// ReasonInvalidSelector: spec.holderSelector cannot be parsed (a label
 	// value the API does not allow, say), so it matches no pod.
 	ReasonInvalidSelector = "InvalidSelector"
-	ReasonExpired      = "Expired"
+	ReasonExpired         = "Expired"
 	// ReasonReleased (an Event): a tenure ended before its etcd lease
 	// expired: by the controller, or by a renewal: Direct holder's
 	// fence.Release.

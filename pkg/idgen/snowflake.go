@@ -106,7 +106,7 @@ type Snowflake struct {
 	// reserves in between, and this one then stops, having issued only up
 	// to the time the other waited out.
 	clockRev int64
-	stop      context.CancelFunc
+	stop     context.CancelFunc
 }
 
 // ParseSlot reads the annotation fencer writes on a Slots-mode pod.
