@@ -158,6 +158,7 @@ func TestFaults(t *testing.T) {
 	slices.Sort(kinds)
 	fmt.Printf("faults by kind: %s\n", strings.Join(kinds, ", "))
 	fmt.Printf("refused by reason: %v; IDs issued %d; held again after healing: %v\n", r.RefusedBy, r.IDs, took)
+	fmt.Printf("hostile writes by mode: %v; token reports %d; relabels of a holder %d\n", r.HostileBy, r.Reports, r.Relabels)
 	for _, v := range r.Violations {
 		fmt.Println("violation:", v)
 	}

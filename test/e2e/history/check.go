@@ -25,6 +25,11 @@ type Report struct {
 	Refused  int
 	// RefusedBy counts refusals by reason.
 	RefusedBy map[string]int
+	// HostileBy counts hostile writes by mode, and Reports the tokens
+	// workers read from their pods, so a run shows what it exercised.
+	HostileBy map[string]int
+	Reports   int
+	Relabels  int // holders relabelled out of a selector (KindRelabel)
 	IDs       int64
 
 	StaleAccepted    int // a write accepted under a token below one already accepted, or not live
@@ -105,7 +110,7 @@ func Load(dir, prefix string) (*Histories, error) {
 
 // Check replays the histories against every guarantee.
 func Check(h *Histories) *Report {
-	r := &Report{Faults: len(h.Faults), RefusedBy: map[string]int{}}
+	r := &Report{Faults: len(h.Faults), RefusedBy: map[string]int{}, HostileBy: map[string]int{}}
 	r.attempts(h)
 	r.objects(h)
 	grants := r.grants(h)
@@ -122,11 +127,15 @@ func Check(h *Histories) *Report {
 // attempts counts writes and checks every refusal has a nameable reason.
 func (r *Report) attempts(h *Histories) {
 	for _, a := range h.Attempts {
+		if a.Kind == KindRelabel {
+			r.Relabels++
+		}
 		if a.Kind == KindIDs || a.Kind == KindSnowflake || a.Kind == KindReport || a.Kind == KindRelabel {
 			continue
 		}
 		if a.Kind == KindHostile {
 			r.Hostile++
+			r.HostileBy[a.Mode]++
 			if a.OK {
 				r.violate(&r.HostileAccepted, "%s's hostile write (%s) to %s under lease %s (token %d) was accepted", a.Worker, a.Mode, a.Target, a.Lease, a.Token)
 			}
@@ -397,6 +406,7 @@ func (r *Report) reports(h *Histories) {
 		if a.Kind != KindReport || a.Token == 0 {
 			continue
 		}
+		r.Reports++
 		end, held, ever := tenureEnd(byName[a.Lease], a.Worker, a.Token)
 		if !ever {
 			k := fmt.Sprintf("%s/%s/%d", a.Worker, a.Lease, a.Token)
