@@ -681,44 +681,20 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if !controllerutil.ContainsFinalizer(lease, fencerv1.LeaseFinalizer) {
 		return ctrl.Result{}, nil
 	}
-	if _, err := r.Elector.Term(); err != nil {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
+		return res, err
 	}
-	g, err := r.Store.GetGrant(ctx, lease.Namespace, lease.Name)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if g != nil {
-		if err := r.endGrant(ctx, lease, g); err != nil {
-			return ctrl.Result{}, err
-		}
-		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
-	}
-	if err := r.Store.ForgetLease(ctx, lease.Namespace, lease.Name); err != nil {
-		return ctrl.Result{}, err
-	}
-	pods, err := r.candidates(ctx, lease)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.publish(ctx, lease, pods, nil); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.forget(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
 	controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer)
 	return ctrl.Result{}, r.Update(ctx, lease)
 }
 
-// gone releases what a Lease that no longer exists left behind: its grant
-// (conditional delete and revoke, so its holder's Hold and WatchHeld end),
-// its grant marker, its renewal and the annotations of the pods that carry
-// it. finalize does this for a Lease deleted with fencer's finalizer; a
-// Lease whose finalizer was removed by hand (as docs/install.md says to do
-// after an uninstall), or deleted while no manager ran, comes here. The
-// cache may not have seen a Lease just created, so the apiserver confirms
-// the Lease is gone before anything is released.
+// gone releases what a Lease that no longer exists left behind (releaseAll).
+// finalize does this for a Lease deleted with fencer's finalizer; a Lease
+// whose finalizer was removed by hand (as docs/install.md says to do after
+// an uninstall), or deleted while no manager ran, comes here. The cache may
+// not have seen a Lease just created, so the apiserver confirms the Lease
+// is gone before anything is released.
 func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (ctrl.Result, error) {
-	key := etcdkeys.LeaseKey(r.Store.Prefix(), name.Namespace, name.Name)
 	if r.APIReader != nil {
 		err := r.APIReader.Get(ctx, name, &fencerv1.Lease{})
 		switch {
@@ -728,9 +704,18 @@ func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (
 			return ctrl.Result{}, err
 		}
 	}
+	return r.releaseAll(ctx, name)
+}
+
+// releaseAll ends everything a deleted Lease held: its grant (conditional
+// delete and revoke, so its holder's Hold and WatchHeld end), its renewal,
+// its grant marker, the annotations of every pod that carries them, and
+// what the reconciler remembers of it. A zero Result means all is done.
+func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedName) (ctrl.Result, error) {
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), name.Namespace, name.Name)
 	g, err := r.Store.GetGrant(ctx, name.Namespace, name.Name)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -741,7 +726,7 @@ func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (
 			return ctrl.Result{}, err
 		}
 		metrics.LeaseReleases.WithLabelValues(string(fencerv1.TenureDeleted)).Inc()
-		ctrl.LoggerFrom(ctx).Info("released the grant of a Lease that no longer exists", "holder", g.Holder, "token", g.Token)
+		ctrl.LoggerFrom(ctx).Info("released the grant of a deleted Lease", "holder", g.Holder, "token", g.Token)
 	}
 	r.Renewer.Stop(key)
 	if err := r.Store.ForgetLease(ctx, name.Namespace, name.Name); err != nil {
