@@ -30,10 +30,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/fence"
 	"github.com/fencer-io/fencer/pkg/idgen"
 	"github.com/fencer-io/fencer/test/e2e/history"
@@ -97,7 +101,11 @@ func run(c config) error {
 		return err
 	}
 	rest.Timeout = 5 * time.Second
-	kube, err := client.New(rest, client.Options{})
+	// fencer's kinds too: the hostile relabel reads Lease alpha's holder.
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(fencerv1.AddToScheme(scheme))
+	kube, err := client.New(rest, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
