@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
@@ -99,57 +98,12 @@ func TestWhyNotQualified(t *testing.T) {
 	}
 }
 
-// Refreshes get slots of their own, 1/statusRefreshRate apart, at least
-// statusRefresh (or the TTL) ahead: a burst of grants is refreshed at the
-// capped rate, not all at once. A Lease keeps a slot still ahead, and a
-// long TTL delays only its own Lease.
-func TestRefreshSlots(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	r := &LeaseReconciler{Clock: clk, refreshAt: map[string]time.Time{}}
-	gap := time.Second / statusRefreshRate
-	for i := range 1000 { // a burst: all at one instant
-		key := fmt.Sprintf("l%d", i)
-		if got, want := r.refreshInterval(key, 15*time.Second, clk.Now()), statusRefresh+time.Duration(i)*gap; got != want {
-			t.Fatalf("refresh %d of a burst in %s, want %s", i, got, want)
-		}
-		if r.refreshDue(key, clk.Now()) {
-			t.Fatalf("refresh %d due before its slot", i)
-		}
-	}
-	// Reconciled again before its slot, a Lease keeps it, and no slot is used.
-	clk.Step(10 * time.Second)
-	if got := r.refreshInterval("l0", 15*time.Second, clk.Now()); got != statusRefresh-10*time.Second {
-		t.Errorf("l0 reconciled again: refresh in %s, want its slot, %s", got, statusRefresh-10*time.Second)
-	}
-	// At its slot the refresh is due, and the next slot comes after the burst's.
-	clk.Step(statusRefresh)
-	if !r.refreshDue("l0", clk.Now()) {
-		t.Error("l0's refresh is not due at its slot")
-	}
-	if got, want := r.refreshInterval("l0", 15*time.Second, clk.Now()), 1000*gap-10*time.Second; got != want {
-		t.Errorf("l0's next refresh in %s, want after the burst's slots, %s", got, want)
-	}
-
-	clk.Step(time.Hour)
-	// A long TTL sets its own Lease's floor, not the next one's.
-	if got := r.refreshInterval("long", time.Hour, clk.Now()); got != time.Hour {
-		t.Errorf("TTL 1h: refresh in %s, want 1h", got)
-	}
-	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+gap {
-		t.Errorf("after a 1h-TTL Lease: refresh in %s, want %s", got, statusRefresh+gap)
-	}
-	r.forgetRefresh("short")
-	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+2*gap {
-		t.Errorf("a forgotten slot: refresh in %s, want the next slot, %s", got, statusRefresh+2*gap)
-	}
-}
-
 // A Lease without a slot (this replica has not refreshed it) shows the
 // last renewal only when its status shows no renewal of the current grant.
 func TestRefreshDueWithoutSlot(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	last := now.Add(90 * time.Second)
-	r := &LeaseReconciler{refreshAt: map[string]time.Time{}}
+	r := &LeaseReconciler{mem: newLeaseMemory()}
 	for _, tc := range []struct {
 		name             string
 		acquire, renewed *time.Time
@@ -166,10 +120,10 @@ func TestRefreshDueWithoutSlot(t *testing.T) {
 		if tc.renewed != nil {
 			l.Status.RenewTime = microTime(*tc.renewed)
 		}
-		if r.refreshDue("k", now.Add(2*time.Minute)) {
+		if r.mem.refreshDue("k", now.Add(2*time.Minute)) {
 			t.Fatalf("%s: a Lease without a slot is due", tc.name)
 		}
-		showRenewal(l, last, 15*time.Second, r.refreshDue("k", now.Add(2*time.Minute)))
+		showRenewal(l, last, 15*time.Second, r.mem.refreshDue("k", now.Add(2*time.Minute)))
 		if got := l.Status.RenewTime.Time.Equal(last); got != tc.want {
 			t.Errorf("%s: last renewal shown %v, want %v (renewTime %s)", tc.name, got, tc.want, l.Status.RenewTime.Time)
 		}

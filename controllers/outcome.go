@@ -14,7 +14,6 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
-	"github.com/fencer-io/fencer/internal/renew"
 )
 
 // outcome is what an inner reconcile decided beyond the status it set.
@@ -92,15 +91,6 @@ func statusOf(obj client.Object) reflect.Value {
 	return reflect.ValueOf(obj).Elem().FieldByName("Status")
 }
 
-// etcdFailure is the condition reason and message for an etcd error: a
-// full etcd (NOSPACE alarm) needs different action from an unreachable one.
-func etcdFailure(err error) (reason, msg string) {
-	if etcdstore.IsNoSpace(err) {
-		return fencerv1.ReasonEtcdNoSpace, fmt.Sprintf("etcd is out of space (NOSPACE alarm), so nothing can be granted or claimed; the leading manager compacts, defragments and disarms it every --etcd-maintenance-interval, and docs/operations.md (\"etcd is full\") says what to do if that is not enough: %v", err)
-	}
-	return fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err)
-}
-
 // requeueOnConflict turns a write conflict (our cache was behind) into a
 // quiet retry; other errors go to the workqueue's backoff.
 func requeueOnConflict(err error) (ctrl.Result, error) {
@@ -110,29 +100,11 @@ func requeueOnConflict(err error) (ctrl.Result, error) {
 	return ctrl.Result{}, err
 }
 
-// followTerms runs on the leader: when this replica wins the etcd election
-// it calls resync, so every object is reconciled and live leases adopted;
-// when it loses the election, or stops, it stops renewing.
-func followTerms(elector *etcdstore.Elector, renewer *renew.Renewer, resync func(context.Context)) leaderRunnable {
-	return func(ctx context.Context) error {
-		for {
-			select {
-			case <-ctx.Done():
-				renewer.StopAll()
-				return nil
-			case <-elector.Changed():
-				if _, err := elector.Term(); err != nil {
-					renewer.StopAll()
-					continue
-				}
-				resync(ctx)
-			}
-		}
+// etcdFailure is the condition reason and message for an etcd error: a
+// full etcd (NOSPACE alarm) needs different action from an unreachable one.
+func etcdFailure(err error) (reason, msg string) {
+	if etcdstore.IsNoSpace(err) {
+		return fencerv1.ReasonEtcdNoSpace, fmt.Sprintf("etcd is out of space (NOSPACE alarm), so nothing can be granted or claimed; the leading manager compacts, defragments and disarms it every --etcd-maintenance-interval, and docs/operations.md (\"etcd is full\") says what to do if that is not enough: %v", err)
 	}
+	return fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err)
 }
-
-// leaderRunnable adapts a function to a Runnable that runs only on the leader.
-type leaderRunnable func(context.Context) error
-
-func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
-func (f leaderRunnable) NeedLeaderElection() bool        { return true }

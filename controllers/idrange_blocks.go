@@ -1,0 +1,107 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
+)
+
+// blocks gives every matching pod without one a block.
+func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := fencerv1.IDRangeAnnotationPrefix + rng.Name
+	next, err := r.Store.ReadNext(ctx, rng.Namespace, rng.Name, rng.Spec.Min)
+	if err != nil {
+		return err
+	}
+	if next < rng.Status.Next {
+		// Blocks below status.next were handed out already; claiming from
+		// etcd's older value would hand them out again.
+		msg := fmt.Sprintf("etcd's next ID %d is below status.next %d: etcd was restored from an old snapshot or replaced; "+
+			"no block is claimed until the key is set to at least %d (see docs/operations.md)", next, rng.Status.Next, rng.Status.Next)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonNextRegressed, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonNextRegressed, "%s", msg)
+		metrics.RevisionRegressions.Inc()
+		return errNextRegressed
+	}
+	var waiting []string
+	var given []*corev1.Pod
+	// Blocks reach pods only once the status is written: status.next then
+	// covers every block in use, so a manager that stops in between leaves
+	// no ID in use that the check for a restored etcd does not know. This
+	// also holds when a claim fails part way.
+	id := client.ObjectKeyFromObject(rng)
+	defer func() { out.afterStatus = r.annotateBlocks(id, key, given) }()
+	advance := func(n int64) {
+		next = n
+		rng.Status.Next = next
+		rng.Status.Remaining = remainingIDs(next, rng.Spec.Max)
+	}
+	advance(next)
+	r.handed.prune(id, pods, key)
+	for i := range pods {
+		pod := &pods[i]
+		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
+			continue
+		}
+		if _, ok := r.handed.get(id, pod.UID); ok {
+			given = append(given, pod)
+			continue
+		}
+		if next > rng.Spec.Max {
+			waiting = append(waiting, pod.Name)
+			continue
+		}
+		b, n, err := r.Store.ClaimBlock(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, *rng.Spec.BlockSize, pod.Name, string(pod.UID))
+		if errors.Is(err, etcdstore.ErrExhausted) {
+			advance(n)
+			waiting = append(waiting, pod.Name)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		advance(n)
+		rng.Status.AllocatedBlocks++
+		metrics.IDRangeBlocks.Inc()
+		r.handed.put(id, pod.UID, fmt.Sprintf("block=%d-%d", b.First, b.Last))
+		given = append(given, pod)
+	}
+	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
+	return nil
+}
+
+// annotateBlocks annotates each pod with the block handed to it
+// (handedBlocks), which it is offered again if the write fails.
+func (r *IDRangeReconciler) annotateBlocks(id types.NamespacedName, key string, pods []*corev1.Pod) func(context.Context) error {
+	if len(pods) == 0 {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		return annotateEach(ctx, r.Client, pods, func(pod *corev1.Pod) map[string]string {
+			if block, ok := r.handed.get(id, pod.UID); ok {
+				return map[string]string{key: block}
+			}
+			return nil
+		}, key)
+	}
+}
+
+// remainingIDs is max-next+1, clamped to [0, MaxInt64].
+func remainingIDs(next, max int64) int64 {
+	if next > max {
+		return 0
+	}
+	if d := max - next; d >= 0 && d < 1<<63-1 {
+		return d + 1
+	}
+	return 1<<63 - 1
+}

@@ -1,0 +1,86 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// slots keeps one live slot per qualifying pod and repairs drift.
+func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, pods []corev1.Pod, out *outcome) error {
+	key := fencerv1.IDRangeAnnotationPrefix + rng.Name
+	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
+	if err != nil {
+		return err
+	}
+	byUID := map[string]etcdstore.Slot{}
+	for _, sl := range live {
+		slotKey := etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
+		pod := podByUID(pods, sl.PodUID)
+		if pod == nil || !slotQualifies(pod) {
+			if r.Renewer.Renewing(slotKey, sl.LeaseID) {
+				r.Renewer.Stop(slotKey)
+				metrics.IDRangeRepairs.WithLabelValues("slot_without_pod").Inc()
+				out.event(corev1.EventTypeNormal, "SlotFreed", "slot %d of %s is no longer renewed; it returns to the pool when its etcd lease expires", sl.N, sl.Pod)
+			}
+			continue
+		}
+		byUID[sl.PodUID] = sl
+		r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
+	}
+	var waiting []string
+	ttl := time.Duration(*rng.Spec.SlotTTLSeconds) * time.Second
+	for i := range pods {
+		pod := &pods[i]
+		if !slotQualifies(pod) {
+			continue
+		}
+		sl, ok := byUID[string(pod.UID)]
+		if !ok {
+			if pod.Annotations[key] != "" {
+				metrics.IDRangeRepairs.WithLabelValues("annotation_without_slot").Inc()
+				out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q without a live slot; leasing a new one", pod.Name, pod.Annotations[key])
+			}
+			got, err := r.Store.LeaseSlot(ctx, rng.Namespace, rng.Name, rng.Spec.Min, rng.Spec.Max, live, pod.Name, string(pod.UID), ttl)
+			if errors.Is(err, etcdstore.ErrExhausted) {
+				waiting = append(waiting, pod.Name)
+				if err := annotatePod(ctx, r.Client, pod, nil, key); err != nil {
+					return err
+				}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			sl = *got
+			live = append(live, sl)
+			byUID[sl.PodUID] = sl
+			r.Renewer.Ensure(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
+		}
+		want := fmt.Sprintf("slot=%d,token=%d", sl.N, sl.Token)
+		if err := annotatePod(ctx, r.Client, pod, map[string]string{key: want}, key); err != nil {
+			return err
+		}
+	}
+	size := rng.Spec.Max - rng.Spec.Min + 1
+	rng.Status.SlotsInUse = int32(len(live))
+	rng.Status.Remaining = max(size-int64(len(live)), 0)
+	metrics.IDRangeSlotsInUse.WithLabelValues(rng.Namespace, rng.Name).Set(float64(len(live)))
+	exhausted(rng, len(waiting) > 0, waiting, out, "all %d slots are leased", size)
+	return nil
+}
+
+// slotQualifies: a pod keeps (and gets) a slot while it exists, is not being
+// deleted and has not finished. Readiness is not required: a generator
+// usually needs its worker ID before it can become Ready.
+func slotQualifies(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}

@@ -1,0 +1,124 @@
+package controllers
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// Refreshes get slots of their own, 1/statusRefreshRate apart, at least
+// statusRefresh (or the TTL) ahead: a burst of grants is refreshed at the
+// capped rate, not all at once. A Lease keeps a slot still ahead, and a
+// long TTL delays only its own Lease.
+func TestRefreshSlots(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	r := newLeaseMemory()
+	gap := time.Second / statusRefreshRate
+	for i := range 1000 { // a burst: all at one instant
+		key := fmt.Sprintf("l%d", i)
+		if got, want := r.refreshInterval(key, 15*time.Second, clk.Now()), statusRefresh+time.Duration(i)*gap; got != want {
+			t.Fatalf("refresh %d of a burst in %s, want %s", i, got, want)
+		}
+		if r.refreshDue(key, clk.Now()) {
+			t.Fatalf("refresh %d due before its slot", i)
+		}
+	}
+	// Reconciled again before its slot, a Lease keeps it, and no slot is used.
+	clk.Step(10 * time.Second)
+	if got := r.refreshInterval("l0", 15*time.Second, clk.Now()); got != statusRefresh-10*time.Second {
+		t.Errorf("l0 reconciled again: refresh in %s, want its slot, %s", got, statusRefresh-10*time.Second)
+	}
+	// At its slot the refresh is due, and the next slot comes after the burst's.
+	clk.Step(statusRefresh)
+	if !r.refreshDue("l0", clk.Now()) {
+		t.Error("l0's refresh is not due at its slot")
+	}
+	if got, want := r.refreshInterval("l0", 15*time.Second, clk.Now()), 1000*gap-10*time.Second; got != want {
+		t.Errorf("l0's next refresh in %s, want after the burst's slots, %s", got, want)
+	}
+
+	clk.Step(time.Hour)
+	// A long TTL sets its own Lease's floor, not the next one's.
+	if got := r.refreshInterval("long", time.Hour, clk.Now()); got != time.Hour {
+		t.Errorf("TTL 1h: refresh in %s, want 1h", got)
+	}
+	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+gap {
+		t.Errorf("after a 1h-TTL Lease: refresh in %s, want %s", got, statusRefresh+gap)
+	}
+	r.forgetRefresh("short")
+	if got := r.refreshInterval("short", 15*time.Second, clk.Now()); got != statusRefresh+2*gap {
+		t.Errorf("a forgotten slot: refresh in %s, want the next slot, %s", got, statusRefresh+2*gap)
+	}
+}
+
+// An unrenewed tenure's end is remembered until taken or cleared, and a
+// deletion keeps its first time until a grant takes it (the failover
+// duration) or nothing is coming.
+func TestLeaseMemoryEndsAndDeletions(t *testing.T) {
+	m := newLeaseMemory()
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, ok := m.ending("a"); ok {
+		t.Fatal("an ending before any was set")
+	}
+	m.setEnding("a", at)
+	if got, ok := m.ending("a"); !ok || !got.Equal(at) {
+		t.Fatalf("ending %v %v, want %v", got, ok, at)
+	}
+	if got, ok := m.takeEnding("a"); !ok || !got.Equal(at) {
+		t.Fatalf("takeEnding %v %v", got, ok)
+	}
+	if _, ok := m.takeEnding("a"); ok {
+		t.Fatal("an ending taken twice")
+	}
+	m.setEnding("b", at)
+	m.clearEnding("b")
+	if _, ok := m.ending("b"); ok {
+		t.Fatal("a cleared ending is still there")
+	}
+
+	m.markDeleted("a", at)
+	m.markDeleted("a", at.Add(time.Second)) // the first deletion counts
+	if got, ok := m.takeDeleted("a"); !ok || !got.Equal(at) {
+		t.Fatalf("takeDeleted %v %v, want the first, %v", got, ok, at)
+	}
+	m.markDeleted("a", at)
+	m.forgetDeletion("a")
+	if _, ok := m.takeDeleted("a"); ok {
+		t.Fatal("a forgotten deletion is still there")
+	}
+
+	m.setEnding("c", at)
+	m.markDeleted("c", at)
+	m.refreshInterval("c", time.Second, at)
+	m.forget("c")
+	if _, ok := m.ending("c"); ok || m.refreshDue("c", at.Add(time.Hour)) {
+		t.Fatal("forget left something of c")
+	}
+	if _, ok := m.takeDeleted("c"); ok {
+		t.Fatal("forget left c's deletion")
+	}
+}
+
+// Workers reconcile different Leases at once.
+func TestLeaseMemoryIsSafeForConcurrentUse(t *testing.T) {
+	m := newLeaseMemory()
+	now := time.Now()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			key := fmt.Sprintf("l%d", i)
+			for range 100 {
+				m.refreshInterval(key, time.Second, now)
+				m.setEnding(key, now)
+				m.markDeleted(key, now)
+				m.takeEnding(key)
+				m.takeDeleted(key)
+				m.forget(key)
+			}
+		})
+	}
+	wg.Wait()
+}
