@@ -1,0 +1,85 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+// The manager's options: defaults, every validation message, and the docs
+// that list the flags.
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--etcd-endpoints=http://127.0.0.1:2379"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.leaderElect || o.etcd.Prefix != "/fencer" || o.probeAddr != ":8081" {
+		t.Fatalf("defaults: %+v", o)
+	}
+}
+
+func TestParseFlagsRefusals(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "--etcd-endpoints is required"},
+		{[]string{"--etcd-endpoints=http://e:1", "stray"}, `unexpected arguments ["stray"]`},
+		{[]string{"--etcd-endpoints=http://e:1", "--leader-elect-renew-deadline=5s"}, "--leader-elect-renew-deadline (5s) must be less than --leader-elect-lease-duration (4s)"},
+		{[]string{"--etcd-endpoints=http://e:1", "--leader-elect-retry-period=3s"}, "--leader-elect-retry-period (3s) must be less than --leader-elect-renew-deadline (3s)"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-probe-timeout=0s"}, "--etcd-probe-timeout must be positive"},
+		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-server-secret=s"}, "--etcd-server-secret needs --etcd-pki-secret"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-backup-secret=s"}, "--etcd-backup-secret needs --etcd-pki-secret"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-credentials-secret="}, "--etcd-credentials-secret must not be empty"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-step-down-after=-1s"}, "must not be negative"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-enable-auth"}, "--etcd-enable-auth needs an identity with the root role"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-prefix=/a:b"}, "must not contain ':'"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-election-ttl=500ms"}, "--etcd-election-ttl must be at least 1s, got 500ms"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=70000"}, "--webhook-port must be between 0 and 65535, got 70000"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=0", "--webhook-cert-rotation"}, "--webhook-cert-rotation needs the webhook server; --webhook-port is 0"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-cert-rotation", "--webhook-namespace="}, "--webhook-cert-rotation needs --webhook-namespace"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-pki-secret=ca", "--webhook-namespace="}, "--etcd-pki-secret needs --webhook-namespace"},
+		{[]string{"--etcd-endpoints=http://e:1", "--kube-api-qps=0"}, "--kube-api-qps and --kube-api-burst must be positive, got 0 and"},
+		{[]string{"--etcd-endpoints=http://e:1", "--lease-workers=0"}, "--lease-workers must be at least 1, got 0"},
+	}
+	for _, tc := range cases {
+		_, err := parseFlagsQuiet(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestHelpListsEveryFlag(t *testing.T) {
+	var out strings.Builder
+	_, err := parseFlagsTo([]string{"--help"}, &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help returned %v", err)
+	}
+	for _, f := range []string{"etcd-endpoints", "etcd-prefix", "etcd-ca-file", "etcd-cert-file", "etcd-key-file", "etcd-dial-timeout", "metrics-bind-address", "health-probe-bind-address", "leader-elect", "leader-elect-lease-duration", "kubeconfig", "zap-log-level"} {
+		if !strings.Contains(out.String(), "-"+f) {
+			t.Errorf("--help does not list --%s", f)
+		}
+	}
+}
+
+func parseFlagsQuiet(args []string) (*options, error) { return parseFlagsTo(args, io.Discard) }
+
+// TestOperationsDocListsEveryFlag keeps docs/operations.md in step with the
+// flags: a new flag without a row there fails.
+func TestOperationsDocListsEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&options{}).flagSet().VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(string(doc), "`--"+f.Name+"`") {
+			t.Errorf("docs/operations.md does not document --%s", f.Name)
+		}
+	})
+}
