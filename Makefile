@@ -67,11 +67,14 @@ fmt: ## Fail when a Go file is not gofmt-ed (lists them).
 	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "not gofmt-ed (run gofmt -w):"; echo "$$files"; exit 1; fi
 
 .PHONY: hygiene
-hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/) or a doc linking outside the repository.
+hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/), a doc linking outside the repository, or a package under internal/ that no shipped binary links.
 	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' | awk '$$1 > 1048576 {print $$2}'); \
 	if [ -n "$$big" ]; then echo "tracked files over 1 MB:"; echo "$$big"; exit 1; fi
 	@out=$$(grep -rlE '\]\((\.\./)+shared/' README.md docs || true); \
 	if [ -n "$$out" ]; then echo "docs link outside the repository:"; echo "$$out"; exit 1; fi
+	@linked=$$(go list -deps ./cmd/fencer ./cmd/kubectl-fencer); \
+	for p in $$(go list ./internal/...); do echo "$$linked" | grep -qx "$$p" || \
+		{ echo "$$p is under internal/ but neither cmd/fencer nor cmd/kubectl-fencer links it: test and dev scaffolding belongs in test/support/"; exit 1; }; done
 
 # Every Go module of the repository (the tool modules only build tools).
 LINT_MODULES := . hack/tools/bench hack/tools/image hack/tools/prometheus test/chart

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/test/support/devcluster"
 )
 
 func main() {

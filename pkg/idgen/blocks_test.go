@@ -14,8 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 func startEtcd(t testing.TB) *clientv3.Client {

@@ -29,10 +29,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/internal/webhook"
 	"github.com/fencer-io/fencer/pkg/fence"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // heldLease creates a Lease held by a fresh Ready pod and returns its

@@ -29,9 +29,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/framework"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // scaleRun is one size, with the manager's flags.

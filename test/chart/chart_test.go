@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 var (

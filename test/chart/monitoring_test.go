@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // monitoring renders everything the chart ships for Prometheus and Grafana.

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/test/support/devcluster"
 )
 
 // TestDefaultInstallSchedulesOnOneAndThreeNodes installs the chart with no

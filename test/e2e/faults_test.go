@@ -26,10 +26,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/harness"
 	"github.com/fencer-io/fencer/test/e2e/history"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 func TestMain(m *testing.M) {

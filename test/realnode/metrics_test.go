@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // scrapeChartMetrics scrapes each manager replica the chart installed, over

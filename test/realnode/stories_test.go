@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // storiesAsPods runs the example stories (examples/) on the real node as

@@ -13,7 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/test/support/devcluster"
 )
 
 // electRealWorkers runs a Lease over three worker pods in real containers,

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 const deployment = `apiVersion: apps/v1

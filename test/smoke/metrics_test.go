@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // metricsURL is the manager's metrics endpoint that `make dev` printed.

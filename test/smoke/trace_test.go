@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // admin is the user `make dev`'s kubeconfig authenticates as.

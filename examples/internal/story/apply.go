@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-io/fencer/internal/manifest"
+	"github.com/fencer-io/fencer/test/support/manifest"
 )
 
 // apply server-side applies every object of a manifest file, as

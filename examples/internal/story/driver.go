@@ -105,7 +105,7 @@ func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.
 // process that stays silent is stuck somewhere. (The one such hang seen,
 // pods whose packets to the node were dropped for seconds, was the real
 // node's bridge changing its MAC as pods came and went; see
-// internal/devcluster.)
+// test/support/devcluster.)
 func (a *Actor) notPrinted(ctx context.Context, s string, n int, timeout time.Duration) error {
 	err := fmt.Errorf("%s did not print %q %d times within %s", a.Pod, s, n, timeout)
 	if a.cmd != nil {

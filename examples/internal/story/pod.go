@@ -30,7 +30,7 @@ import (
 // The pods run as the default ServiceAccount, with the Role each story's
 // manifests grant it.
 
-// realNode is the node the actor pods run on (internal/devcluster).
+// realNode is the node the actor pods run on (test/support/devcluster).
 const realNode = "real-node"
 
 // OnRealNode tells whether the actors run as pods on the real node.

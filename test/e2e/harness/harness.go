@@ -32,13 +32,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/faultproxy"
 	"github.com/fencer-io/fencer/internal/identity"
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/history"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/faultproxy"
+	"github.com/fencer-io/fencer/test/support/framework"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // Namespace holds the workload: worker pods, Leases, IDRanges, ConfigMaps.

@@ -6,9 +6,9 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/faultproxy"
 	"github.com/fencer-io/fencer/test/e2e/history"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/faultproxy"
 )
 
 // A fault breaks something for a while: inject it, wait, heal it.

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/faultproxy"
+	"github.com/fencer-io/fencer/test/support/faultproxy"
 )
 
 // process is a manager or worker the nemesis can pause, kill and restart.

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/testenv"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // applyFinalizerPolicy creates the MutatingAdmissionPolicy and binding of

@@ -13,7 +13,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/framework"
 )
 
 // TestNoPodGetsABlockTheStatusDoesNotCover: blocks are annotated only after

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/framework"
 )
 
 // An IDRange's status.next is the floor no block is claimed below again.

@@ -19,7 +19,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/framework"
 )
 
 var (

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/testenv"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/framework"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // TestGeneratedRBACIsEnough runs the manager as a service account bound to

@@ -17,9 +17,9 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/fencer-io/fencer/internal/devcluster"
-	"github.com/fencer-io/fencer/internal/testenv"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/framework"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 var (

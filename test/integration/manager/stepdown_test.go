@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencer-io/fencer/internal/faultproxy"
+	"github.com/fencer-io/fencer/test/support/faultproxy"
 )
 
 // TestLeaderCutFromEtcdStepsDown cuts only the leader's link to etcd; it

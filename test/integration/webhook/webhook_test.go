@@ -27,7 +27,7 @@ import (
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/fence"
-	"github.com/fencer-io/fencer/test/framework"
+	"github.com/fencer-io/fencer/test/support/framework"
 )
 
 var fx *framework.Fencer

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-io/fencer/internal/manifest"
+	"github.com/fencer-io/fencer/test/support/manifest"
 )
 
 // LeaseFinalizerPolicy is the chart's MutatingAdmissionPolicy that sets

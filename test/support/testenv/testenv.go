@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/devcluster"
+	"github.com/fencer-io/fencer/test/support/devcluster"
 )
 
 // RepoRoot is the directory of fencer's go.mod, found from the working

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-io/fencer/internal/identity"
-	"github.com/fencer-io/fencer/internal/manifest"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/manifest"
 )
 
 // Kubectl runs the cluster's kubectl against it and returns its stdout.

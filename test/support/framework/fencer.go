@@ -29,12 +29,12 @@ import (
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/fencer-io/fencer/controllers"
-	"github.com/fencer-io/fencer/internal/devcluster"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
-	"github.com/fencer-io/fencer/internal/testenv"
 	"github.com/fencer-io/fencer/internal/webhook"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/devcluster"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // Fencer is envtest (kube-apiserver and its etcd) plus a separate etcd for
