@@ -139,25 +139,13 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		}
 		grant = nil
 	} else if open := openTenure(lease); open != nil {
-		// The key is gone without our release: the etcd lease expired. If we
-		// had stopped renewing it, etcd merely beat our own release to it
-		// (its lessor may run before our timer), and the cause is ours.
-		why := fencerv1.TenureExpired
-		if _, ok := r.mem.takeEnding(key); ok {
-			why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
-		} else if released, err := r.releasedByHolder(ctx, lease); err != nil {
+		if ended, ok := r.mem.endedReason(key, open.Token); ok {
+			// Our own release, whose status write did not land; it was
+			// counted when it happened.
+			closeTenure(lease, now, ended)
+		} else if err := r.closeLapsed(ctx, lease, open, key, pods, now, &out); err != nil {
 			r.etcdUnavailable(lease, &out, err)
 			return out, nil
-		} else if released {
-			why = fencerv1.TenureReleased
-		}
-		closeTenure(lease, now, why)
-		if why == fencerv1.TenureReleased {
-			metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-			out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", open.Holder, open.Token)
-		} else {
-			metrics.LeaseExpiries.Inc()
-			out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
 		}
 	}
 
@@ -205,6 +193,30 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	}
 	r.publishAfterStatus(&out, lease, pods, grant)
 	return out, nil
+}
+
+// closeLapsed records the end of a tenure whose key is gone without our
+// release: the etcd lease expired. If we had stopped renewing it, etcd
+// merely beat our own release to it (its lessor may run before our timer),
+// and the cause is ours; a Direct holder may have released it itself.
+func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease, open *fencerv1.Tenure, key string, pods []corev1.Pod, now time.Time, out *outcome) error {
+	why := fencerv1.TenureExpired
+	if _, ok := r.mem.takeEnding(key); ok {
+		why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
+	} else if released, err := r.releasedByHolder(ctx, lease); err != nil {
+		return err
+	} else if released {
+		why = fencerv1.TenureReleased
+	}
+	closeTenure(lease, now, why)
+	if why == fencerv1.TenureReleased {
+		metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", open.Holder, open.Token)
+		return nil
+	}
+	metrics.LeaseExpiries.Inc()
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
+	return nil
 }
 
 // candidates lists the pods the Lease's selector matches. A selector that

@@ -3,6 +3,8 @@ package controllers
 import (
 	"sync"
 	"time"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // statusRefresh is how often a held Lease's status (renewTime, expireTime)
@@ -32,10 +34,19 @@ type leaseMemory struct {
 	// lastRefresh the latest slot handed out (refreshInterval).
 	refreshAt   map[string]time.Time
 	lastRefresh time.Time
+	// ended is why this replica last ended each Lease's tenure, by token,
+	// so that a status write that conflicts does not lose the reason: the
+	// next pass records the end from here.
+	ended map[string]endedTenure
+}
+
+type endedTenure struct {
+	token int64
+	why   fencerv1.TenureEndReason
 }
 
 func newLeaseMemory() *leaseMemory {
-	return &leaseMemory{endAt: map[string]time.Time{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}}
+	return &leaseMemory{endAt: map[string]time.Time{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}, ended: map[string]endedTenure{}}
 }
 
 // refreshInterval is when a held Lease's status is next refreshed. A Lease
@@ -139,6 +150,22 @@ func (m *leaseMemory) forgetDeletion(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.deletedAt, key)
+	delete(m.ended, key)
+}
+
+// setEnded records why this replica ended key's tenure under token.
+func (m *leaseMemory) setEnded(key string, token int64, why fencerv1.TenureEndReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ended[key] = endedTenure{token: token, why: why}
+}
+
+// endedReason is why this replica ended key's tenure under token, if it did.
+func (m *leaseMemory) endedReason(key string, token int64) (fencerv1.TenureEndReason, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.ended[key]
+	return e.why, ok && e.token == token
 }
 
 // forget drops all that is remembered of key, a Lease that is gone.

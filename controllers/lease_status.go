@@ -77,15 +77,19 @@ func closeTenure(l *fencerv1.Lease, at time.Time, why fencerv1.TenureEndReason) 
 
 // recordMissedGrant puts a live grant that the history does not have at its
 // head: its status was never written (the manager crashed after the grant,
-// or lost its term). The open tenure before it ended by the time this
-// grant began, for a reason no longer known, so its endReason stays unset.
-// It reports whether the history changed.
-func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant) bool {
+// or lost its term, or its status write conflicted). The open tenure before
+// it ended by the time this grant began, for the reason known(token) gives
+// when this replica ended it, and otherwise for a reason no longer known:
+// its endReason stays unset. It reports whether the history changed.
+func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant, known func(token int64) (fencerv1.TenureEndReason, bool)) bool {
 	if t := lastTenure(l); t != nil && t.Token == g.Token {
 		return false
 	}
 	if t := openTenure(l); t != nil {
 		t.End = microTime(g.GrantTime)
+		if why, ok := known(t.Token); ok {
+			t.EndReason = why
+		}
 	}
 	beginTenure(l, g, g.GrantTime)
 	return true

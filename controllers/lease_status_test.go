@@ -21,7 +21,7 @@ func TestRecordMissedGrant(t *testing.T) {
 		l := &fencerv1.Lease{}
 		l.Status.Holder, l.Status.Token = "a", 10
 		pushTenure(l, fencerv1.Tenure{Holder: "a", HolderUID: "uid-a", Token: 10, Start: *microTime(t0)})
-		if !recordMissedGrant(l, grantB) {
+		if !recordMissedGrant(l, grantB, unknown) {
 			t.Fatal("the missed grant was not recorded")
 		}
 		h := l.Status.History
@@ -41,15 +41,36 @@ func TestRecordMissedGrant(t *testing.T) {
 	})
 	t.Run("no history", func(t *testing.T) {
 		l := &fencerv1.Lease{}
-		if !recordMissedGrant(l, grantB) || len(l.Status.History) != 1 || l.Status.Transitions != 0 {
+		if !recordMissedGrant(l, grantB, unknown) || len(l.Status.History) != 1 || l.Status.Transitions != 0 {
 			t.Fatalf("first grant: history %+v, transitions %d", l.Status.History, l.Status.Transitions)
 		}
 	})
 	t.Run("already recorded", func(t *testing.T) {
 		l := &fencerv1.Lease{}
 		pushTenure(l, fencerv1.Tenure{Holder: "b", HolderUID: "uid-b", Token: 20, Start: *microTime(grantB.GrantTime)})
-		if recordMissedGrant(l, grantB) || len(l.Status.History) != 1 {
+		if recordMissedGrant(l, grantB, unknown) || len(l.Status.History) != 1 {
 			t.Fatalf("a recorded grant changed the history: %+v", l.Status.History)
 		}
 	})
+}
+
+func unknown(int64) (fencerv1.TenureEndReason, bool) { return "", false }
+
+// A tenure this replica ended, whose status write then conflicted, keeps
+// its reason when the next pass records the grant that followed it.
+func TestRecordMissedGrantKeepsAKnownReason(t *testing.T) {
+	l := &fencerv1.Lease{}
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	first := &etcdstore.Grant{Token: 10}
+	first.Holder, first.HolderUID = "a", "ua"
+	beginTenure(l, first, now)
+	next := &etcdstore.Grant{Token: 20}
+	next.Holder, next.HolderUID, next.GrantTime = "b", "ub", now.Add(time.Second)
+	known := func(token int64) (fencerv1.TenureEndReason, bool) { return fencerv1.TenureHolderGone, token == 10 }
+	if !recordMissedGrant(l, next, known) {
+		t.Fatal("the grant was not recorded")
+	}
+	if h := l.Status.History; len(h) != 2 || h[1].Token != 10 || h[1].EndReason != fencerv1.TenureHolderGone || h[1].End == nil {
+		t.Fatalf("history %+v, want token 10 ended HolderGone", h)
+	}
 }

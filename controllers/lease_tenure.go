@@ -27,7 +27,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	ttl := time.Duration(g.TTL) * time.Second
 	pod := findPod(pods, g.Holder, g.HolderUID)
-	if recordMissedGrant(lease, g) {
+	if recordMissedGrant(lease, g, func(token int64) (fencerv1.TenureEndReason, bool) { return r.mem.endedReason(key, token) }) {
 		out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
 	}
 	showGrant(lease, g)
@@ -152,7 +152,9 @@ func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g 
 	if err := r.endGrant(ctx, lease, g); err != nil {
 		return err
 	}
-	r.mem.markDeleted(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name), r.Clock.Now())
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	r.mem.markDeleted(key, r.Clock.Now())
+	r.mem.setEnded(key, g.Token, why)
 	closeTenure(lease, now, why)
 	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
 	out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
