@@ -17,15 +17,16 @@ import (
 	"github.com/fencer-io/fencer/test/e2e/history"
 )
 
-// annotationOf reads pod's annotation key through the API ("" if absent).
-func (w *worker) annotationOf(ctx context.Context, pod, key string) (string, types.UID, error) {
+// ownAnnotation reads this worker's pod's annotation key through the API
+// ("" if absent).
+func (w *worker) ownAnnotation(ctx context.Context, key string) (string, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	p := &corev1.Pod{}
-	if err := w.kube.Get(rctx, client.ObjectKey{Namespace: w.namespace, Name: pod}, p); err != nil {
-		return "", "", err
+	if err := w.kube.Get(rctx, client.ObjectKey{Namespace: w.namespace, Name: w.pod}, p); err != nil {
+		return "", err
 	}
-	return p.Annotations[key], p.UID, nil
+	return p.Annotations[key], nil
 }
 
 // snowflakeLoop issues snowflake IDs on the slot of the Slots IDRange
@@ -46,7 +47,7 @@ func (w *worker) snowflakeLoop(ctx context.Context) {
 }
 
 func (w *worker) startSnowflake(ctx context.Context) *idgen.Snowflake {
-	ann, _, err := w.annotationOf(ctx, w.pod, fencerv1.IDRangeAnnotationPrefix+w.slotRange)
+	ann, err := w.ownAnnotation(ctx, fencerv1.IDRangeAnnotationPrefix+w.slotRange)
 	if err != nil || ann == "" {
 		return nil
 	}
@@ -166,9 +167,7 @@ func idRefusalReason(err error) string {
 	case errors.Is(err, context.DeadlineExceeded):
 		return history.ReasonTimeout
 	}
-	if s, ok := status.FromError(errors.Unwrap(err)); ok && s.Code() == codes.Unavailable {
-		return history.ReasonEtcdUnavailable
-	}
+	// status.FromError finds a gRPC status wrapped by idgen's messages too.
 	if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
 		return history.ReasonEtcdUnavailable
 	}

@@ -173,24 +173,12 @@ func TestLeaseDeletedWithoutItsFinalizerIsReleased(t *testing.T) {
 		return nil
 	})
 	stop()
-	l := getLease(t, ns, "job")
-	l.Finalizers = nil
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	if err := k8s.Delete(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	deleteWithoutFinalizer(t, ns, "job")
 	if etcdToken(t, ns, "job") != st.Token {
 		t.Fatal("the grant is gone before any manager saw the deletion")
 	}
 	startController(t, "c2")
-	eventually(t, 30*time.Second, "the orphaned grant released", func() error {
-		if tok := etcdToken(t, ns, "job"); tok != 0 {
-			return fmt.Errorf("etcd still holds token %d", tok)
-		}
-		return nil
-	})
+	grantReleased(t, ns, "job")
 	ttl, err := fx.EtcdCli.TimeToLive(context.Background(), clientv3.LeaseID(st.LeaseID))
 	if err != nil || ttl.TTL > 0 {
 		t.Fatalf("the grant's etcd lease is still alive: %+v %v", ttl, err)
@@ -210,10 +198,18 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 	readyPod(t, ns, "w-0", "w")
 	create(t, newLease(ns, "job", "w", 30))
 	st := heldBy(t, ns, "job")
-	// One write that removes the finalizer and deletes: a JSON patch
-	// cannot delete, so remove it and delete right after; if the
-	// controller put it back in between, finalize releases instead.
-	l := getLease(t, ns, "job")
+	// If the controller puts the finalizer back between the two writes,
+	// finalize releases instead.
+	deleteWithoutFinalizer(t, ns, "job")
+	grantReleased(t, ns, "job")
+	noAnnotation(t, ns, st.Holder, "job")
+}
+
+// deleteWithoutFinalizer removes the Lease's finalizers and deletes it, as
+// the install docs say to do after an uninstall.
+func deleteWithoutFinalizer(t *testing.T, ns, name string) {
+	t.Helper()
+	l := getLease(t, ns, name)
 	l.Finalizers = nil
 	if err := k8s.Update(context.Background(), l); err != nil {
 		t.Fatal(err)
@@ -221,13 +217,17 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 	if err := k8s.Delete(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// grantReleased waits until etcd holds no grant of the Lease.
+func grantReleased(t *testing.T, ns, name string) {
+	t.Helper()
 	eventually(t, 30*time.Second, "the grant released", func() error {
-		if tok := etcdToken(t, ns, "job"); tok != 0 {
+		if tok := etcdToken(t, ns, name); tok != 0 {
 			return fmt.Errorf("etcd still holds token %d", tok)
 		}
 		return nil
 	})
-	noAnnotation(t, ns, st.Holder, "job")
 }
 
 // A selector edited into one the API cannot parse (no schema rule checks
