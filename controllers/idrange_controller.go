@@ -67,22 +67,13 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("idrange", req.NamespacedName))
-	if !rng.DeletionTimestamp.IsZero() {
-		return r.finalize(ctx, rng)
-	}
-	if controllerutil.AddFinalizer(rng, fencerv1.IDRangeFinalizer) {
-		if err := r.Update(ctx, rng); err != nil {
-			return requeueOnConflict(err)
-		}
-	}
-	before := rng.Status.DeepCopy()
-	out, err := r.reconcileRange(ctx, rng)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	return finish(ctx, r.Client, r.Recorder, rng, before, &rng.Status, out)
+	return runPass(ctx, r.Client, r.Recorder, rng, fencerv1.IDRangeFinalizer,
+		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, rng) },
+		func(ctx context.Context) (outcome, error) { return r.reconcileRange(ctx, rng) })
 }
 
+// reconcileRange hands out blocks or slots to the IDRange's pods and sets
+// its status to match.
 func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.IDRange) (outcome, error) {
 	var out outcome
 	out.result.RequeueAfter = repairInterval

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,12 +11,9 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
-	"github.com/fencer-io/fencer/internal/holder"
-	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/internal/renew"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -77,30 +73,24 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		}
 		return ctrl.Result{}, err
 	}
-	if !lease.DeletionTimestamp.IsZero() {
-		return r.finalize(ctx, lease)
-	}
-	if controllerutil.AddFinalizer(lease, fencerv1.LeaseFinalizer) {
-		if err := r.Update(ctx, lease); err != nil {
-			return requeueOnConflict(err)
-		}
-	}
-	before := lease.Status.DeepCopy()
-	out, err := r.reconcileGrant(ctx, lease)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	return finish(ctx, r.Client, r.Recorder, lease, before, &lease.Status, out)
+	return runPass(ctx, r.Client, r.Recorder, lease, fencerv1.LeaseFinalizer,
+		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, lease) },
+		func(ctx context.Context) (outcome, error) { return r.reconcileGrant(ctx, lease) })
 }
 
 // reconcileGrant brings etcd and the pods in line with the Lease's spec and
 // sets lease.Status to match. It returns an error only for failures the
 // workqueue should retry with backoff.
+//
+// A pass reads the candidates and the grant, then either keeps or ends the
+// live grant (keepOrEnd, lease_tenure.go) or closes a tenure that lapsed
+// (closeLapsed), and, with no grant left live, grants the next holder
+// (grantNext, lease_grant.go). The status is set along the way in
+// lease_status.go, and the pods are annotated once it is written.
 func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Lease) (outcome, error) {
 	var out outcome
 	now := r.Clock.Now()
 	lease.Status.ObservedGeneration = lease.Generation
-	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 
 	pods, err := r.candidates(ctx, lease)
 	if err != nil {
@@ -119,15 +109,14 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
-	if grant != nil && grant.Unissued {
+	switch {
+	case grant != nil && grant.Unissued:
 		return out, r.dropUnissued(ctx, lease, grant, &out)
-	}
-	if grant != nil && grant.Token < lease.Status.HighestToken() {
+	case grant != nil && grant.Token < lease.Status.HighestToken():
 		// A grant below a token already issued came back with an etcd
 		// restored from an old snapshot: adopting it would reissue a token.
 		return out, r.dropRegressed(ctx, lease, grant, &out)
-	}
-	if grant != nil {
+	case grant != nil:
 		ended, err := r.keepOrEnd(ctx, lease, grant, pods, now, &out)
 		if err != nil {
 			r.etcdUnavailable(lease, &out, err)
@@ -137,86 +126,20 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 			r.publishAfterStatus(&out, lease, pods, grant)
 			return out, nil
 		}
-		grant = nil
-	} else if open := openTenure(lease); open != nil {
-		if ended, ok := r.mem.endedReason(key, open.Token); ok {
-			// Our own release, whose status write did not land; it was
-			// counted when it happened.
-			closeTenure(lease, now, ended)
-		} else if err := r.closeLapsed(ctx, lease, open, key, pods, now, &out); err != nil {
+	default:
+		if err := r.closeLapsed(ctx, lease, pods, now, &out); err != nil {
 			r.etcdUnavailable(lease, &out, err)
 			return out, nil
 		}
 	}
 
-	clearHolder(lease)
-	r.mem.forgetRefresh(key)
-	if lease.Spec.Suspend || len(pods) == 0 {
-		// No successor is coming soon; a later grant is no failover.
-		r.mem.forgetDeletion(key)
-	}
-	if lease.Spec.Suspend {
-		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
-		r.publishAfterStatus(&out, lease, pods, nil)
-		return out, nil
-	}
-	next := holder.Pick(pods, passOver(lease)...)
-	if next == nil {
-		noCandidates(lease, &out)
-		r.publishAfterStatus(&out, lease, pods, nil)
-		return out, nil
-	}
-	if r.revisionRegressed(lease, rev, &out) {
-		// No tenure is open: no pod keeps a token, whatever etcd does.
-		r.publishAfterStatus(&out, lease, pods, nil)
-		return out, nil
-	}
-	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
-	grant, err = r.Store.GrantLease(ctx, lease.Namespace, lease.Name, next.Name, string(next.UID), ttl, now)
-	switch {
-	case errors.Is(err, etcdstore.ErrHeld):
-		out.result.RequeueAfter = time.Millisecond // granted meanwhile; read it again
-		return out, nil
-	case errors.Is(err, etcdstore.ErrNotLeader):
-		out.result.RequeueAfter = time.Second
-		return out, nil
-	case err != nil:
+	grant, err = r.grantNext(ctx, lease, pods, rev, now, &out)
+	if err != nil {
 		r.etcdUnavailable(lease, &out, err)
 		return out, nil
 	}
-	r.granted(lease, key, grant, now, &out)
-	// The grant's status is fresh: its first refresh gets a slot now, so
-	// the reconciles its own writes cause have nothing to write.
-	r.mem.forgetRefresh(key)
-	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
-		out.result.RequeueAfter = r.mem.refreshInterval(key, ttl, now)
-	}
 	r.publishAfterStatus(&out, lease, pods, grant)
 	return out, nil
-}
-
-// closeLapsed records the end of a tenure whose key is gone without our
-// release: the etcd lease expired. If we had stopped renewing it, etcd
-// merely beat our own release to it (its lessor may run before our timer),
-// and the cause is ours; a Direct holder may have released it itself.
-func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease, open *fencerv1.Tenure, key string, pods []corev1.Pod, now time.Time, out *outcome) error {
-	why := fencerv1.TenureExpired
-	if _, ok := r.mem.takeEnding(key); ok {
-		why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
-	} else if released, err := r.releasedByHolder(ctx, lease); err != nil {
-		return err
-	} else if released {
-		why = fencerv1.TenureReleased
-	}
-	closeTenure(lease, now, why)
-	if why == fencerv1.TenureReleased {
-		metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", open.Holder, open.Token)
-		return nil
-	}
-	metrics.LeaseExpiries.Inc()
-	out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", open.Holder, open.Token, why)
-	return nil
 }
 
 // candidates lists the pods the Lease's selector matches. A selector that

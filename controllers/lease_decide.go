@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/holder"
 )
 
@@ -41,6 +42,27 @@ func decideTenure(lease *fencerv1.Lease, pod *corev1.Pod) tenureAction {
 		return keepRenewing
 	}
 	return endUnrenewed
+}
+
+// decideHolder is decideTenure for g's holder among the candidates (pods),
+// with, for endUnrenewed, why the holder no longer qualifies.
+func decideHolder(lease *fencerv1.Lease, g *etcdstore.Grant, pods []corev1.Pod) (tenureAction, fencerv1.TenureEndReason) {
+	pod := findPod(pods, g.Holder, g.HolderUID)
+	action := decideTenure(lease, pod)
+	if action == endUnrenewed {
+		return action, whyNotQualified(pod)
+	}
+	return action, ""
+}
+
+// findPod is the candidate with the holder's name and UID, or nil.
+func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {
+	for i := range pods {
+		if pods[i].Name == name && string(pods[i].UID) == uid {
+			return &pods[i]
+		}
+	}
+	return nil
 }
 
 // tenureEndFrom is when a grant no longer renewed ends: one TTL after its
@@ -105,11 +127,4 @@ func passOver(lease *fencerv1.Lease) []types.UID {
 	// Released holders last: when everyone is passed over, one that gave
 	// the lease back is alive, and picked before one that let it expire.
 	return append(expired, released...)
-}
-
-// belowIssued reports whether rev (etcd's revision, or a grant's token) is
-// below floor, the highest token the Lease's status records.
-func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
-	floor = lease.Status.HighestToken()
-	return floor, rev < floor
 }

@@ -88,83 +88,67 @@ func (m *leaseMemory) refreshDue(key string, now time.Time) bool {
 
 // forgetRefresh drops key's refresh slot: its status is fresh, or its
 // tenure over.
-func (m *leaseMemory) forgetRefresh(key string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.refreshAt, key)
-}
+func (m *leaseMemory) forgetRefresh(key string) { lookup(m, m.refreshAt, key, true) }
 
 // ending is when key's unrenewed tenure ends, if that was decided.
-func (m *leaseMemory) ending(key string) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at, ok := m.endAt[key]
-	return at, ok
-}
+func (m *leaseMemory) ending(key string) (time.Time, bool) { return lookup(m, m.endAt, key, false) }
 
 // setEnding records when key's unrenewed tenure ends.
-func (m *leaseMemory) setEnding(key string, at time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.endAt[key] = at
-}
+func (m *leaseMemory) setEnding(key string, at time.Time) { store(m, m.endAt, key, at, true) }
 
 // takeEnding reports, and forgets, whether key's tenure was being ended.
-func (m *leaseMemory) takeEnding(key string) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at, ok := m.endAt[key]
-	delete(m.endAt, key)
-	return at, ok
-}
+func (m *leaseMemory) takeEnding(key string) (time.Time, bool) { return lookup(m, m.endAt, key, true) }
 
 // clearEnding forgets that key's tenure was being ended: its holder
 // qualifies again, or the tenure is over.
-func (m *leaseMemory) clearEnding(key string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.endAt, key)
-}
+func (m *leaseMemory) clearEnding(key string) { lookup(m, m.endAt, key, true) }
 
 // markDeleted records when key was seen deleted, keeping the first time.
-func (m *leaseMemory) markDeleted(key string, at time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.deletedAt[key]; !ok {
-		m.deletedAt[key] = at
-	}
-}
+func (m *leaseMemory) markDeleted(key string, at time.Time) { store(m, m.deletedAt, key, at, false) }
 
 // takeDeleted reports, and forgets, when key was seen deleted.
 func (m *leaseMemory) takeDeleted(key string) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at, ok := m.deletedAt[key]
-	delete(m.deletedAt, key)
-	return at, ok
+	return lookup(m, m.deletedAt, key, true)
 }
 
 // forgetDeletion drops key's deletion time: no successor is coming soon,
 // so a later grant is no failover.
 func (m *leaseMemory) forgetDeletion(key string) {
+	lookup(m, m.deletedAt, key, true)
+	lookup(m, m.ended, key, true)
+}
+
+// lookup reads key from one of m's maps under m's lock, deleting it when
+// take is set.
+func lookup[V any](m *leaseMemory, values map[string]V, key string, take bool) (V, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.deletedAt, key)
-	delete(m.ended, key)
+	v, ok := values[key]
+	if take {
+		delete(values, key)
+	}
+	return v, ok
+}
+
+// store writes key into one of m's maps under m's lock; an existing value
+// is kept unless replace is set.
+func store[V any](m *leaseMemory, values map[string]V, key string, v V, replace bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := values[key]; ok && !replace {
+		return
+	}
+	values[key] = v
 }
 
 // setEnded records why this replica ended key's tenure under token.
 func (m *leaseMemory) setEnded(key string, token int64, why fencerv1.TenureEndReason) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.ended[key] = endedTenure{token: token, why: why}
+	store(m, m.ended, key, endedTenure{token: token, why: why}, true)
 }
 
 // endedReason is why this replica ended key's tenure under token, if it did.
 func (m *leaseMemory) endedReason(key string, token int64) (fencerv1.TenureEndReason, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.ended[key]
+	e, ok := lookup(m, m.ended, key, false)
 	return e.why, ok && e.token == token
 }
 
@@ -175,4 +159,68 @@ func (m *leaseMemory) forget(key string) {
 	delete(m.refreshAt, key)
 	delete(m.endAt, key)
 	delete(m.deletedAt, key)
+}
+
+// The methods below are what one reconcile pass asks of the memory, one
+// call per step, so that following a Lease through a pass visits this file
+// once or twice.
+
+// renewing is a pass over a holder the controller renews: its tenure is no
+// longer being ended, due says whether its status refresh has come, and
+// next is when the status is next refreshed (refreshInterval).
+func (m *leaseMemory) renewing(key string, ttl time.Duration, now time.Time) (due bool, next time.Duration) {
+	m.clearEnding(key)
+	due = m.refreshDue(key, now)
+	return due, m.refreshInterval(key, ttl, now)
+}
+
+// released records that this replica ended key's tenure under token, for
+// why, at at: no refresh or ending is pending, the failover clock starts
+// (unless the etcd watch saw the key go first), and the reason is kept
+// until a status shows it.
+func (m *leaseMemory) released(key string, token int64, why fencerv1.TenureEndReason, at time.Time) {
+	m.forgetRefresh(key)
+	m.clearEnding(key)
+	m.markDeleted(key, at)
+	m.setEnded(key, token, why)
+}
+
+// dropped records that a grant never issued as a tenure (a regressed or
+// unissued one) was deleted: nothing of it is pending.
+func (m *leaseMemory) dropped(key string) {
+	m.forgetRefresh(key)
+	m.clearEnding(key)
+}
+
+// lapsed tells how this replica saw the tenure under token end, now that
+// its key is found empty: it ended it itself, for why (its status write was
+// lost), or was ending it (the holder stopped qualifying and was no longer
+// renewed), or neither. The ending is forgotten.
+func (m *leaseMemory) lapsed(key string, token int64) (why fencerv1.TenureEndReason, endedHere, wasEnding bool) {
+	why, endedHere = m.endedReason(key, token)
+	_, wasEnding = m.takeEnding(key)
+	return why, endedHere, wasEnding
+}
+
+// noGrant records a pass that ends with no grant live. With no successor
+// coming (suspended, or no candidate), a later grant is no failover.
+func (m *leaseMemory) noGrant(key string, successorComing bool) {
+	m.forgetRefresh(key)
+	if !successorComing {
+		m.forgetDeletion(key)
+	}
+}
+
+// granted records a new grant at now. It returns when its predecessor's
+// key was seen deleted (ok false when that is not known: no failover to
+// time), and, for a grant the controller renews (ttl above zero), when its
+// status is first refreshed: its status is fresh, so the reconciles its
+// own writes cause have nothing to write.
+func (m *leaseMemory) granted(key string, ttl time.Duration, now time.Time) (deletedAt time.Time, ok bool, refresh time.Duration) {
+	deletedAt, ok = m.takeDeleted(key)
+	m.forgetRefresh(key)
+	if ttl > 0 {
+		refresh = m.refreshInterval(key, ttl, now)
+	}
+	return deletedAt, ok, refresh
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // Refreshes get slots of their own, 1/statusRefreshRate apart, at least
@@ -121,4 +123,63 @@ func TestLeaseMemoryIsSafeForConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// What one pass asks of the memory: a release remembers its reason and
+// starts the failover clock, the next grant takes both, and a pass with no
+// successor coming forgets them.
+func TestLeaseMemoryAlongAPass(t *testing.T) {
+	m := newLeaseMemory()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ttl := 15 * time.Second
+
+	m.setEnding("k", t0.Add(ttl))
+	if due, next := m.renewing("k", ttl, t0); due || next != statusRefresh {
+		t.Fatalf("renewing: due %v, next %s; want a first slot %s away", due, next, statusRefresh)
+	}
+	if _, ok := m.ending("k"); ok {
+		t.Fatal("renewing left the tenure being ended")
+	}
+	if due, _ := m.renewing("k", ttl, t0.Add(statusRefresh)); !due {
+		t.Fatal("the refresh slot came and renewing did not say so")
+	}
+
+	m.released("k", 7, fencerv1.TenureHolderGone, t0)
+	if why, ok := m.endedReason("k", 7); !ok || why != fencerv1.TenureHolderGone {
+		t.Fatalf("released: reason %q %v", why, ok)
+	}
+	if m.refreshDue("k", t0.Add(time.Hour)) {
+		t.Fatal("released kept a refresh slot")
+	}
+	if why, endedHere, wasEnding := m.lapsed("k", 7); !endedHere || why != fencerv1.TenureHolderGone || wasEnding {
+		t.Fatalf("lapsed after our release: %q %v %v", why, endedHere, wasEnding)
+	}
+	if _, endedHere, _ := m.lapsed("k", 8); endedHere {
+		t.Fatal("a reason of token 7 was given for token 8")
+	}
+
+	deletedAt, failover, refresh := m.granted("k", ttl, t0.Add(time.Second))
+	if !failover || !deletedAt.Equal(t0) || refresh < statusRefresh {
+		t.Fatalf("granted: deleted %s (%v), refresh %s", deletedAt, failover, refresh)
+	}
+	if _, failover, refresh := m.granted("k", 0, t0); failover || refresh != 0 {
+		t.Fatalf("a second grant found a failover (%v) or a Direct grant got a slot (%s)", failover, refresh)
+	}
+
+	m.setEnding("k", t0)
+	if _, _, wasEnding := m.lapsed("k", 9); !wasEnding {
+		t.Fatal("lapsed did not see the tenure being ended")
+	}
+	m.released("k", 9, fencerv1.TenureSuspended, t0)
+	m.noGrant("k", true)
+	if _, ok := m.endedReason("k", 9); !ok {
+		t.Fatal("a pass with a successor coming forgot the reason")
+	}
+	m.noGrant("k", false)
+	if _, ok := m.endedReason("k", 9); ok {
+		t.Fatal("a pass with no successor coming kept the reason")
+	}
+	if _, failover, _ := m.granted("k", 0, t0); failover {
+		t.Fatal("a grant after no successor was coming counted as a failover")
+	}
 }

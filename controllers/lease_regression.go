@@ -13,6 +13,7 @@ import (
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // revisionRegressed guards against reissuing tokens: a token is an etcd
@@ -51,7 +52,9 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 	out.result.RequeueAfter = 10 * time.Second
 	if err := r.endGrant(ctx, lease, g); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
+		return nil
 	}
+	r.mem.dropped(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
 	return nil
 }
 
@@ -69,5 +72,16 @@ func (r *LeaseReconciler) dropUnissued(ctx context.Context, lease *fencerv1.Leas
 	if id := clientv3.LeaseID(lease.Status.LeaseID); id != 0 && id != g.LeaseID {
 		r.Store.Revoke(id)
 	}
-	return r.endGrant(ctx, lease, g)
+	if err := r.endGrant(ctx, lease, g); err != nil {
+		return err
+	}
+	r.mem.dropped(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
+	return nil
+}
+
+// belowIssued reports whether rev (etcd's revision, or a grant's token) is
+// below floor, the highest token the Lease's status records.
+func belowIssued(lease *fencerv1.Lease, rev int64) (floor int64, below bool) {
+	floor = lease.Status.HighestToken()
+	return floor, rev < floor
 }

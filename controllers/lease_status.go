@@ -36,6 +36,69 @@ func setHeld(l *fencerv1.Lease, status metav1.ConditionStatus, reason, message s
 	})
 }
 
+// endedHere is why this replica ended the tenure with a token, when it
+// did (leaseMemory.endedReason): recordMissedGrant closes with it a tenure
+// whose status write was lost.
+type endedHere func(token int64) (fencerv1.TenureEndReason, bool)
+
+// showLive shows the live grant g as the current tenure, held as message
+// says (heldMessage when empty). It reports whether the history lacked g
+// (recordMissedGrant), which is worth an Event.
+func showLive(l *fencerv1.Lease, g *etcdstore.Grant, known endedHere, message string) (missed bool) {
+	missed = recordMissedGrant(l, g, known)
+	showGrant(l, g)
+	if message == "" {
+		message = heldMessage(l, g)
+	}
+	setHeld(l, metav1.ConditionTrue, fencerv1.ReasonGranted, message)
+	return missed
+}
+
+// showRenewed is showLive for a grant the controller renews: its last
+// renewal (last) is shown as showRenewal decides.
+func showRenewed(l *fencerv1.Lease, g *etcdstore.Grant, known endedHere, last time.Time, due bool) (missed bool) {
+	missed = showLive(l, g, known, "")
+	showRenewal(l, last, time.Duration(g.TTL)*time.Second, due)
+	return missed
+}
+
+// showEnding is showLive for a grant no longer renewed, which ends at end
+// because its holder stopped qualifying (why).
+func showEnding(l *fencerv1.Lease, g *etcdstore.Grant, known endedHere, end time.Time, why fencerv1.TenureEndReason) (missed bool) {
+	missed = showLive(l, g, known, fmt.Sprintf("held by %s with token %d until %s: the holder no longer qualifies (%s) and is not renewed",
+		g.Holder, g.Token, end.UTC().Format(time.RFC3339Nano), why))
+	l.Status.ExpireTime = microTime(end)
+	return missed
+}
+
+// showEnded shows that no grant is live: the open tenure, if any, ended at
+// at for why, and no holder is current. g is the grant just ended, if the
+// history may lack it (its grant's status write was lost); nil when the
+// key was found empty.
+func showEnded(l *fencerv1.Lease, g *etcdstore.Grant, known endedHere, at time.Time, why fencerv1.TenureEndReason) (missed bool) {
+	if g != nil {
+		missed = recordMissedGrant(l, g, known)
+	}
+	if t := l.Status.OpenTenure(); t != nil {
+		t.End = microTime(at)
+		t.EndReason = why
+	}
+	clearHolder(l)
+	return missed
+}
+
+// showNewGrant shows g, granted at now, as the current tenure at the head
+// of the history. It returns the transition, as the grants metric labels
+// it (beginTenure).
+func showNewGrant(l *fencerv1.Lease, g *etcdstore.Grant, now time.Time) (transition string) {
+	transition = beginTenure(l, g, now)
+	showGrant(l, g)
+	l.Status.RenewTime = microTime(now)
+	l.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
+	setHeld(l, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(l, g))
+	return transition
+}
+
 // showGrant puts a live grant's identity in the status.
 func showGrant(l *fencerv1.Lease, g *etcdstore.Grant) {
 	l.Status.Holder = g.Holder
@@ -52,40 +115,17 @@ func clearHolder(l *fencerv1.Lease) {
 	l.Status.AcquireTime, l.Status.RenewTime, l.Status.ExpireTime = nil, nil, nil
 }
 
-// lastTenure is the newest tenure in the history, ended or not.
-func lastTenure(l *fencerv1.Lease) *fencerv1.Tenure {
-	if len(l.Status.History) == 0 {
-		return nil
-	}
-	return &l.Status.History[0]
-}
-
-// openTenure is the newest tenure if it has not ended.
-func openTenure(l *fencerv1.Lease) *fencerv1.Tenure {
-	if t := lastTenure(l); t != nil && t.End == nil {
-		return t
-	}
-	return nil
-}
-
-func closeTenure(l *fencerv1.Lease, at time.Time, why fencerv1.TenureEndReason) {
-	if t := openTenure(l); t != nil {
-		t.End = microTime(at)
-		t.EndReason = why
-	}
-}
-
 // recordMissedGrant puts a live grant that the history does not have at its
 // head: its status was never written (the manager crashed after the grant,
 // or lost its term, or its status write conflicted). The open tenure before
 // it ended by the time this grant began, for the reason known(token) gives
 // when this replica ended it, and otherwise for a reason no longer known:
 // its endReason stays unset. It reports whether the history changed.
-func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant, known func(token int64) (fencerv1.TenureEndReason, bool)) bool {
-	if t := lastTenure(l); t != nil && t.Token == g.Token {
+func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant, known endedHere) bool {
+	if t := l.Status.LastTenure(); t != nil && t.Token == g.Token {
 		return false
 	}
-	if t := openTenure(l); t != nil {
+	if t := l.Status.OpenTenure(); t != nil {
 		t.End = microTime(g.GrantTime)
 		if why, ok := known(t.Token); ok {
 			t.EndReason = why
@@ -101,7 +141,7 @@ func recordMissedGrant(l *fencerv1.Lease, g *etcdstore.Grant, known func(token i
 // transition.
 func beginTenure(l *fencerv1.Lease, g *etcdstore.Grant, start time.Time) (transition string) {
 	transition = "first"
-	if prev := lastTenure(l); prev != nil {
+	if prev := l.Status.LastTenure(); prev != nil {
 		transition = "same"
 		if prev.Holder != g.Holder || prev.HolderUID != types.UID(g.HolderUID) {
 			transition = "new"

@@ -74,3 +74,28 @@ func TestRecordMissedGrantKeepsAKnownReason(t *testing.T) {
 		t.Fatalf("history %+v, want token 10 ended HolderGone", h)
 	}
 }
+
+// A grant ended before its status was written is still put in the history
+// (its token was issued), then closed, and no holder is left shown.
+func TestShowEndedRecordsTheGrantItEnds(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := &fencerv1.Lease{}
+	a := &etcdstore.Grant{Token: 10}
+	a.Holder, a.HolderUID = "a", "ua"
+	showNewGrant(l, a, t0)
+	b := &etcdstore.Grant{Token: 20}
+	b.Holder, b.HolderUID, b.GrantTime = "b", "ub", t0.Add(time.Minute)
+	if !showEnded(l, b, unknown, t0.Add(2*time.Minute), fencerv1.TenureHolderNotSelected) {
+		t.Fatal("the missed grant was not reported")
+	}
+	h := l.Status.History
+	if len(h) != 2 || h[0].Token != 20 || h[0].End == nil || h[0].EndReason != fencerv1.TenureHolderNotSelected {
+		t.Fatalf("history %+v, want token 20 ended HolderNotSelected", h)
+	}
+	if l.Status.Holder != "" || l.Status.Token != 0 || l.Status.AcquireTime != nil || l.Status.HighestToken() != 20 {
+		t.Errorf("status %+v still shows a holder, or lost token 20", l.Status)
+	}
+	if showEnded(l, nil, nil, t0.Add(3*time.Minute), fencerv1.TenureExpired) || h[0].EndReason != fencerv1.TenureHolderNotSelected {
+		t.Errorf("an ended tenure was closed again: %+v", h[0])
+	}
+}

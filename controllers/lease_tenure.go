@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,18 +20,21 @@ import (
 
 // keepOrEnd handles a live grant: it keeps renewing a qualifying PodReady
 // holder, and ends the tenure (conditional delete) when the Lease is
-// suspended, or one TTL after the last renewal of a holder that stopped
-// qualifying. It reports whether the tenure ended.
+// suspended, when the holder's pod is gone or unselected, or one TTL after
+// the last renewal of a holder that stopped qualifying. It reports whether
+// the tenure ended; the status shows the outcome either way.
 func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, pods []corev1.Pod, now time.Time, out *outcome) (bool, error) {
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
-	ttl := time.Duration(g.TTL) * time.Second
-	pod := findPod(pods, g.Holder, g.HolderUID)
-	if recordMissedGrant(lease, g, func(token int64) (fencerv1.TenureEndReason, bool) { return r.mem.endedReason(key, token) }) {
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
-	}
-	showGrant(lease, g)
+	known := r.endedHereFor(key)
+	missed := false
+	defer func() {
+		if missed {
+			out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+		}
+	}()
 
-	switch decideTenure(lease, pod) {
+	action, unqualified := decideHolder(lease, g, pods)
+	switch action {
 	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
 	case endHolderLost:
@@ -41,6 +43,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 			return false, err
 		}
 		if lagging {
+			missed = showLive(lease, g, known, "")
 			out.result.RequeueAfter = 100 * time.Millisecond // the cache will catch up
 			return false, nil
 		}
@@ -48,34 +51,73 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	case keepDirect:
 		// The holder renews through the SDK; etcd expiry ends the tenure.
 		r.Renewer.Stop(key) // renewal may have just been switched from PodReady
-		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
+		missed = showLive(lease, g, known, "")
 		// Nothing to refresh (no renewTime): a periodic look, taking no slot.
-		out.result.RequeueAfter = max(ttl, statusRefresh)
+		out.result.RequeueAfter = max(time.Duration(g.TTL)*time.Second, statusRefresh)
 		return false, nil
 	case keepRenewing:
-		r.mem.clearEnding(key)
 		if !r.Renewer.Renewing(key, g.LeaseID) {
 			r.Renewer.Ensure(key, g.LeaseID, now) // adopting a grant, e.g. after a controller failover
 		}
+		due, next := r.mem.renewing(key, time.Duration(g.TTL)*time.Second, now)
 		last, _ := r.Renewer.LastRenew(key)
-		showRenewal(lease, last, ttl, r.mem.refreshDue(key, now))
-		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
-		out.result.RequeueAfter = r.mem.refreshInterval(key, ttl, now)
+		missed = showRenewed(lease, g, known, last, due)
+		out.result.RequeueAfter = next
 		return false, nil
 	}
 
-	reason := whyNotQualified(pod)
 	end, err := r.tenureEnd(ctx, key, g, now)
 	if err != nil {
 		return false, err
 	}
 	if now.Before(end) {
-		lease.Status.ExpireTime = microTime(end)
-		setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, fmt.Sprintf("held by %s with token %d until %s: the holder no longer qualifies (%s) and is not renewed", g.Holder, g.Token, end.UTC().Format(time.RFC3339Nano), reason))
+		missed = showEnding(lease, g, known, end, unqualified)
 		out.requeueAt(now, end)
 		return false, nil
 	}
-	return true, r.release(ctx, lease, g, reason, now, out)
+	return true, r.release(ctx, lease, g, unqualified, now, out)
+}
+
+// closeLapsed records the end of the tenure the status shows, if any, when
+// its key is gone without our release: the etcd lease expired. If we had
+// stopped renewing it, etcd merely beat our own release to it (its lessor
+// may run before our timer), and the cause is ours; a Direct holder may
+// have released it itself. A release of ours whose status write was lost
+// was counted when it happened.
+func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, now time.Time, out *outcome) error {
+	open := lease.Status.OpenTenure()
+	if open == nil {
+		showEnded(lease, nil, nil, now, "")
+		return nil
+	}
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	why, endedHere, wasEnding := r.mem.lapsed(key, open.Token)
+	switch {
+	case endedHere:
+		showEnded(lease, nil, nil, now, why)
+		return nil
+	case wasEnding:
+		why = whyNotQualified(findPod(pods, open.Holder, string(open.HolderUID)))
+	default:
+		released, err := r.releasedByHolder(ctx, lease)
+		if err != nil {
+			return err
+		}
+		why = fencerv1.TenureExpired
+		if released {
+			why = fencerv1.TenureReleased
+		}
+	}
+	holder, token := open.Holder, open.Token
+	showEnded(lease, nil, nil, now, why)
+	if why == fencerv1.TenureReleased {
+		metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", holder, token)
+		return nil
+	}
+	metrics.LeaseExpiries.Inc()
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", holder, token, why)
+	return nil
 }
 
 // tenureEnd is when a grant no longer renewed ends: one TTL after its last
@@ -147,45 +189,33 @@ func (r *LeaseReconciler) releasedByHolder(ctx context.Context, lease *fencerv1.
 	return true, nil
 }
 
-// release ends a tenure with the conditional delete.
+// release ends a tenure with the conditional delete, then shows it ended
+// (showEnded) and remembers why (leaseMemory.released).
 func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, why fencerv1.TenureEndReason, now time.Time, out *outcome) error {
 	if err := r.endGrant(ctx, lease, g); err != nil {
 		return err
 	}
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
-	r.mem.markDeleted(key, r.Clock.Now())
-	r.mem.setEnded(key, g.Token, why)
-	closeTenure(lease, now, why)
+	if showEnded(lease, g, r.endedHereFor(key), now, why) {
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+	}
+	r.mem.released(key, g.Token, why, r.Clock.Now())
 	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
 	out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
 	return nil
 }
 
 // endGrant stops renewing g and deletes it with the conditional release: a
-// newer grant under the key is left alone.
+// newer grant under the key is left alone. The caller updates the memory.
 func (r *LeaseReconciler) endGrant(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) error {
-	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
-	r.Renewer.Stop(key)
-	r.mem.forgetRefresh(key)
+	r.Renewer.Stop(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
 	if err := r.Store.Release(ctx, lease.Namespace, lease.Name, g); err != nil && !errors.Is(err, etcdstore.ErrTokenMismatch) {
 		return err
 	}
-	r.mem.clearEnding(key)
 	return nil
 }
 
-// granted records a new grant in the status, history and metrics.
-func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstore.Grant, now time.Time, out *outcome) {
-	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
-		r.Renewer.Ensure(key, g.LeaseID, now)
-	}
-	metrics.LeaseGrants.WithLabelValues(beginTenure(lease, g, now)).Inc()
-	if at, ok := r.mem.takeDeleted(key); ok {
-		metrics.FailoverSeconds.Observe(r.Clock.Since(at).Seconds())
-	}
-	showGrant(lease, g)
-	lease.Status.RenewTime = microTime(now)
-	lease.Status.ExpireTime = microTime(now.Add(time.Duration(g.TTL) * time.Second))
-	setHeld(lease, metav1.ConditionTrue, fencerv1.ReasonGranted, heldMessage(lease, g))
-	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+// endedHereFor is endedHere for the Lease under key, from the memory.
+func (r *LeaseReconciler) endedHereFor(key string) endedHere {
+	return func(token int64) (fencerv1.TenureEndReason, bool) { return r.mem.endedReason(key, token) }
 }

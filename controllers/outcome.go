@@ -3,17 +3,9 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
 // outcome is what an inner reconcile decided beyond the status it set.
@@ -38,73 +30,4 @@ func (o *outcome) requeueAt(now, t time.Time) {
 	if o.result.RequeueAfter == 0 || d < o.result.RequeueAfter {
 		o.result.RequeueAfter = d
 	}
-}
-
-// finish writes obj's status once, if it changed from before, and only then
-// records the outcome's Events and runs its afterStatus.
-func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
-	if !equality.Semantic.DeepEqual(before, after) {
-		if err := writeStatus(ctx, c, obj, before); err != nil {
-			return requeueOnConflict(err)
-		}
-	}
-	for _, e := range out.events {
-		rec.Eventf(obj, nil, e.kind, e.reason, e.reason, "%s", e.note)
-	}
-	if out.afterStatus != nil {
-		if err := out.afterStatus(ctx); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	return out.result, nil
-}
-
-// writeStatus writes obj's status. When the write conflicts only because
-// the object's metadata changed meanwhile (a label, an annotation, a
-// kubectl touch), the status this reconcile started from (before) is still
-// the stored one, and its outcome still holds: the status is written onto
-// the fresh object, so its Events are not lost with a retry that would find
-// nothing left to do. A changed spec or status is a real conflict.
-func writeStatus(ctx context.Context, c client.Client, obj client.Object, before any) error {
-	err := c.Status().Update(ctx, obj)
-	// The reads come from the cache, which may not have the racing write
-	// yet: a few short tries.
-	for try := 0; try < 5 && apierrors.IsConflict(err); try++ {
-		time.Sleep(time.Duration(try) * 20 * time.Millisecond)
-		fresh, ok := obj.DeepCopyObject().(client.Object)
-		if !ok || c.Get(ctx, client.ObjectKeyFromObject(obj), fresh) != nil {
-			return err
-		}
-		if fresh.GetGeneration() != obj.GetGeneration() || !equality.Semantic.DeepEqual(statusOf(fresh).Interface(), reflect.ValueOf(before).Elem().Interface()) {
-			return err // the spec or the status moved on: reconcile again
-		}
-		statusOf(fresh).Set(statusOf(obj))
-		if err = c.Status().Update(ctx, fresh); err == nil {
-			obj.SetResourceVersion(fresh.GetResourceVersion())
-		}
-	}
-	return err
-}
-
-// statusOf is the Status field of a Lease or IDRange.
-func statusOf(obj client.Object) reflect.Value {
-	return reflect.ValueOf(obj).Elem().FieldByName("Status")
-}
-
-// requeueOnConflict turns a write conflict (our cache was behind) into a
-// quiet retry; other errors go to the workqueue's backoff.
-func requeueOnConflict(err error) (ctrl.Result, error) {
-	if apierrors.IsConflict(err) {
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
-	}
-	return ctrl.Result{}, err
-}
-
-// etcdFailure is the condition reason and message for an etcd error: a
-// full etcd (NOSPACE alarm) needs different action from an unreachable one.
-func etcdFailure(err error) (reason, msg string) {
-	if etcdstore.IsNoSpace(err) {
-		return fencerv1.ReasonEtcdNoSpace, fmt.Sprintf("etcd is out of space (NOSPACE alarm), so nothing can be granted or claimed; the leading manager compacts, defragments and disarms it every --etcd-maintenance-interval, and docs/operations.md (\"etcd is full\") says what to do if that is not enough: %v", err)
-	}
-	return fencerv1.ReasonEtcdUnavailable, fmt.Sprintf("cannot reach etcd: %v", err)
 }

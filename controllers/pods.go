@@ -31,15 +31,6 @@ func podsMatching(ctx context.Context, c client.Reader, namespace string, ls *me
 	return pods.Items, nil
 }
 
-func findPod(pods []corev1.Pod, name, uid string) *corev1.Pod {
-	for i := range pods {
-		if pods[i].Name == name && string(pods[i].UID) == uid {
-			return &pods[i]
-		}
-	}
-	return nil
-}
-
 func podByUID(pods []corev1.Pod, uid string) *corev1.Pod {
 	for i := range pods {
 		if string(pods[i].UID) == uid {

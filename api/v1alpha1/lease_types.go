@@ -241,3 +241,20 @@ type LeaseList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Lease `json:"items"`
 }
+
+// LastTenure is the newest tenure in the history, ended or not.
+func (s *LeaseStatus) LastTenure() *Tenure {
+	if len(s.History) == 0 {
+		return nil
+	}
+	return &s.History[0]
+}
+
+// OpenTenure is the newest tenure if it has not ended: the one the status
+// shows as current.
+func (s *LeaseStatus) OpenTenure() *Tenure {
+	if t := s.LastTenure(); t != nil && t.End == nil {
+		return t
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
+	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// grantNext grants the Lease, whose key holds no grant, to the next holder
+// among the candidates (pods), or says in the status why no one gets it.
+// rev is etcd's revision at the read that found the key empty. It returns
+// the new grant, or nil; an error is an etcd failure.
+func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, rev int64, now time.Time, out *outcome) (*etcdstore.Grant, error) {
+	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
+	if lease.Spec.Suspend {
+		setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonSuspended, "spec.suspend is true: the lease is granted to no one")
+		r.mem.noGrant(key, false)
+		return nil, nil
+	}
+	next := holder.Pick(pods, passOver(lease)...)
+	if next == nil {
+		noCandidates(lease, out)
+		r.mem.noGrant(key, len(pods) > 0) // none Ready yet: one may soon be
+		return nil, nil
+	}
+	// No tenure is open: if etcd went back in time, no pod keeps a token,
+	// whatever etcd does.
+	if r.revisionRegressed(lease, rev, out) {
+		r.mem.noGrant(key, true)
+		return nil, nil
+	}
+	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
+	g, err := r.Store.GrantLease(ctx, lease.Namespace, lease.Name, next.Name, string(next.UID), ttl, now)
+	switch {
+	case err == nil:
+		r.granted(lease, key, g, now, out)
+		return g, nil
+	case errors.Is(err, etcdstore.ErrHeld):
+		out.result.RequeueAfter = time.Millisecond // granted meanwhile; read it again
+		err = nil
+	case errors.Is(err, etcdstore.ErrNotLeader):
+		out.result.RequeueAfter = time.Second
+		err = nil
+	}
+	r.mem.noGrant(key, true)
+	return nil, err
+}
+
+// granted records a new grant in the status, history, memory and metrics,
+// and starts renewing it when the controller is to renew it.
+func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstore.Grant, now time.Time, out *outcome) {
+	var renewedTTL time.Duration
+	if lease.Spec.Renewal == fencerv1.RenewalPodReady {
+		r.Renewer.Ensure(key, g.LeaseID, now)
+		renewedTTL = time.Duration(g.TTL) * time.Second
+	}
+	metrics.LeaseGrants.WithLabelValues(showNewGrant(lease, g, now)).Inc()
+	deletedAt, failover, refresh := r.mem.granted(key, renewedTTL, now)
+	if failover {
+		metrics.FailoverSeconds.Observe(r.Clock.Since(deletedAt).Seconds())
+	}
+	if refresh > 0 {
+		out.result.RequeueAfter = refresh
+	}
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+}
