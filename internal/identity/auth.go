@@ -59,8 +59,10 @@ func (p Permission) rangeEnd() string {
 // Lease keys (to compare tokens, watch and hold them) but never write them,
 // since a written lease key would be a forged token; use their IDRanges
 // (claim blocks, mark consumed ones, write a slot's clock) and read the
-// controller's block claim records, never write them; and keep fenced
-// data keys below DataPrefix. Nothing of any other namespace.
+// controller's block claim records, never write them; keep fenced data
+// keys below DataPrefix; take the namespace's keyed locks, and read the
+// lock floor the manager sets after etcd went back in time. Nothing of any
+// other namespace.
 //
 // The one exception is the key of each Lease in directLeases (renewal
 // Direct): etcd lets only a user who may write every key attached to an
@@ -74,6 +76,10 @@ func NamespacePermissions(prefix, ns string, directLeases []string) []Permission
 		// Read only: the controller's records of whom each block is for.
 		{Prefix: etcdkeys.NamespaceClaimsPrefix(prefix, ns)},
 		{Prefix: etcdkeys.DataPrefix(prefix, ns), Write: true},
+		// Keyed locks: queue, hold and release the namespace's own.
+		{Prefix: etcdkeys.NamespaceLocksPrefix(prefix, ns), Write: true},
+		// Read only: the revision below which no keyed lock is granted.
+		{Prefix: etcdkeys.LockFloorKey(prefix), Exact: true},
 	}
 	for _, name := range directLeases {
 		perms = append(perms, Permission{Prefix: etcdkeys.LeaseKey(prefix, ns, name), Exact: true, Write: true})

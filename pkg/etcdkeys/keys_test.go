@@ -1,6 +1,7 @@
 package etcdkeys
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -70,6 +71,54 @@ func FuzzParseSlotKey(f *testing.F) {
 		}
 		if got := SlotKey(prefix, ns, name, n); got != key {
 			t.Fatalf("ParseSlotKey(%q, %q) = %q, %q, %d, which rebuilds %q", prefix, key, ns, name, n, got)
+		}
+	})
+}
+
+func TestLockKeysRoundTrip(t *testing.T) {
+	for _, key := range []string{"dir/42", "a", "a/b/c", "%2F", "ünï cödé", "x y?z#"} {
+		k := LockWaiterKey("/fencer", "ns", key, "1a2b-7")
+		ns, got, waiter, ok := ParseLockWaiterKey("/fencer", k)
+		if !ok || ns != "ns" || got != key || waiter != "1a2b-7" {
+			t.Errorf("%q: %s parsed as %q %q %q %v", key, k, ns, got, waiter, ok)
+		}
+	}
+	// A key and its extension never share a waiter prefix.
+	if strings.HasPrefix(LockPrefix("/fencer", "ns", "a/b"), LockPrefix("/fencer", "ns", "a")) {
+		t.Error(`"a/b" is below "a"`)
+	}
+}
+
+func TestValidLockKey(t *testing.T) {
+	for key, want := range map[string]string{
+		"":                                  "empty",
+		strings.Repeat("k", MaxLockKeyLen+1): "over the limit",
+		"\xff":                              "UTF-8",
+		"a\x00b":                            "control character",
+		"a\nb":                              "control character",
+	} {
+		err := ValidLockKey(key)
+		if !errors.Is(err, ErrBadLockKey) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want an ErrBadLockKey saying %q", key, err, want)
+		}
+	}
+	if err := ValidLockKey(strings.Repeat("k", MaxLockKeyLen)); err != nil {
+		t.Errorf("a key of the maximum length: %v", err)
+	}
+}
+
+// Any string either is refused or round-trips through its etcd key.
+func FuzzLockKey(f *testing.F) {
+	for _, s := range []string{"dir/42", "", "%zz", "a/b", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		if ValidLockKey(key) != nil {
+			return
+		}
+		ns, got, _, ok := ParseLockWaiterKey("/p", LockWaiterKey("/p", "ns", key, "w"))
+		if !ok || ns != "ns" || got != key {
+			t.Fatalf("%q did not round-trip: %q %q %v", key, ns, got, ok)
 		}
 	})
 }

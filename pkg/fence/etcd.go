@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -13,9 +14,10 @@ import (
 )
 
 // FencedError means an etcd transaction was fenced off: the lease key no
-// longer holds the grant with the offered token.
+// longer holds the grant with the offered token, or the keyed lock is no
+// longer held under it.
 type FencedError struct {
-	// Key is the lease key compared.
+	// Key is the lease key compared, or the keyed lock's waiter prefix.
 	Key string
 	// Offered is the token the transaction carried.
 	Offered int64
@@ -35,35 +37,74 @@ func (e *FencedError) Error() string {
 // nobody holds the lease.
 var ErrNoToken = errors.New("fence: a fencing token must be positive")
 
-// Compare is the fence as an etcd comparison, true exactly while t is the
-// live token of its lease: CreateRevision(leaseKey) == t.Value. Combine it
-// with your own comparisons in a clientv3 Txn's If; NewTxn does that for the
-// common case.
-func Compare(prefix, namespace string, t Token) (clientv3.Cmp, error) {
+// EtcdFence is what fences an etcd transaction: a Lease's Token, or a
+// keyed lock's LockToken. Each knows the comparisons that hold exactly
+// while it is live.
+type EtcdFence interface {
+	etcdFence(prefix, namespace string) (fenceCheck, error)
+}
+
+// fenceCheck is one token's fence: the comparisons that hold exactly while
+// it is live, and, for a *FencedError when they fail, the key it names and
+// a read (run in the transaction's Else) that finds the live token.
+type fenceCheck struct {
+	key     string
+	offered int64
+	cmps    []clientv3.Cmp
+	read    clientv3.Op
+	current func(kvs []*mvccpb.KeyValue) int64
+}
+
+// etcdFence is a Lease token's fence: CreateRevision(leaseKey) == t.Value,
+// and Version 1, since fencer writes a grant once: a key rewritten in place
+// by something with write access to it is not one.
+func (t Token) etcdFence(prefix, namespace string) (fenceCheck, error) {
 	if t.Value <= 0 {
-		return clientv3.Cmp{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
+		return fenceCheck{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)), "=", t.Value), nil
+	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
+	return fenceCheck{
+		key: key, offered: t.Value,
+		cmps: []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(key), "=", t.Value),
+			clientv3.Compare(clientv3.Version(key), "=", 1),
+		},
+		read: clientv3.OpGet(key),
+		current: func(kvs []*mvccpb.KeyValue) int64 {
+			if len(kvs) > 0 && kvs[0].Version == 1 {
+				return kvs[0].CreateRevision
+			}
+			return 0
+		},
+	}, nil
 }
 
-// Txn is an etcd transaction that commits only while t is the live token of
-// its lease: If(CreateRevision(leaseKey) == token) Then(ops). The check and
-// the writes are one atomic step inside etcd.
+// Compare is the fence as etcd comparisons, all true exactly while t is
+// live: for a Lease's Token, CreateRevision(leaseKey) == t.Value; for a
+// keyed lock's LockToken, its waiter key exists with that revision and no
+// older waiter remains. Combine them with your own comparisons in a
+// clientv3 Txn's If; NewTxn does that for the common case.
+func Compare(prefix, namespace string, t EtcdFence) ([]clientv3.Cmp, error) {
+	f, err := t.etcdFence(prefix, namespace)
+	return f.cmps, err
+}
+
+// Txn is an etcd transaction that commits only while its token is live:
+// If(the fence's comparisons) Then(ops). The check and the writes are one
+// atomic step inside etcd.
 type Txn struct {
-	cli *clientv3.Client
-	key string
-	cmp clientv3.Cmp
-	err error
-	tok int64
-	ops []clientv3.Op
+	cli   *clientv3.Client
+	fence fenceCheck
+	err   error
+	ops   []clientv3.Op
 }
 
-// NewTxn starts a fenced transaction for t's lease in namespace, under
-// fencer's etcd prefix (etcdkeys.DefaultPrefix unless fencer was started
-// with --etcd-prefix).
-func NewTxn(cli *clientv3.Client, prefix, namespace string, t Token) *Txn {
-	cmp, err := Compare(prefix, namespace, t)
-	return &Txn{cli: cli, key: etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease), cmp: cmp, err: err, tok: t.Value}
+// NewTxn starts a fenced transaction for t, a Lease's Token or a keyed
+// lock's LockToken, in namespace, under fencer's etcd prefix
+// (etcdkeys.DefaultPrefix unless fencer was started with --etcd-prefix).
+func NewTxn(cli *clientv3.Client, prefix, namespace string, t EtcdFence) *Txn {
+	f, err := t.etcdFence(prefix, namespace)
+	return &Txn{cli: cli, fence: f, err: err}
 }
 
 // Then adds operations to run when the token is live.
@@ -79,22 +120,13 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	if x.err != nil {
 		return nil, x.err
 	}
-	// Version 1: fencer writes a grant once; a key rewritten in place by
-	// something with write access to it is not one.
-	resp, err := x.cli.Txn(ctx).
-		If(x.cmp, clientv3.Compare(clientv3.Version(x.key), "=", 1)).
-		Then(x.ops...).
-		Else(clientv3.OpGet(x.key)).
-		Commit()
+	resp, err := x.cli.Txn(ctx).If(x.fence.cmps...).Then(x.ops...).Else(x.fence.read).Commit()
 	if err != nil {
 		return nil, err
 	}
 	if !resp.Succeeded {
-		e := &FencedError{Key: x.key, Offered: x.tok}
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Version == 1 {
-			e.Current = kvs[0].CreateRevision
-		}
-		return resp, e
+		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered,
+			Current: x.fence.current(resp.Responses[0].GetResponseRange().Kvs)}
 	}
 	return resp, nil
 }

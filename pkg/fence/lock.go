@@ -1,0 +1,293 @@
+package fence
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// A Lock is one held acquisition of a set of keys, from Locker.Lock. Its
+// tokens fence writes made under it (NewTxn, Compare); its Context ends
+// the moment it is lost; Unlock ends it.
+type Lock struct {
+	locker *Locker
+	sess   *lockSession
+	keys   []string
+	waiter string
+	token  int64
+	queued time.Time
+	since  time.Time
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	watching bool
+	unlocked bool
+}
+
+// errUnlocked ends a Lock's context when its holder unlocks it.
+var errUnlocked = errors.New("fence: the lock was unlocked")
+
+// LockToken is a keyed lock's fencing token: the etcd revision at which
+// its acquisition queued. It is strictly greater than every earlier
+// holder's token of the same key, and never reused. Pass it to NewTxn or
+// Compare with the Locker's prefix and namespace.
+type LockToken struct {
+	// Key is the lock's key.
+	Key string
+	// Value is the token.
+	Value int64
+	// Waiter names the acquisition's waiter key.
+	Waiter string
+}
+
+// etcdFence is a keyed lock's fence. A waiter's key exists, with its
+// revision, while it still queues, so the fence also compares the whole
+// lock's range: no waiter older than the token remains. Together they hold
+// exactly while this acquisition holds the lock.
+func (t LockToken) etcdFence(prefix, namespace string) (fenceCheck, error) {
+	if t.Value <= 0 {
+		return fenceCheck{}, fmt.Errorf("lock %q token %d: %w", t.Key, t.Value, ErrNoToken)
+	}
+	if err := etcdkeys.ValidLockKey(t.Key); err != nil {
+		return fenceCheck{}, fmt.Errorf("fence: %w", err)
+	}
+	prefix = etcdkeys.OrDefault(prefix)
+	lockPrefix := etcdkeys.LockPrefix(prefix, namespace, t.Key)
+	return fenceCheck{
+		key: lockPrefix, offered: t.Value,
+		cmps: []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(etcdkeys.LockWaiterKey(prefix, namespace, t.Key, t.Waiter)), "=", t.Value),
+			clientv3.Compare(clientv3.CreateRevision(lockPrefix), ">", t.Value-1).WithPrefix(),
+		},
+		read: clientv3.OpGet(lockPrefix, clientv3.WithFirstCreate()...),
+		current: func(kvs []*mvccpb.KeyValue) int64 {
+			if len(kvs) > 0 {
+				return kvs[0].CreateRevision
+			}
+			return 0
+		},
+	}, nil
+}
+
+// Token is the fencing token of key, one of the keys locked; every key of
+// a set has the same value, that of the one transaction that queued them.
+func (lk *Lock) Token(key string) LockToken {
+	return LockToken{Key: key, Value: lk.token, Waiter: lk.waiter}
+}
+
+// Tokens are the tokens of every key locked, in the order Lock named them.
+func (lk *Lock) Tokens() []LockToken {
+	out := make([]LockToken, len(lk.keys))
+	for i, k := range lk.keys {
+		out[i] = lk.Token(k)
+	}
+	return out
+}
+
+// Context ends, with a cause wrapping ErrLockLost, the moment the lock is
+// lost: no keepalive of the session succeeded for a whole TTL (measured from
+// the last one sent, so never after etcd's own expiry), the session's lease
+// was revoked or expired, or a waiter key was deleted. It also ends at
+// Unlock. The first call starts a watch on the waiter keys; a holder that
+// never asks is told of a session's loss only, and its fenced writes are
+// refused all the same.
+func (lk *Lock) Context() context.Context {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if !lk.watching && !lk.unlocked {
+		lk.watching = true
+		for _, k := range lk.keys {
+			key := lk.waiterKey(k)
+			go func() {
+				if err := WatchHeld(lk.ctx, lk.locker.cli, key, lk.token, lk.token); errors.Is(err, ErrLeaseLost) {
+					lk.cancel(fmt.Errorf("%w: %w", ErrLockLost, err))
+				}
+			}()
+		}
+	}
+	return lk.ctx
+}
+
+// Done is Context().Done().
+func (lk *Lock) Done() <-chan struct{} { return lk.Context().Done() }
+
+// Unlock ends the lock: its Context first, then its waiter keys are
+// deleted, each only while it still has this acquisition's revision, in
+// one transaction bounded by the Locker's Timeout. A retried or duplicated
+// Unlock does nothing more; one of a lock already lost deletes nothing and
+// returns an error wrapping ErrLockLost, since what was done under it may
+// not have been protected. When etcd does not answer, the keys are deleted
+// in the background once it does, or go with the session.
+func (lk *Lock) Unlock(ctx context.Context) error {
+	lk.mu.Lock()
+	if lk.unlocked {
+		lk.mu.Unlock()
+		return nil
+	}
+	lk.unlocked = true
+	lk.mu.Unlock()
+	lost := context.Cause(lk.ctx)
+	lk.cancel(errUnlocked)
+	lockMetrics.hold.Observe(time.Since(lk.since).Seconds())
+
+	l := lk.locker
+	ops := make([]clientv3.Op, len(lk.keys))
+	for i, k := range lk.keys {
+		w := lk.waiterKey(k)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w), "=", lk.token)}, []clientv3.Op{clientv3.OpDelete(w)}, nil)
+	}
+	tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	resp, err := l.cli.Txn(tctx).Then(ops...).Commit()
+	if err != nil {
+		go l.retryDelete(lk)
+		return fmt.Errorf("fence: unlocking %q: %w", lk.keys, l.unavailable(tctx, err))
+	}
+	for i, r := range resp.Responses {
+		if !r.GetResponseTxn().GetSucceeded() {
+			if lost == nil {
+				lost = errors.New("its waiter key was gone")
+			}
+			return fmt.Errorf("%w: %q under token %d was no longer held at Unlock (%w); nothing else was deleted", ErrLockLost, lk.keys[i], lk.token, lost)
+		}
+	}
+	return nil
+}
+
+// begin makes lk held from now: its context derives from the session's, so
+// a lost session ends it, and a loss is counted.
+func (lk *Lock) begin() {
+	lk.since = time.Now()
+	lk.ctx, lk.cancel = context.WithCancelCause(lk.sess.ctx)
+	context.AfterFunc(lk.ctx, func() {
+		if !errors.Is(context.Cause(lk.ctx), errUnlocked) {
+			lockMetrics.lost.Inc()
+		}
+	})
+}
+
+func (lk *Lock) waiterKey(key string) string {
+	return etcdkeys.LockWaiterKey(lk.locker.prefix, lk.locker.namespace, key, lk.waiter)
+}
+
+// waitTurn waits, key by key, until no waiter older than lk remains. Each
+// wait watches only the newest older waiter, so a release wakes one
+// waiter, not all. The check of what is ahead runs only while lk's own
+// waiter key is still there: a session lost meanwhile is not taken for
+// a turn.
+func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
+	for _, k := range lk.keys {
+		prefix := etcdkeys.LockPrefix(l.prefix, l.namespace, k)
+		own := lk.waiterKey(k)
+		for {
+			if err := lk.sess.ctx.Err(); err != nil {
+				return context.Cause(lk.sess.ctx)
+			}
+			tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+			resp, err := l.cli.Txn(tctx).
+				If(clientv3.Compare(clientv3.CreateRevision(own), "=", lk.token)).
+				Then(clientv3.OpGet(prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(lk.token-1))...)).
+				Commit()
+			cancel()
+			switch {
+			case err != nil && ctx.Err() != nil:
+				return ctx.Err()
+			case err != nil:
+				return fmt.Errorf("fence: waiting for %q: %w", k, l.unavailable(tctx, err))
+			case !resp.Succeeded:
+				return fmt.Errorf("%w: the waiter key for %q was deleted while it queued", ErrLockLost, k)
+			}
+			ahead := resp.Responses[0].GetResponseRange().Kvs
+			if len(ahead) == 0 {
+				break
+			}
+			if err := waitDeleted(ctx, lk.sess.ctx, l.cli, string(ahead[0].Key), ahead[0].CreateRevision, resp.Header.Revision); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// waitDeleted returns once key no longer holds the waiter created at
+// createRev (WatchHeld), or with the cause of sess or ctx ending.
+func waitDeleted(ctx, sess context.Context, cli *clientv3.Client, key string, createRev, fromRev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(sess, cancel)
+	defer stop()
+	err := WatchHeld(wctx, cli, key, createRev, fromRev)
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		return nil // the waiter ahead is gone
+	case sess.Err() != nil:
+		return context.Cause(sess)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return err
+}
+
+// abandon deletes lk's waiter keys, which must not block the keys for as
+// long as the session lives: at once when etcd answers, else in the
+// background.
+func (l *Locker) abandon(lk *Lock) {
+	if l.deleteWaiters(lk) != nil {
+		go l.retryDelete(lk)
+	}
+}
+
+// deleteWaiters deletes lk's waiter keys in one transaction. The names are
+// unique to this acquisition, so the delete can remove nothing of anyone
+// else's.
+func (l *Locker) deleteWaiters(lk *Lock) error {
+	ops := make([]clientv3.Op, len(lk.keys))
+	for i, k := range lk.keys {
+		ops[i] = clientv3.OpDelete(lk.waiterKey(k))
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.opts.Timeout)
+	defer cancel()
+	_, err := l.cli.Txn(ctx).Then(ops...).Commit()
+	return err
+}
+
+// retryDelete deletes lk's waiter keys once etcd answers again, or stops
+// when the session ends, taking them with it.
+func (l *Locker) retryDelete(lk *Lock) {
+	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, 5*time.Second) {
+		if l.deleteWaiters(lk) == nil {
+			return
+		}
+		select {
+		case <-lk.sess.ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+// markHeld records in a waiter's keys when it became holder, for `kubectl
+// fencer locks`; only while each key still has its revision, and off the
+// lock's path: Lock has already returned.
+func (l *Locker) markHeld(lk *Lock) {
+	now := time.Now().UTC()
+	val, _ := json.Marshal(lockValue{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued, Held: &now})
+	ops := make([]clientv3.Op, len(lk.keys))
+	for i, k := range lk.keys {
+		w := lk.waiterKey(k)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w), "=", lk.token)},
+			[]clientv3.Op{clientv3.OpPut(w, string(val), clientv3.WithLease(lk.sess.id))}, nil)
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.opts.Timeout)
+	defer cancel()
+	_, _ = l.cli.Txn(ctx).Then(ops...).Commit()
+}

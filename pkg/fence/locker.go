@@ -1,0 +1,283 @@
+package fence
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// DefaultLockTTL is the TTL of a Locker's etcd session unless
+// LockerOptions.TTL says otherwise: a process that stops renewing it (paused,
+// cut off, dead) loses every lock it holds this long after its last
+// keepalive was sent. It is the Lease's default ttlSeconds.
+const DefaultLockTTL = 15 * time.Second
+
+// DefaultLockTimeout bounds each etcd call of a Locker unless
+// LockerOptions.Timeout says otherwise: with etcd unreachable, Lock and
+// Unlock fail after this long instead of hanging.
+const DefaultLockTimeout = 5 * time.Second
+
+var (
+	// ErrLockLost is the cause of a held lock's Context ending without
+	// Unlock: its session's keepalive failed or its TTL ran out, its etcd
+	// lease was revoked, or its waiter key was deleted. Unlock returns it,
+	// having deleted nothing of anyone else's, for a lock already lost.
+	ErrLockLost = errors.New("fence: the lock was lost")
+	// ErrLockBusy is returned by TryLock when the lock was not free within
+	// the wait it was given.
+	ErrLockBusy = errors.New("fence: the lock is held by another")
+	// ErrEtcdUnavailable wraps the error of an etcd call that did not
+	// complete within LockerOptions.Timeout.
+	ErrEtcdUnavailable = errors.New("fence: etcd is unreachable")
+	// ErrEtcdRegressed is returned by Lock while fencer finds etcd's
+	// revision below one it already saw (etcd restored from an old snapshot
+	// without --bump-revision): a lock granted now could reissue a token.
+	ErrEtcdRegressed = errors.New("fence: etcd went back in time; keyed locks are closed until its revision passes the last one fencer saw")
+)
+
+// LockerOptions configure a Locker.
+type LockerOptions struct {
+	// Pod and PodUID name the holder in each lock's value, for `kubectl
+	// fencer locks`. They are informational: the fence is the token.
+	Pod, PodUID string
+	// TTL is the session's TTL (DefaultLockTTL when zero), at least 2 s:
+	// etcd grants whole seconds.
+	TTL time.Duration
+	// Timeout bounds each etcd call (DefaultLockTimeout when zero).
+	Timeout time.Duration
+}
+
+// A Locker takes keyed locks in one namespace for one process. All its
+// locks share one etcd session: an etcd lease kept alive every TTL/3, to
+// which every waiter key is attached. Losing the session (a keepalive gap
+// of a whole TTL, or the lease revoked) loses every lock the process holds.
+// Each acquisition has a waiter key of its own, so two goroutines never
+// share a lock, and a late Unlock never removes a later acquisition.
+// A Locker is safe for concurrent use; make one per process.
+type Locker struct {
+	cli       *clientv3.Client
+	prefix    string
+	namespace string
+	opts      LockerOptions
+
+	// ctx ends with Close; every session derives from it.
+	ctx   context.Context
+	close context.CancelFunc
+
+	mu   sync.Mutex
+	sess *lockSession
+	seq  atomic.Uint64
+}
+
+// lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
+// a cause wrapping ErrLockLost, when the lease is lost.
+type lockSession struct {
+	id  clientv3.LeaseID
+	ctx context.Context
+}
+
+// NewLocker makes the Locker of namespace, whose etcd identity cli
+// connects as (LoadEtcdAccess), under fencer's key prefix. The session is
+// created by the first Lock.
+func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOptions) (*Locker, error) {
+	if opts.TTL == 0 {
+		opts.TTL = DefaultLockTTL
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultLockTimeout
+	}
+	switch {
+	case namespace == "":
+		return nil, errors.New("fence: NewLocker needs the namespace whose locks it takes (the pod's own)")
+	case opts.TTL < 2*time.Second:
+		return nil, fmt.Errorf("fence: lock TTL %s is under 2s; etcd grants whole seconds and keepalives go every TTL/3", opts.TTL)
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("fence: lock timeout %s is negative", opts.Timeout)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Locker{cli: cli, prefix: etcdkeys.OrDefault(prefix), namespace: namespace, opts: opts, ctx: ctx, close: cancel}, nil
+}
+
+// Close ends the session, releasing every lock the Locker holds at once
+// (its etcd lease is revoked), and makes later Locks fail.
+func (l *Locker) Close(ctx context.Context) error {
+	l.mu.Lock()
+	sess := l.sess
+	l.mu.Unlock()
+	l.close()
+	if sess == nil {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	if _, err := l.cli.Revoke(rctx, sess.id); err != nil {
+		return fmt.Errorf("fence: revoking the lock session %x: %w", int64(sess.id), l.unavailable(rctx, err))
+	}
+	return nil
+}
+
+// session returns the live session, granting a new one if there is none
+// or the last was lost.
+func (l *Locker) session(ctx context.Context) (*lockSession, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.ctx.Err(); err != nil {
+		return nil, errors.New("fence: the Locker is closed")
+	}
+	if l.sess != nil && l.sess.ctx.Err() == nil {
+		return l.sess, nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	resp, err := l.cli.Grant(gctx, int64(l.opts.TTL/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
+	}
+	sctx, lose := context.WithCancelCause(l.ctx)
+	lost := func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }
+	go keepAlive(sctx, lost, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second)
+	l.sess = &lockSession{id: resp.ID, ctx: sctx}
+	return l.sess, nil
+}
+
+// unavailable marks err as ErrEtcdUnavailable when ctx ran out: the call
+// did not complete in time.
+func (l *Locker) unavailable(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrEtcdUnavailable) {
+		return fmt.Errorf("%w (no answer within %s): %w", ErrEtcdUnavailable, l.opts.Timeout, err)
+	}
+	return err
+}
+
+// lockValue is a waiter key's value: who queued, and when. `kubectl fencer
+// locks` shows it; Held is set once a waiter that queued becomes holder.
+type lockValue struct {
+	Pod    string     `json:"pod,omitempty"`
+	PodUID string     `json:"podUID,omitempty"`
+	Queued time.Time  `json:"queued"`
+	Held   *time.Time `json:"held,omitempty"`
+}
+
+// Lock takes the locks of keys, all of them, blocking until they are held
+// or ctx ends. Taking a set never deadlocks against another set, whatever
+// the order either names its keys in: one transaction queues the whole set
+// at one etcd revision, and a waiter only ever waits for older revisions.
+// Waiters on a key are served in the order they queued, and a release
+// wakes only the next. Locks are not reentrant: locking a key this process
+// already holds queues behind it. When ctx ends first, the waiter keys are
+// deleted and ctx's error returned.
+func (l *Locker) Lock(ctx context.Context, keys ...string) (*Lock, error) {
+	return l.lock(ctx, ctx, keys)
+}
+
+// TryLock is Lock that gives up when the keys are not all held within
+// wait (zero: only if free now), returning ErrLockBusy, having deleted its
+// waiter keys.
+func (l *Locker) TryLock(ctx context.Context, wait time.Duration, keys ...string) (*Lock, error) {
+	wctx, cancel := context.WithTimeoutCause(ctx, wait, ErrLockBusy)
+	defer cancel()
+	lk, err := l.lock(ctx, wctx, keys)
+	if err != nil && errors.Is(context.Cause(wctx), ErrLockBusy) && ctx.Err() == nil {
+		return nil, fmt.Errorf("%w: %q not free within %s", ErrLockBusy, keys, wait)
+	}
+	return lk, err
+}
+
+// lock queues keys and waits for their turn until waitCtx ends; ctx bounds
+// the whole call.
+func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error) {
+	keys, err := lockKeys(keys)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	sess, err := l.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lk := &Lock{locker: l, sess: sess, keys: keys, waiter: strconv.FormatInt(int64(sess.id), 16) + "-" + strconv.FormatUint(l.seq.Add(1), 10)}
+	ahead, err := l.enqueue(ctx, lk)
+	if err != nil {
+		return nil, err
+	}
+	if ahead {
+		if err := l.waitTurn(waitCtx, lk); err != nil {
+			l.abandon(lk)
+			if waitCtx.Err() != nil && ctx.Err() == nil {
+				return nil, context.Cause(waitCtx)
+			}
+			return nil, err
+		}
+		go l.markHeld(lk)
+	}
+	lockMetrics.wait.Observe(time.Since(start).Seconds())
+	lk.begin()
+	return lk, nil
+}
+
+// lockKeys validates keys and refuses a key named twice: a set holds each
+// key once.
+func lockKeys(keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("fence: Lock needs at least one key")
+	}
+	for i, k := range keys {
+		if err := etcdkeys.ValidLockKey(k); err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+		if slices.Contains(keys[:i], k) {
+			return nil, fmt.Errorf("fence: %w: %q is named twice in one set", etcdkeys.ErrBadLockKey, k)
+		}
+	}
+	return slices.Clone(keys), nil
+}
+
+// enqueue writes the set's waiter keys in one transaction, reading in the
+// same step the oldest waiter of each key and the revision floor. The
+// transaction's revision is the token of every key of the set. It reports
+// whether an older waiter is ahead on any key.
+func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) {
+	lk.queued = time.Now().UTC()
+	val, _ := json.Marshal(lockValue{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued})
+	ops := make([]clientv3.Op, 0, 2*len(lk.keys)+1)
+	for _, k := range lk.keys {
+		ops = append(ops, clientv3.OpPut(lk.waiterKey(k), string(val), clientv3.WithLease(lk.sess.id)))
+	}
+	for _, k := range lk.keys {
+		ops = append(ops, clientv3.OpGet(etcdkeys.LockPrefix(l.prefix, l.namespace, k), clientv3.WithFirstCreate()...))
+	}
+	ops = append(ops, clientv3.OpGet(etcdkeys.LockFloorKey(l.prefix)))
+	tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	resp, err := l.cli.Txn(tctx).Then(ops...).Commit()
+	if err != nil {
+		// The waiter keys may have been written: they must not block the
+		// keys until the session ends.
+		l.abandon(lk)
+		return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, l.unavailable(tctx, err))
+	}
+	lk.token = resp.Header.Revision
+	n := len(lk.keys)
+	if floor := resp.Responses[2*n].GetResponseRange().Kvs; len(floor) > 0 {
+		if f, _ := strconv.ParseInt(string(floor[0].Value), 10, 64); f >= lk.token {
+			l.abandon(lk)
+			return false, fmt.Errorf("%w (revision %d, floor %d; see docs/operations.md)", ErrEtcdRegressed, lk.token, f)
+		}
+	}
+	for i := range lk.keys {
+		if first := resp.Responses[n+i].GetResponseRange().Kvs; len(first) == 0 || first[0].CreateRevision != lk.token {
+			ahead = true
+		}
+	}
+	return ahead, nil
+}
