@@ -91,11 +91,11 @@ func TestLockKeysRoundTrip(t *testing.T) {
 
 func TestValidLockKey(t *testing.T) {
 	for key, want := range map[string]string{
-		"":                                  "empty",
+		"":                                   "empty",
 		strings.Repeat("k", MaxLockKeyLen+1): "over the limit",
-		"\xff":                              "UTF-8",
-		"a\x00b":                            "control character",
-		"a\nb":                              "control character",
+		"\xff":                               "UTF-8",
+		"a\x00b":                             "control character",
+		"a\nb":                               "control character",
 	} {
 		err := ValidLockKey(key)
 		if !errors.Is(err, ErrBadLockKey) || !strings.Contains(err.Error(), want) {
