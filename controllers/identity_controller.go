@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,8 +34,9 @@ const (
 // cluster would cost the manager far more memory than it saves.
 const identityResync = 10 * time.Minute
 
-// IdentityReconciler gives every namespace that has a Lease or an IDRange
-// an etcd identity (docs/install.md): an etcd user and role limited to that
+// IdentityReconciler gives every namespace that has a Lease or an IDRange,
+// and each one named by --identity-namespaces, an etcd identity
+// (docs/install.md): an etcd user and role limited to that
 // namespace's keys, and a Secret with a client certificate for it, renewed
 // well before it expires. A namespace whose last fencer object is gone loses
 // both.
@@ -50,7 +52,10 @@ type IdentityReconciler struct {
 	Endpoints []string
 	// SecretName is the credentials Secret's name in every namespace.
 	SecretName string
-	Clock      clock.Clock
+	// Always are namespaces that get an identity with no Lease or IDRange
+	// (--identity-namespaces): their workloads use keyed locks only.
+	Always []string
+	Clock  clock.Clock
 
 	wake waker[fencerv1.Lease, *fencerv1.Lease]
 }
@@ -94,8 +99,9 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	return ctrl.Result{RequeueAfter: max(wait, time.Second)}, nil
 }
 
-// fencerObjects reports whether ns has a Lease or an IDRange, and the
-// names of its Direct Leases, whose holders renew their grants themselves.
+// fencerObjects reports whether ns has a Lease or an IDRange, or is one of
+// Always, and the names of its Direct Leases, whose holders renew their
+// grants themselves.
 func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used bool, direct []string, err error) {
 	var leases fencerv1.LeaseList
 	if err := r.List(ctx, &leases, client.InNamespace(ns)); err != nil {
@@ -110,7 +116,7 @@ func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used
 	if err := r.List(ctx, &ranges, client.InNamespace(ns), client.Limit(1)); err != nil {
 		return false, nil, err
 	}
-	return len(leases.Items)+len(ranges.Items) > 0, direct, nil
+	return len(leases.Items)+len(ranges.Items) > 0 || slices.Contains(r.Always, ns), direct, nil
 }
 
 func (r *IdentityReconciler) want(ns string) identity.Request {
@@ -179,7 +185,9 @@ func (r *IdentityReconciler) sweep(ctx context.Context) error {
 			log.Error(err, "listing the namespaces' etcd users")
 			return
 		}
-		for _, ns := range namespaces {
+		// Always: a namespace named by --identity-namespaces has no object
+		// whose change would wake it.
+		for _, ns := range append(namespaces, r.Always...) {
 			r.wake.wake(ns, "")
 		}
 	}, identityResync)

@@ -149,16 +149,20 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	store.Log = ctrl.Log.WithName("etcd")
 	copts := controllers.Options{LeaseWorkers: o.leaseWorkers}
 	if ca != nil {
-		endpoints := o.etcd.Endpoints
-		if o.etcdAccess.workloadEndpoints != "" {
-			endpoints = etcdstore.SplitList(o.etcdAccess.workloadEndpoints)
-		}
-		copts.Identity = &controllers.IdentityReconciler{Etcd: etcd, CA: ca, Prefix: o.etcd.Prefix, Endpoints: endpoints, SecretName: o.etcdAccess.credentialsSecret}
+		copts.Identity = &controllers.IdentityReconciler{Etcd: etcd, CA: ca, Prefix: o.etcd.Prefix, Endpoints: workloadEndpoints(o), SecretName: o.etcdAccess.credentialsSecret,
+			Always: etcdstore.SplitList(o.etcdAccess.identityNamespaces)}
 	}
 	if err := controllers.Setup(mgr, store, elector, copts); err != nil {
 		return err
 	}
-	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, certExpiry(ca, o))
+	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, &controllers.LockStates{Etcd: etcd, Prefix: o.etcd.Prefix}, certExpiry(ca, o))
+	if name := o.etcdAccess.revisionConfigMap; name != "" && o.webhookNamespace != "" {
+		floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
+			Record: types.NamespacedName{Namespace: o.webhookNamespace, Name: name}, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
+		if err := mgr.Add(floor); err != nil {
+			return err
+		}
+	}
 	metrics.SetBuildInfo(version)
 	go func() {
 		// Without leader election Elected is closed at once.
@@ -181,6 +185,15 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	}
 	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
 	return webhook.Register(context.Background(), mgr, store, exempt)
+}
+
+// workloadEndpoints are the etcd client URLs workloads (and the lock
+// viewer) connect to.
+func workloadEndpoints(o *options) []string {
+	if o.etcdAccess.workloadEndpoints != "" {
+		return etcdstore.SplitList(o.etcdAccess.workloadEndpoints)
+	}
+	return o.etcd.Endpoints
 }
 
 // certExpiry reports the expiry of every certificate this replica serves
@@ -223,12 +236,17 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 	a := o.etcdAccess
 	root := []string{identity.ManagerUser(o.etcd.Prefix)}
 	certs := map[string]identity.Request{}
+	extra := map[string]map[string][]byte{}
 	if a.serverSecret != "" {
 		certs[a.serverSecret] = identity.ServerRequest(etcdstore.SplitList(a.serverNames))
 	}
 	if a.backupSecret != "" {
 		certs[a.backupSecret] = identity.Request{CommonName: identity.BackupUser(o.etcd.Prefix)}
 		root = append(root, identity.BackupUser(o.etcd.Prefix))
+	}
+	if a.viewerSecret != "" {
+		certs[a.viewerSecret] = identity.Request{CommonName: identity.ViewerUser(o.etcd.Prefix)}
+		extra[a.viewerSecret] = map[string][]byte{"endpoints": []byte(strings.Join(workloadEndpoints(o), ",")), "prefix": []byte(o.etcd.Prefix)}
 	}
 	for name, req := range certs {
 		err := mgr.Add(&identity.CertSecret{
@@ -237,6 +255,7 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 			CA:      ca,
 			Key:     types.NamespacedName{Namespace: o.webhookNamespace, Name: name},
 			Request: req,
+			Extra:   extra[name],
 			Log:     ctrl.Log.WithName("etcd-pki"),
 		})
 		if err != nil {
@@ -266,6 +285,9 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 		return err
 	}
 	enabler := &identity.AuthEnabler{Etcd: etcd, Root: root, Log: ctrl.Log.WithName("etcd-auth")}
+	if a.viewerSecret != "" {
+		enabler.ViewerPrefix = o.etcd.Prefix
+	}
 	if err := mgr.Add(enabler); err != nil {
 		return err
 	}

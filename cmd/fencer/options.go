@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -69,7 +70,11 @@ type etcdAccess struct {
 	enableAuth        bool
 	credentialsSecret string
 	backupSecret      string
+	viewerSecret      string
 	workloadEndpoints string
+	// identityNamespaces get an identity without a Lease or an IDRange.
+	identityNamespaces string
+	revisionConfigMap  string
 }
 
 func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
@@ -80,6 +85,9 @@ func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.backupSecret, "etcd-backup-secret", "", "Secret, in --webhook-namespace, to keep the snapshot job's etcd client certificate in (user <prefix>:backup, root role), issued from --etcd-pki-secret.")
 	fs.BoolVar(&a.enableAuth, "etcd-enable-auth", false, "Turn etcd authentication on (root role for the manager's user) and stay unready until it is. Needs --etcd-pki-secret or a --etcd-cert-file whose CommonName is <prefix>:manager.")
 	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd-client", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
+	fs.StringVar(&a.viewerSecret, "etcd-viewer-secret", "", "Secret, in --webhook-namespace, to keep the read-only lock viewer's etcd client certificate in (user <prefix>:viewer: reads the keyed locks, writes nothing), with the endpoints and prefix; `kubectl fencer locks` connects with it. Needs --etcd-pki-secret and --etcd-enable-auth.")
+	fs.StringVar(&a.identityNamespaces, "identity-namespaces", "", "Comma-separated namespaces that get an etcd identity even with no Lease or IDRange, for workloads that use only keyed locks (or a fenced data key).")
+	fs.StringVar(&a.revisionConfigMap, "etcd-revision-configmap", "fencer-etcd-revision", "ConfigMap, in --webhook-namespace, where the leader records etcd's revision every 10 s; a revision below it later (etcd restored from an old snapshot without --bump-revision) closes keyed locks until etcd passes it. Empty turns the check off.")
 	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
 }
 
@@ -116,6 +124,14 @@ func (a *etcdAccess) validate() error {
 	}
 	if a.backupSecret != "" && a.pkiSecret == "" {
 		return errors.New("--etcd-backup-secret needs --etcd-pki-secret (the CA to issue from)")
+	}
+	if a.viewerSecret != "" && (a.pkiSecret == "" || !a.enableAuth) {
+		return errors.New("--etcd-viewer-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-enable-auth (without auth its certificate would open all of etcd)")
+	}
+	for _, ns := range etcdstore.SplitList(a.identityNamespaces) {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("--identity-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
 	}
 	if a.credentialsSecret == "" {
 		return errors.New("--etcd-credentials-secret must not be empty")

@@ -35,6 +35,8 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-server-secret=s"}, "--etcd-server-secret needs --etcd-pki-secret"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-backup-secret=s"}, "--etcd-backup-secret needs --etcd-pki-secret"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-pki-secret=p", "--etcd-viewer-secret=v"}, "--etcd-viewer-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-enable-auth"},
+		{[]string{"--etcd-endpoints=http://e:1", "--identity-namespaces=ok,Bad_NS"}, `--identity-namespaces: "Bad_NS" is not a namespace name`},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-credentials-secret="}, "--etcd-credentials-secret must not be empty"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-step-down-after=-1s"}, "must not be negative"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-enable-auth"}, "--etcd-enable-auth needs an identity with the root role"},

@@ -117,7 +117,29 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, root ...string) error
 // EnsureNamespace makes the etcd user and role of namespace ns hold exactly
 // NamespacePermissions: missing grants are added, stray ones revoked.
 func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string, directLeases []string) error {
-	name := NamespaceUser(prefix, ns)
+	return ensureRoleUser(ctx, cli, NamespaceUser(prefix, ns), NamespacePermissions(prefix, ns, directLeases))
+}
+
+// ViewerUser is the etcd user that reads the install's keyed locks and
+// nothing else: `kubectl fencer locks` connects as it.
+func ViewerUser(prefix string) string { return installName(prefix) + ":viewer" }
+
+// ViewerPermissions are the viewer's: read the keyed locks of every
+// namespace and the lock floor. Never a write.
+func ViewerPermissions(prefix string) []Permission {
+	prefix = etcdkeys.OrDefault(prefix)
+	return []Permission{{Prefix: etcdkeys.LocksPrefix(prefix)}, {Prefix: etcdkeys.LockFloorKey(prefix), Exact: true}}
+}
+
+// EnsureViewer makes the viewer's etcd user and role hold exactly
+// ViewerPermissions.
+func EnsureViewer(ctx context.Context, cli *clientv3.Client, prefix string) error {
+	return ensureRoleUser(ctx, cli, ViewerUser(prefix), ViewerPermissions(prefix))
+}
+
+// ensureRoleUser makes the user name hold the role name, and the role
+// exactly perms.
+func ensureRoleUser(ctx context.Context, cli *clientv3.Client, name string, perms []Permission) error {
 	if err := ensureUser(ctx, cli, name); err != nil {
 		return err
 	}
@@ -128,7 +150,7 @@ func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns strin
 	if err != nil {
 		return fmt.Errorf("reading etcd role %s: %w", name, err)
 	}
-	if err := syncPermissions(ctx, cli, name, role.Perm, NamespacePermissions(prefix, ns, directLeases)); err != nil {
+	if err := syncPermissions(ctx, cli, name, role.Perm, perms); err != nil {
 		return err
 	}
 	if _, err := cli.UserGrantRole(ctx, name, name); err != nil {

@@ -133,7 +133,10 @@ type CertSecret struct {
 	// Request is what to issue; a server certificate's Names that parse
 	// as IP addresses become IP SANs.
 	Request Request
-	Log     logr.Logger
+	// Extra are further keys of the Secret, such as the endpoints and
+	// prefix a client needs besides its certificate.
+	Extra map[string][]byte
+	Log   logr.Logger
 }
 
 // ServerRequest is the etcd members' certificate for names (DNS names
@@ -167,7 +170,7 @@ func (s *CertSecret) NeedLeaderElection() bool { return false }
 
 // Ensure issues the certificate if the Secret lacks a current one.
 func (s *CertSecret) Ensure(ctx context.Context) error {
-	_, issued, err := EnsureCertSecret(ctx, s.Reader, s.Client, s.CA, s.Key, s.Request, nil, time.Now())
+	_, issued, err := EnsureCertSecret(ctx, s.Reader, s.Client, s.CA, s.Key, s.Request, s.Extra, time.Now())
 	if err == nil && issued {
 		s.Log.Info("issued an etcd certificate", "secret", s.Key, "commonName", s.Request.CommonName)
 	}
@@ -231,9 +234,12 @@ type AuthEnabler struct {
 	Etcd *clientv3.Client
 	// Root are the users given etcd's root role: the manager's, and the
 	// backup job's if there is one.
-	Root    []string
-	Log     logr.Logger
-	enabled atomic.Bool
+	Root []string
+	// ViewerPrefix, when set, also keeps the read-only lock viewer of the
+	// install with that key prefix (EnsureViewer).
+	ViewerPrefix string
+	Log          logr.Logger
+	enabled      atomic.Bool
 }
 
 // Checker is a readiness check that fails until auth is on, so a replica
@@ -253,6 +259,12 @@ func (a *AuthEnabler) Start(ctx context.Context) error {
 		if err := EnableAuth(rctx, a.Etcd, a.Root...); err != nil {
 			a.Log.Info("etcd auth not enabled yet; retrying", "reason", err.Error())
 			return false, nil
+		}
+		if a.ViewerPrefix != "" {
+			if err := EnsureViewer(rctx, a.Etcd, a.ViewerPrefix); err != nil {
+				a.Log.Info("the lock viewer's etcd user is not set up yet; retrying", "reason", err.Error())
+				return false, nil
+			}
 		}
 		a.enabled.Store(true)
 		a.Log.Info("etcd auth is on", "rootUsers", a.Root)

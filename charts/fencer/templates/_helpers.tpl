@@ -60,6 +60,7 @@ app.kubernetes.io/component: etcd-backup
 {{- define "fencer.etcdName" -}}{{ include "fencer.fullname" . }}-etcd{{- end -}}
 {{- define "fencer.etcdCASecret" -}}{{ include "fencer.fullname" . }}-etcd-ca{{- end -}}
 {{- define "fencer.etcdServerSecret" -}}{{ include "fencer.fullname" . }}-etcd-server{{- end -}}
+{{- define "fencer.etcdViewerSecret" -}}{{ include "fencer.fullname" . }}-etcd-viewer{{- end -}}
 {{- define "fencer.etcdBackupSecret" -}}{{ include "fencer.fullname" . }}-etcd-backup{{- end -}}
 {{- define "fencer.etcdCredentialsSecret" -}}{{ include "fencer.fullname" . }}-etcd-client{{- end -}}
 {{- define "fencer.webhookConfig" -}}{{ include "fencer.fullname" . }}-fencing{{- end -}}

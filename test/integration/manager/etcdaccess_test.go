@@ -24,11 +24,42 @@ import (
 // it issues itself, turns auth on, and only then reports Ready.
 func TestManagerLocksDownItsEtcd(t *testing.T) {
 	ctx := context.Background()
-	cl, err := client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
+	_, pki, etcd := lockedDownManager(t, "etcd-access")
+	mgr, err := pki.Client([]string{etcd.Endpoint}, "manager")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := "etcd-access"
+	defer mgr.Close()
+	st, err := mgr.AuthStatus(ctx)
+	if err != nil || !st.Enabled {
+		t.Fatalf("etcd auth after the manager became Ready: %+v, %v", st, err)
+	}
+	// A certificate of the right CA but of no etcd user opens nothing.
+	stranger, err := pki.Client([]string{etcd.Endpoint}, "stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := stranger.Get(rctx, "/fencer/leases/default/x"); err == nil {
+		t.Fatal("a certificate for an unknown user read a lease key")
+	}
+}
+
+
+// lockedDownManager runs the manager binary for namespace ns as the chart
+// runs it with the bundled etcd (args added), starts that etcd from the
+// Secrets the manager writes, and waits until the manager is Ready. pki
+// issues further identities.
+func lockedDownManager(t *testing.T, ns string, args ...string) (cl client.Client, pki *devcluster.EtcdPKI, etcd *devcluster.Etcd) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	cl, err = client.New(env.Config, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
@@ -37,13 +68,13 @@ func TestManagerLocksDownItsEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	etcd, err := devcluster.NewEtcd(bin, dir, "etcd")
+	etcd, err = devcluster.NewEtcd(bin, dir, "etcd")
 	if err != nil {
 		t.Fatal(err)
 	}
 	endpoint := "https" + etcd.Endpoint[len("http"):]
-	r := startFencer(t, "fencer", "--leader-elect=false", "--etcd-endpoints="+endpoint, "--webhook-namespace="+ns,
-		"--etcd-pki-secret=etcd-ca", "--etcd-server-secret=etcd-server", "--etcd-server-names=localhost,127.0.0.1", "--etcd-enable-auth")
+	r := startFencer(t, "fencer", append([]string{"--leader-elect=false", "--etcd-endpoints="+endpoint, "--webhook-namespace="+ns,
+		"--etcd-pki-secret=etcd-ca", "--etcd-server-secret=etcd-server", "--etcd-server-names=localhost,127.0.0.1", "--etcd-enable-auth"}, args...)...)
 
 	var server corev1.Secret
 	waitFor(t, "the etcd server Secret", func() error {
@@ -67,7 +98,7 @@ func TestManagerLocksDownItsEtcd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pki := &devcluster.EtcdPKI{Dir: pkiDir, Prefix: "/fencer", CA: ca}
+	pki = &devcluster.EtcdPKI{Dir: pkiDir, Prefix: "/fencer", CA: ca}
 	for name, cn := range map[string]string{"manager": identity.ManagerUser("/fencer"), "stranger": "stranger"} {
 		if err := pki.Issue(name, identity.Request{CommonName: cn}); err != nil {
 			t.Fatal(err)
@@ -81,26 +112,7 @@ func TestManagerLocksDownItsEtcd(t *testing.T) {
 	t.Cleanup(func() { _ = etcd.Stop() })
 
 	waitStatus(t, r.probeURL+"/readyz", http.StatusOK)
-	mgr, err := pki.Client([]string{etcd.Endpoint}, "manager")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mgr.Close()
-	st, err := mgr.AuthStatus(ctx)
-	if err != nil || !st.Enabled {
-		t.Fatalf("etcd auth after the manager became Ready: %+v, %v", st, err)
-	}
-	// A certificate of the right CA but of no etcd user opens nothing.
-	stranger, err := pki.Client([]string{etcd.Endpoint}, "stranger")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stranger.Close()
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if _, err := stranger.Get(rctx, "/fencer/leases/default/x"); err == nil {
-		t.Fatal("a certificate for an unknown user read a lease key")
-	}
+	return cl, pki, etcd
 }
 
 func waitFor(t *testing.T, what string, check func() error) {

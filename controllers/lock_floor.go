@@ -1,0 +1,116 @@
+package controllers
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/metrics"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// revisionKey is the ConfigMap key holding the highest etcd revision seen.
+const revisionKey = "revision"
+
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update,namespace=fencer-system
+
+// LockFloor keeps keyed locks from reissuing tokens after etcd went back
+// in time. A Lease's status remembers its own highest token, but keyed
+// locks are granted by the SDK straight in etcd, with no apiserver on the
+// path, so the leader records etcd's revision in a ConfigMap (outside
+// etcd, so a restore cannot take it back) every Every. When it finds etcd's
+// revision below the one recorded (restored from an old snapshot without
+// --bump-revision, or replaced), it writes the lock floor key, and the SDK
+// grants no lock at or below it; once etcd's revision has passed the
+// floor, the key goes. Tokens issued after the last record and before the
+// failure are not covered: docs/operations.md says to restore with
+// --bump-revision.
+type LockFloor struct {
+	// Client writes the ConfigMap, Reader reads it uncached: a cached read
+	// would watch every ConfigMap of the cluster.
+	Client client.Client
+	Reader client.Reader
+	Etcd   *clientv3.Client
+	Prefix string
+	// Record is the ConfigMap that holds the revision.
+	Record types.NamespacedName
+	Every  time.Duration
+	Log    logr.Logger
+}
+
+// Start checks every Every until ctx ends.
+func (f *LockFloor) Start(ctx context.Context) error {
+	for {
+		if err := f.check(ctx); err != nil && ctx.Err() == nil {
+			f.Log.Info("checking etcd's revision against the last one recorded", "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(f.Every):
+		}
+	}
+}
+
+// NeedLeaderElection: one replica records and acts.
+func (f *LockFloor) NeedLeaderElection() bool { return true }
+
+func (f *LockFloor) check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	floorKey := etcdkeys.LockFloorKey(f.Prefix)
+	resp, err := f.Etcd.Get(ctx, floorKey) // linearizable: its header is etcd's revision now
+	if err != nil {
+		return err
+	}
+	rev := resp.Header.Revision
+	cm := &corev1.ConfigMap{}
+	err = f.Reader.Get(ctx, f.Record, cm)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	recorded, _ := strconv.ParseInt(cm.Data[revisionKey], 10, 64)
+	if rev < recorded {
+		floor := strconv.FormatInt(recorded, 10)
+		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == floor {
+			return nil // closed already
+		}
+		if len(resp.Kvs) == 0 {
+			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks are closed until its revision passes the one recorded (docs/operations.md)",
+				"revision", rev, "recorded", recorded, "record", f.Record)
+			metrics.RevisionRegressions.Inc()
+		}
+		_, err := f.Etcd.Put(ctx, floorKey, floor)
+		return err
+	}
+	if len(resp.Kvs) > 0 {
+		if _, err := f.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpDelete(floorKey)).Commit(); err != nil {
+			return err
+		}
+		f.Log.Info("etcd's revision passed the lock floor: keyed locks are open again", "revision", rev)
+	}
+	if rev == recorded {
+		return nil
+	}
+	return f.record(ctx, cm, rev)
+}
+
+// record writes rev into the ConfigMap, creating it if need be.
+func (f *LockFloor) record(ctx context.Context, cm *corev1.ConfigMap, rev int64) error {
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[revisionKey] = strconv.FormatInt(rev, 10)
+	if cm.ResourceVersion == "" {
+		cm.Name, cm.Namespace = f.Record.Name, f.Record.Namespace
+		return f.Client.Create(ctx, cm)
+	}
+	return f.Client.Update(ctx, cm)
+}
