@@ -47,7 +47,6 @@ func TestManagerLocksDownItsEtcd(t *testing.T) {
 	}
 }
 
-
 // lockedDownManager runs the manager binary for namespace ns as the chart
 // runs it with the bundled etcd (args added), starts that etcd from the
 // Secrets the manager writes, and waits until the manager is Ready. pki
@@ -73,7 +72,7 @@ func lockedDownManager(t *testing.T, ns string, args ...string) (cl client.Clien
 		t.Fatal(err)
 	}
 	endpoint := "https" + etcd.Endpoint[len("http"):]
-	r := startFencer(t, "fencer", append([]string{"--leader-elect=false", "--etcd-endpoints="+endpoint, "--webhook-namespace="+ns,
+	r := startFencer(t, "fencer", append([]string{"--leader-elect=false", "--etcd-endpoints=" + endpoint, "--webhook-namespace=" + ns,
 		"--etcd-pki-secret=etcd-ca", "--etcd-server-secret=etcd-server", "--etcd-server-names=localhost,127.0.0.1", "--etcd-enable-auth"}, args...)...)
 
 	var server corev1.Secret

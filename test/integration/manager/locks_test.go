@@ -64,9 +64,15 @@ func TestKeyedLocksThroughTheManager(t *testing.T) {
 		return err
 	})
 	for what, op := range map[string]func() error{
-		"delete a lock": func() error { _, err := view.Delete(ctx, etcdkeys.LockWaiterKey("/fencer", app, "dir/1", lk.Tokens()[0].Waiter)); return err },
-		"write a lock":  func() error { _, err := view.Put(ctx, etcdkeys.LockWaiterKey("/fencer", app, "x", "w"), "{}"); return err },
-		"read a lease":  func() error { _, err := view.Get(ctx, etcdkeys.LeaseKey("/fencer", app, "l")); return err },
+		"delete a lock": func() error {
+			_, err := view.Delete(ctx, etcdkeys.LockWaiterKey("/fencer", app, "dir/1", lk.Tokens()[0].Waiter))
+			return err
+		},
+		"write a lock": func() error {
+			_, err := view.Put(ctx, etcdkeys.LockWaiterKey("/fencer", app, "x", "w"), "{}")
+			return err
+		},
+		"read a lease": func() error { _, err := view.Get(ctx, etcdkeys.LeaseKey("/fencer", app, "l")); return err },
 	} {
 		if err := op(); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("the viewer could %s: %v", what, err)
