@@ -5,6 +5,7 @@
 //	kubectl fencer history LEASE           the tenures: holder, token, start, end, cause
 //	kubectl fencer check OBJECT [--token N] what the webhook decides for a write now (a server-side dry run)
 //	kubectl fencer ids IDRANGE             the blocks and slots, and which pod holds each
+//	kubectl fencer locks [KEY-PREFIX]      the keyed locks held: key, token, holder, since, waiting
 //
 // It takes kubectl's usual flags (--namespace, --context, --kubeconfig,
 // --as) and -o json|yaml.
@@ -31,12 +32,12 @@ func root() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           "fencer",
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl fencer"},
-		Short:         "Inspect fencer's Leases, IDRanges and fenced writes",
+		Short:         "Inspect fencer's Leases, IDRanges, keyed locks and fenced writes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	flags.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: json or yaml (a table when empty)")
-	cmd.AddCommand(statusCmd(o), historyCmd(o), checkCmd(o), idsCmd(o))
+	cmd.AddCommand(statusCmd(o), historyCmd(o), checkCmd(o), idsCmd(o), locksCmd(o))
 	return cmd
 }

@@ -349,7 +349,7 @@ spec:
 		checkMetrics(t, root, bin, output.String(), kubectl)
 	})
 
-	t.Run("kubectl fencer: status, history, check and ids, golden", func(t *testing.T) {
+	t.Run("kubectl fencer: status, history, check, ids and locks, golden", func(t *testing.T) {
 		runPlugin(t, root, bin, filepath.Join(state, "kubeconfig"), kubectl, apply)
 	})
 

@@ -1,6 +1,8 @@
 package smoke
 
 import (
+	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
 )
 
 // updateGolden rewrites the golden files instead of comparing with them.
@@ -39,7 +47,7 @@ metadata: {name: job, namespace: plugin}
 spec: {ttlSeconds: 10, holderSelector: {matchLabels: {app: w}}}
 `
 
-// runPlugin runs kubectl-fencer's four commands through the real kubectl
+// runPlugin runs kubectl-fencer's five commands through the real kubectl
 // (as a plugin on PATH) against the dev cluster, and compares their output
 // with testdata/plugin/*.golden. Tokens, blocks, slots, times and ages vary
 // from run to run and are replaced by placeholders first.
@@ -80,6 +88,9 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 			t.Fatalf("kubectl fencer %v: %v\n%s", args, err, raw)
 		}
 		got := normalize(string(raw), token)
+		if args[0] == "locks" {
+			got = lockTokens.ReplaceAllString(got, "${1}<rev>")
+		}
 		path := filepath.Join(root, "test", "smoke", "testdata", "plugin", golden)
 		if updateGolden {
 			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
@@ -104,6 +115,83 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 	plugin("check-none.golden", "check", "cm/out")
 	plugin("ids-blocks.golden", "ids", "orders")
 	plugin("ids-slots.golden", "ids", "workers")
+
+	release := holdLocks(t, kubectl)
+	defer release()
+	plugin("locks.golden", "locks")
+	plugin("locks-prefix-json.golden", "locks", "dir/", "-o", "json")
+	plugin("locks-all.golden", "locks", "-A")
+}
+
+// holdLocks takes keyed locks in the plugin namespace as two pods would,
+// with the namespace's etcd credentials: w-0 holds dir/a and the set
+// {dir/b, tree}; w-1 queues for dir/a. release unlocks them all.
+func holdLocks(t *testing.T, kubectl func(...string) string) (release func()) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, k := range []string{"ca.crt", "tls.crt", "tls.key", "endpoints", "prefix"} {
+		raw, err := base64.StdEncoding.DecodeString(kubectl("get", "secret", "fencer-etcd-client", "-n", "plugin", "-o", "jsonpath={.data."+strings.ReplaceAll(k, ".", `\.`)+"}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, k), raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	access, err := fence.LoadEtcdAccess(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	access.Config.Logger = zap.NewNop()
+	cli, err := clientv3.New(access.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lockers := map[string]*fence.Locker{}
+	for _, pod := range []string{"w-0", "w-1"} {
+		l, err := fence.NewLocker(cli, access.Prefix, "plugin", fence.LockerOptions{Pod: pod, PodUID: "uid-" + pod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockers[pod] = l
+	}
+	var held []*fence.Lock
+	for _, set := range [][]string{{"dir/a"}, {"dir/b", "tree"}} {
+		lk, err := lockers["w-0"].Lock(ctx, set...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lk)
+	}
+	queued := make(chan *fence.Lock, 1)
+	go func() {
+		lk, err := lockers["w-1"].Lock(ctx, "dir/a")
+		if err == nil {
+			queued <- lk
+		}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := cli.Get(ctx, etcdkeys.LockPrefix(access.Prefix, "plugin", "dir/a"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err == nil && resp.Count == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("w-1 did not queue for dir/a")
+		}
+	}
+	return func() {
+		for _, lk := range held {
+			_ = lk.Unlock(ctx)
+		}
+		if lk := <-queued; lk != nil {
+			_ = lk.Unlock(ctx)
+		}
+		for _, l := range lockers {
+			_ = l.Close(ctx)
+		}
+		_ = cli.Close()
+	}
 }
 
 var (
@@ -114,6 +202,8 @@ var (
 	bigNumbers = regexp.MustCompile(`\b(Next:|Remaining:|Slots in use:)(\s+)\d+`)
 	renewed    = regexp.MustCompile(`renewed by (fencer|the holder) \(TTL <age>\)`)
 	padding    = regexp.MustCompile(`[ \t]{2,}`)
+	// A keyed lock's token is the etcd revision it queued at.
+	lockTokens = regexp.MustCompile(`(?m)(^(?:plugin\s+)?\S+\s+|"token": )\d+`)
 )
 
 // normalize replaces what varies from run to run with placeholders. The

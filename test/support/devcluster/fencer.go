@@ -78,6 +78,7 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 		"--etcd-workload-endpoints=" + c.workloadEndpoint(),
 		"--etcd-pki-secret=" + etcdPKISecret,
 		"--etcd-enable-auth",
+		"--etcd-viewer-secret=fencer-etcd-viewer",
 		"--webhook-namespace=" + ManagerNamespace,
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(ports[0]),
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(ports[1]),

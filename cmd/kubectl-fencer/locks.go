@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/internal/lockview"
+)
+
+// lockRow is one row of `locks`.
+type lockRow struct {
+	Namespace string    `json:"namespace"`
+	Key       string    `json:"key"`
+	Token     int64     `json:"token"`
+	Holder    string    `json:"holder"`
+	HolderUID string    `json:"holderUID"`
+	Since     time.Time `json:"since"`
+	Waiting   int       `json:"waiting"`
+}
+
+// lockFlags say where the read-only viewer's credentials are.
+type lockFlags struct {
+	all        bool
+	secret     string
+	secretNS   string
+	endpoints  string
+	serverName string
+}
+
+func locksCmd(o *options) *cobra.Command {
+	f := &lockFlags{}
+	cmd := &cobra.Command{
+		Use:   "locks [KEY-PREFIX]",
+		Short: "The keyed locks held: key, token, holder, since when, and how many wait",
+		Long: `The keyed locks held in the namespace (all namespaces with -A), whose keys
+start with KEY-PREFIX. It reads etcd as the install's read-only lock viewer:
+its certificate comes from the viewer Secret in the manager's namespace
+(--viewer-secret, --fencer-namespace), so reading it takes RBAC on that one
+Secret, and the viewer can read keyed locks and nothing else.
+
+SINCE is how long the holder has held the lock: from its acquisition, or,
+for one that queued, from when its turn came.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ns, err := o.client()
+			if err != nil {
+				return err
+			}
+			if f.all {
+				ns = ""
+			}
+			keyPrefix := ""
+			if len(args) == 1 {
+				keyPrefix = args[0]
+			}
+			locks, err := readLocks(cmd.Context(), c, f, ns, keyPrefix)
+			if err != nil {
+				return err
+			}
+			return printLocks(o, locks, f.all, time.Now())
+		},
+	}
+	cmd.Flags().BoolVarP(&f.all, "all-namespaces", "A", false, "List the locks of every namespace")
+	cmd.Flags().StringVar(&f.secret, "viewer-secret", "fencer-etcd-viewer", "The lock viewer's credentials Secret (the chart's <release>-etcd-viewer)")
+	cmd.Flags().StringVar(&f.secretNS, "fencer-namespace", "fencer-system", "The namespace fencer's manager runs in, which holds the viewer Secret")
+	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "etcd client URLs to use instead of the Secret's, e.g. https://127.0.0.1:2379 through `kubectl port-forward`")
+	cmd.Flags().StringVar(&f.serverName, "etcd-server-name", "", "The name to verify etcd's certificate for, when --etcd-endpoints reaches it by another (a port-forward: the Service's name, e.g. fencer-etcd.fencer-system.svc)")
+	return cmd
+}
+
+func readLocks(ctx context.Context, c client.Client, f *lockFlags, ns, keyPrefix string) ([]lockview.Lock, error) {
+	var s corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: f.secretNS, Name: f.secret}, &s); err != nil {
+		return nil, fmt.Errorf("the lock viewer's Secret %s/%s: %w (the manager writes it with --etcd-viewer-secret; see --viewer-secret and --fencer-namespace)", f.secretNS, f.secret, err)
+	}
+	cfg, err := viewerConfig(&s, f)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to etcd: %w", err)
+	}
+	defer cli.Close()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	locks, err := lockview.List(rctx, cli, string(s.Data["prefix"]), ns, keyPrefix)
+	if errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return nil, fmt.Errorf("etcd at %s did not answer within 10s: %w (from outside the cluster, port-forward etcd's Service and pass --etcd-endpoints and --etcd-server-name)", cfg.Endpoints, err)
+	}
+	return locks, err
+}
+
+// viewerConfig is an etcd client configuration from the viewer Secret's
+// certificate, kept in memory.
+func viewerConfig(s *corev1.Secret, f *lockFlags) (clientv3.Config, error) {
+	pair, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+	if err != nil {
+		return clientv3.Config{}, fmt.Errorf("the lock viewer's Secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(s.Data["ca.crt"]) {
+		return clientv3.Config{}, fmt.Errorf("the lock viewer's Secret %s/%s has no ca.crt", s.Namespace, s.Name)
+	}
+	endpoints := string(s.Data["endpoints"])
+	if f.endpoints != "" {
+		endpoints = f.endpoints
+	}
+	if endpoints == "" {
+		return clientv3.Config{}, fmt.Errorf("the lock viewer's Secret %s/%s has no endpoints; pass --etcd-endpoints", s.Namespace, s.Name)
+	}
+	return clientv3.Config{
+		Endpoints:   strings.Split(endpoints, ","),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		TLS:         &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{pair}, ServerName: f.serverName},
+	}, nil
+}
+
+func printLocks(o *options, locks []lockview.Lock, all bool, now time.Time) error {
+	rows := make([]lockRow, len(locks))
+	for i, l := range locks {
+		rows[i] = lockRow{Namespace: l.Namespace, Key: l.Key, Token: l.Token, Holder: l.Pod, HolderUID: l.PodUID, Since: l.Since, Waiting: l.Waiting}
+	}
+	return o.print(rows, func(w *tabwriter.Writer) {
+		if len(rows) == 0 {
+			fmt.Fprintln(w, "No keyed locks held.")
+			return
+		}
+		head := "KEY\tTOKEN\tHOLDER\tHOLDER-UID\tSINCE\tWAITING"
+		if all {
+			head = "NAMESPACE\t" + head
+		}
+		fmt.Fprintln(w, head)
+		for _, r := range rows {
+			if all {
+				fmt.Fprintf(w, "%s\t", r.Namespace)
+			}
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\n", r.Key, r.Token, orDash(r.Holder), orDash(r.HolderUID), ago(now, r.Since), r.Waiting)
+		}
+	})
+}
