@@ -90,7 +90,7 @@ type lockBench struct {
 	connect func() *clientv3.Client
 }
 
-func us(d time.Duration) string       { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+func us(d time.Duration) string        { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
 
 func (b *lockBench) locker(cli *clientv3.Client) *fence.Locker {
@@ -113,7 +113,9 @@ func (b *lockBench) session(cli *clientv3.Client) *concurrency.Session {
 
 // mutexKey is where a Mutex of key lives: in the namespace's lock range,
 // which its identity may use.
-func mutexKey(key string) string { return etcdkeys.NamespaceLocksPrefix(lockPrefix, lockNS) + "mutex-" + key }
+func mutexKey(key string) string {
+	return etcdkeys.NamespaceLocksPrefix(lockPrefix, lockNS) + "mutex-" + key
+}
 
 // uncontended times Lock+Unlock of one free key, fencer's and the Mutex's
 // interleaved, after a warm-up of each.
