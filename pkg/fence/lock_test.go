@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -473,17 +474,10 @@ func TestUncontendedLockCostsWhatAMutexCosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := theirs.take()
-	if total(got) != total(want) {
+	if !maps.Equal(got, want) {
 		t.Fatalf("Lock+Unlock made %v, etcd's Mutex %v", got, want)
 	}
 	t.Logf("Lock+Unlock: %v; concurrency.Mutex: %v", got, want)
-}
-
-func total(calls map[string]int) (n int) {
-	for _, c := range calls {
-		n += c
-	}
-	return n
 }
 
 // After etcd went back in time, no lock is granted below the floor the
