@@ -22,6 +22,7 @@ type Lock struct {
 	sess   *lockSession
 	keys   []string
 	waiter string
+	slot   uint64
 	token  int64
 	queued time.Time
 	since  time.Time
@@ -148,8 +149,8 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		go l.retryDelete(lk)
 		return fmt.Errorf("fence: unlocking %q: %w", lk.keys, l.unavailable(tctx, err))
 	}
-	for i, n := range deleted {
-		if n == 0 {
+	for i, ok := range deleted {
+		if !ok {
 			if lost == nil {
 				lost = errors.New("its waiter key was gone")
 			}
@@ -250,31 +251,54 @@ func (l *Locker) deleteWaiters(lk *Lock) error {
 	return err
 }
 
-// deleteWaitersCtx deletes lk's waiter keys in one round trip and returns
-// how many keys each delete removed (0: the key was already gone). The
-// names are unique to this acquisition, so a plain delete can remove
-// nothing of anyone else's, however late or often it comes: no compare is
-// needed, and one key costs what etcd's Mutex.Unlock costs.
-func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]int64, error) {
-	if len(lk.keys) == 1 {
-		resp, err := l.cli.Delete(ctx, lk.waiterKey(lk.keys[0]))
+// deleteWaitersCtx deletes lk's waiter keys, each only while it has lk's
+// revision, in one round trip, and reports for each whether it was there
+// to delete. Once they are gone the slot goes back to the session. An
+// acquisition whose queueing failed has no known revision: its keys are
+// read first, and deleted at the revision they have.
+func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error) {
+	revs := make([]int64, len(lk.keys))
+	if lk.token != 0 {
+		for i := range revs {
+			revs[i] = lk.token
+		}
+	} else {
+		ops := make([]clientv3.Op, len(lk.keys))
+		for i, k := range lk.keys {
+			ops[i] = clientv3.OpGet(lk.waiterKey(k))
+		}
+		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, err
 		}
-		return []int64{resp.Deleted}, nil
+		for i, r := range resp.Responses {
+			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
+				revs[i] = kvs[0].CreateRevision
+			}
+		}
 	}
-	ops := make([]clientv3.Op, len(lk.keys))
+	ops := make([]clientv3.Op, 0, len(lk.keys))
 	for i, k := range lk.keys {
-		ops[i] = clientv3.OpDelete(lk.waiterKey(k))
+		if revs[i] != 0 {
+			w := lk.waiterKey(k)
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w), "=", revs[i])}, []clientv3.Op{clientv3.OpDelete(w)}, nil))
+		}
 	}
-	resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, err
+	out := make([]bool, len(lk.keys))
+	if len(ops) > 0 {
+		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, err
+		}
+		j := 0
+		for i := range lk.keys {
+			if revs[i] != 0 {
+				out[i] = resp.Responses[j].GetResponseTxn().GetSucceeded()
+				j++
+			}
+		}
 	}
-	out := make([]int64, len(resp.Responses))
-	for i, r := range resp.Responses {
-		out[i] = r.GetResponseDeleteRange().Deleted
-	}
+	lk.sess.give(lk.slot)
 	return out, nil
 }
 

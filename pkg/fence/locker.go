@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -76,14 +75,45 @@ type Locker struct {
 
 	mu   sync.Mutex
 	sess *lockSession
-	seq  atomic.Uint64
 }
 
 // lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
 // a cause wrapping ErrLockLost, when the lease is lost.
+//
+// Each acquisition's waiter keys are named <lease>-<slot>. A slot is taken
+// by one acquisition at a time and given back only once its keys are
+// confirmed gone, so names are reused (etcd keeps an index entry for every
+// key name until compaction, and a lock's queue read would otherwise walk
+// one per acquisition ever made) while no two live acquisitions share one.
+// Every delete compares the key's CreateRevision, so even a delete that
+// arrives late cannot remove a later acquisition under the same name.
 type lockSession struct {
 	id  clientv3.LeaseID
 	ctx context.Context
+
+	mu   sync.Mutex
+	free []uint64
+	next uint64
+}
+
+// take is a slot no live acquisition of the session uses.
+func (s *lockSession) take() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.free); n > 0 {
+		slot := s.free[n-1]
+		s.free = s.free[:n-1]
+		return slot
+	}
+	s.next++
+	return s.next
+}
+
+// give returns a slot whose keys are gone.
+func (s *lockSession) give(slot uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free = append(s.free, slot)
 }
 
 // NewLocker makes the Locker of namespace, whose etcd identity cli
@@ -205,8 +235,11 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	if err != nil {
 		return nil, err
 	}
-	lk := &Lock{locker: l, sess: sess, keys: keys, waiter: strconv.FormatInt(int64(sess.id), 16) + "-" + strconv.FormatUint(l.seq.Add(1), 10)}
+	lk := &Lock{locker: l, sess: sess, keys: keys}
 	ahead, err := l.enqueue(ctx, lk)
+	if errors.Is(err, errNameTaken) {
+		ahead, err = l.enqueue(ctx, lk) // under a fresh slot
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -242,6 +275,11 @@ func lockKeys(keys []string) ([]string, error) {
 	return slices.Clone(keys), nil
 }
 
+// errNameTaken: a waiter key of the slot enqueue took exists already. It
+// cannot, while slots go back only once their keys are gone; enqueue
+// leaves that slot out and the caller tries once more.
+var errNameTaken = errors.New("fence: a waiter key of this slot exists")
+
 // enqueue writes the set's waiter keys in one transaction, reading in the
 // same step the oldest waiter of each key. The transaction's revision is
 // the token of every key of the set. It writes nothing while the lock
@@ -249,35 +287,36 @@ func lockKeys(keys []string) ([]string, error) {
 // reports whether an older waiter is ahead on any key. Uncontended, this
 // is the one round trip of etcd's own Mutex.Lock, of the same shape.
 func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) {
+	lk.slot = lk.sess.take()
+	lk.waiter = strconv.FormatInt(int64(lk.sess.id), 16) + "-" + strconv.FormatUint(lk.slot, 10)
 	lk.queued = time.Now().UTC()
 	val, _ := json.Marshal(lockValue{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued})
+	floorKey := etcdkeys.LockFloorKey(l.prefix)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Version(floorKey), "=", 0)}
 	ops := make([]clientv3.Op, 0, 2*len(lk.keys))
 	for _, k := range lk.keys {
-		ops = append(ops, clientv3.OpPut(lk.waiterKey(k), string(val), clientv3.WithLease(lk.sess.id)))
+		w := lk.waiterKey(k)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w), "=", 0))
+		ops = append(ops, clientv3.OpPut(w, string(val), clientv3.WithLease(lk.sess.id)))
 	}
 	for _, k := range lk.keys {
 		ops = append(ops, clientv3.OpGet(etcdkeys.LockPrefix(l.prefix, l.namespace, k), clientv3.WithFirstCreate()...))
 	}
-	floorKey := etcdkeys.LockFloorKey(l.prefix)
 	tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	resp, err := l.cli.Txn(tctx).
-		If(clientv3.Compare(clientv3.Version(floorKey), "=", 0)).
-		Then(ops...).
-		Else(clientv3.OpGet(floorKey)).
-		Commit()
-	if err != nil {
+	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
+	switch {
+	case err != nil:
 		// The waiter keys may have been written: they must not block the
 		// keys until the session ends.
 		l.abandon(lk)
 		return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, l.unavailable(tctx, err))
-	}
-	if !resp.Succeeded {
-		floor := ""
+	case !resp.Succeeded:
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			floor = string(kvs[0].Value)
+			lk.sess.give(lk.slot) // nothing was written
+			return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, kvs[0].Value)
 		}
-		return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, floor)
+		return false, errNameTaken
 	}
 	lk.token = resp.Header.Revision
 	n := len(lk.keys)

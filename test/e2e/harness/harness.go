@@ -367,7 +367,7 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 			args: []string{
 				"--kubeconfig=" + kubeconfig, "--namespace=" + Namespace, "--pod=" + name, "--pod-uid=" + string(pod.UID),
 				"--leases=alpha,beta", "--etcd-credentials=" + creds,
-				"--idrange=ids", "--slots=slots", "--block-size=1000", "--hostile-every=250ms",
+				"--idrange=ids", "--slots=slots", "--block-size=1000", "--hostile-every=250ms", "--lock-keys=10",
 				"--history=" + filepath.Join(h.opts.Dir, "workers", name+".jsonl"),
 				"--ready-addr=" + readyAddr,
 			},

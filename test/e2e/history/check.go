@@ -38,11 +38,17 @@ type Report struct {
 	DuplicateIDs     int // IDs issued twice (blocks or snowflakes), or a next-ID key that went backwards
 	// StaleReports counts pods that reported holding a token more than
 	// ReportBound after the Lease's status showed its tenure over.
-	StaleReports    int
-	Unexplained     int // refusals with no reason the checker can name
-	Missing         int // accepted writes absent from the histories: the history is incomplete
-	Hostile         int // hostile writes tried (KindHostile)
-	HostileAccepted int // hostile writes the apiserver accepted
+	StaleReports int
+	// Keyed locks (locks.go): a write under a token that was not the
+	// holder's when it committed, older (stale) or younger (two holders);
+	// and a lock's holders' tokens going down.
+	LockStaleWrites      int
+	LockDoubleHolders    int
+	LockTokenRegressions int
+	Unexplained          int // refusals with no reason the checker can name
+	Missing              int // accepted writes absent from the histories: the history is incomplete
+	Hostile              int // hostile writes tried (KindHostile)
+	HostileAccepted      int // hostile writes the apiserver accepted
 
 	// Violations describes the first violations found.
 	Violations []string
@@ -50,13 +56,15 @@ type Report struct {
 
 // Summary is the one line a fault run ends with.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, stale reports %d, hostile writes %d accepted %d",
-		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.StaleReports, r.Hostile, r.HostileAccepted)
+	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, stale reports %d, locks: stale writes %d, two holders %d, token regressions %d, hostile writes %d accepted %d",
+		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.StaleReports,
+		r.LockStaleWrites, r.LockDoubleHolders, r.LockTokenRegressions, r.Hostile, r.HostileAccepted)
 }
 
 // OK reports whether no guarantee was violated.
 func (r *Report) OK() bool {
-	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.StaleReports+r.Unexplained+r.Missing+r.HostileAccepted == 0
+	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.StaleReports+
+		r.LockStaleWrites+r.LockDoubleHolders+r.LockTokenRegressions+r.Unexplained+r.Missing+r.HostileAccepted == 0
 }
 
 // violate counts one violation and describes the first 20 of each counter,
@@ -121,6 +129,7 @@ func Check(h *Histories) *Report {
 	r.ids(h)
 	r.snowflakes(h)
 	r.reports(h)
+	r.locks(h)
 	return r
 }
 
@@ -248,6 +257,9 @@ func (r *Report) fencedKeys(h *Histories, grants map[string][]tenure) {
 			continue
 		}
 		ns, lease, _ := strings.Cut(rest, "/")
+		if strings.Contains(lease, "/") {
+			continue // a keyed lock's data key (locks.go)
+		}
 		var v FencedValue
 		if err := json.Unmarshal([]byte(e.Value), &v); err != nil {
 			r.violate(&r.StaleAccepted, "fenced key %s at revision %d holds %q, not a worker's value", e.Key, e.Revision, e.Value)

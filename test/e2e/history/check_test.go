@@ -10,6 +10,12 @@ import (
 
 const prefix = "/fencer"
 
+// The waiter keys of keyed lock k0 in the clean history.
+var (
+	waiter0 = prefix + "/locks/ns/k0/a-1"
+	waiter1 = prefix + "/locks/ns/k0/b-1"
+)
+
 var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 
 func val(t *testing.T, v any) string {
@@ -42,6 +48,12 @@ func clean(t *testing.T) *Histories {
 			// Reported 5 s after its tenure ended: within the bound.
 			{Worker: "w0", Kind: KindReport, Lease: "a", Token: 10, At: t0.Add(7 * time.Second)},
 			{Worker: "w1", Kind: KindReport, Lease: "a", Token: 20, At: t0.Add(time.Hour)},
+			// Keyed lock k0: w0 holds it under 30, w1 queues under 31.
+			{Worker: "w0", Kind: KindLock, Target: "k0", Token: 30, OK: true},
+			{Worker: "w0", Kind: KindLockWrite, Lease: "k0", Seq: 4, Token: 30, OK: true},
+			{Worker: "w1", Kind: KindLock, Target: "k0", Token: 31, OK: true},
+			{Worker: "w1", Kind: KindLockWrite, Lease: "k0", Seq: 3, Token: 31, OK: true},
+			{Worker: "w0", Kind: KindHostile, Mode: "stale-unlock", Lease: "k0", Token: 30, Reason: ReasonFenced},
 		},
 		Objects: []ObjectEvent{
 			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
@@ -59,6 +71,12 @@ func clean(t *testing.T) *Histories {
 			{Revision: 18, Type: "PUT", Key: prefix + "/idranges/ns/slots/slots/0", Version: 1, Value: `{"pod":"w1","podUID":"u1"}`},
 			{Revision: 20, Type: "PUT", Key: lk, CreateRevision: 20, Version: 1},
 			{Revision: 21, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 20, Writer: "w1", Seq: 2})},
+			{Revision: 30, Type: "PUT", Key: waiter0, CreateRevision: 30, Version: 1},
+			{Revision: 31, Type: "PUT", Key: waiter1, CreateRevision: 31, Version: 1},
+			{Revision: 32, Type: "PUT", Key: DataPrefix + "ns/locks/k0", Value: val(t, FencedValue{Token: 30, Writer: "w0", Seq: 4})},
+			{Revision: 33, Type: "DELETE", Key: waiter0},
+			{Revision: 34, Type: "PUT", Key: waiter1, CreateRevision: 31, Version: 2}, // the SDK records when its turn came
+			{Revision: 35, Type: "PUT", Key: DataPrefix + "ns/locks/k0", Value: val(t, FencedValue{Token: 31, Writer: "w1", Seq: 3})},
 		},
 		Faults: []Fault{{Kind: "pause-worker", Target: "w0", For: 3 * time.Second}},
 	}
@@ -69,7 +87,7 @@ func TestCleanHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("violations in a clean history: %v", r.Violations)
 	}
-	want := "faults: 1 injected, writes accepted 4 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, stale reports 0, hostile writes 1 accepted 0"
+	want := "faults: 1 injected, writes accepted 8 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, stale reports 0, locks: stale writes 0, two holders 0, token regressions 0, hostile writes 2 accepted 0"
 	if got := r.Summary(); got != want {
 		t.Fatalf("summary\n got %s\nwant %s", got, want)
 	}
@@ -127,6 +145,23 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"hostile write accepted", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindHostile, Mode: "delete", Lease: "a", Target: "cm", OK: true})
 		}, func(r *Report) int { return r.HostileAccepted }},
+		{"a write under a keyed lock's token after the next holder's grant", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 36, Type: "PUT", Key: DataPrefix + "ns/locks/k0", Value: val(t, FencedValue{Token: 30, Writer: "w0", Seq: 9})})
+		}, func(r *Report) int { return r.LockStaleWrites }},
+		{"a queued waiter's write while another holds the lock: two holders", func(h *Histories) {
+			h.Etcd = append(h.Etcd,
+				EtcdEvent{Revision: 36, Type: "PUT", Key: prefix + "/locks/ns/k0/c-1", CreateRevision: 36, Version: 1},
+				EtcdEvent{Revision: 37, Type: "PUT", Key: DataPrefix + "ns/locks/k0", Value: val(t, FencedValue{Token: 36, Writer: "w2", Seq: 1})})
+		}, func(r *Report) int { return r.LockDoubleHolders }},
+		{"a keyed lock's holder token went down", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 36, Type: "PUT", Key: prefix + "/locks/ns/k0/d-1", CreateRevision: 25, Version: 1})
+		}, func(r *Report) int { return r.LockTokenRegressions }},
+		{"a stale unlock deleted something", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w0", Kind: KindHostile, Mode: "stale-unlock", Lease: "k0", Token: 30, OK: true})
+		}, func(r *Report) int { return r.HostileAccepted }},
+		{"a keyed lock's write missing from the history", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindLockWrite, Seq: 99, Token: 31, OK: true})
+		}, func(r *Report) int { return r.Missing }},
 		{"accepted write missing from the history", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindConfigMap, Seq: 5, Token: 20, OK: true})
 		}, func(r *Report) int { return r.Missing }},

@@ -35,6 +35,12 @@ const (
 	// KindRelabel is a pod relabelled out of a Lease's selector (Target)
 	// while it held the Lease; it is put back later. Not a write.
 	KindRelabel = "relabel"
+	// KindLock is a keyed lock's acquisition (Target: its keys, comma
+	// separated; Token: its token); refused when Lock failed.
+	KindLock = "lock"
+	// KindLockWrite is a fenced etcd write under a keyed lock's token
+	// (Lease: the lock's key; Target: the data key).
+	KindLockWrite = "lock-write"
 	// KindHostile is a write the SDK never sends: no token, a forged or old
 	// token, a label removal, or a write that cannot carry a token. Every
 	// one must be refused.

@@ -4,7 +4,8 @@
 // through the apiserver and to a fenced etcd key, the way a real workload
 // that was paused would wake up and write with a stale token. It also
 // issues IDs from a Blocks IDRange. Every attempt and every ID run goes to
-// its history file for the checker.
+// its history file for the checker. With --lock-keys it also takes keyed
+// locks and writes fenced keys under their tokens.
 //
 // It serves /readyz on --ready-addr; the harness probes it like a kubelet,
 // so a paused worker goes not Ready and loses its Leases.
@@ -53,6 +54,7 @@ type config struct {
 	historyPath, readyAddr             string
 	interval                           time.Duration
 	hostileEvery                       time.Duration
+	lockKeys                           int
 }
 
 func main() {
@@ -74,6 +76,7 @@ func main() {
 	fs.StringVar(&c.historyPath, "history", "", "history file (JSON lines)")
 	fs.StringVar(&c.readyAddr, "ready-addr", "127.0.0.1:0", "address of /readyz")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "pause between writes")
+	fs.IntVar(&c.lockKeys, "lock-keys", 0, "take keyed locks on random sets of 1-3 of this many keys, writing a fenced key under each; 0 takes none")
 	fs.DurationVar(&c.hostileEvery, "hostile-every", 0, "pause between hostile writes (no token, forged, old, tokenless) to lease alpha's objects; 0 sends none")
 	_ = fs.Parse(os.Args[1:])
 	c.leases = split(leases)
@@ -142,6 +145,9 @@ func run(c config) error {
 	}
 	if c.hostileEvery > 0 {
 		wg.Go(func() { w.hostileLoop(ctx, c.hostileEvery) })
+	}
+	if c.lockKeys > 0 {
+		wg.Go(func() { w.lockLoop(ctx, c.lockKeys) })
 	}
 	wg.Wait()
 	return nil
