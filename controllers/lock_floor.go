@@ -49,7 +49,8 @@ type LockFloor struct {
 func (f *LockFloor) Start(ctx context.Context) error {
 	for {
 		if err := f.check(ctx); err != nil && ctx.Err() == nil {
-			f.Log.Info("checking etcd's revision against the last one recorded", "err", err.Error())
+			// While this fails, a restore of etcd goes unnoticed here.
+			f.Log.Error(err, "checking etcd's revision against the last one recorded", "record", f.Record)
 		}
 		select {
 		case <-ctx.Done():

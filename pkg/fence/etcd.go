@@ -177,9 +177,13 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 // keepAlive renews every TTL/3 and declares the lease lost once a full TTL
 // has passed without a successful renewal.
 func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) {
-	// lastOK is when the last successful renewal was *sent*: etcd renewed no
-	// earlier, so lastOK+TTL never lies after etcd's own expiry.
-	lastOK := time.Now()
+	keepAliveFrom(ctx, lose, cli, id, ttl, time.Now())
+}
+
+// keepAliveFrom is keepAlive for a lease last renewed (or granted) by a
+// request sent at lastOK: etcd renewed no earlier, so lastOK+TTL never lies
+// after etcd's own expiry.
+func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, lastOK time.Time) {
 	tick := max(ttl/3, 100*time.Millisecond)
 	for {
 		deadline := lastOK.Add(ttl)
@@ -197,7 +201,7 @@ func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.
 			return
 		}
 		if !time.Now().Before(deadline) {
-			lose(fmt.Errorf("no keepalive of etcd lease %x succeeded for %s: %w", int64(id), ttl, ErrLeaseLost))
+			lose(fmt.Errorf("no keepalive of etcd lease %x succeeded for %s: %w: %w", int64(id), ttl, ErrLeaseLost, ErrEtcdUnavailable))
 			return
 		}
 		select {
@@ -233,7 +237,9 @@ func WatchHeld(ctx context.Context, cli *clientv3.Client, key string, token, fro
 			return ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
-		resp, err := cli.Get(ctx, key)
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := cli.Get(gctx, key)
+		cancel()
 		if err != nil {
 			continue // etcd is away; try again
 		}

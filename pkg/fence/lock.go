@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -33,6 +35,8 @@ type Lock struct {
 	mu       sync.Mutex
 	watching bool
 	unlocked bool
+	// unlockErr is the first Unlock's result, which a repeated one returns.
+	unlockErr error
 }
 
 // errUnlocked ends a Lock's context when its holder unlocks it.
@@ -131,13 +135,20 @@ func (lk *Lock) Done() <-chan struct{} { return lk.Context().Done() }
 // in the background once it does, or go with the session.
 func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.mu.Lock()
+	defer lk.mu.Unlock()
 	if lk.unlocked {
-		lk.mu.Unlock()
-		return nil
+		return lk.unlockErr
 	}
 	lk.unlocked = true
-	lk.mu.Unlock()
+	lk.unlockErr = lk.unlock(ctx)
+	return lk.unlockErr
+}
+
+func (lk *Lock) unlock(ctx context.Context) error {
 	lost := context.Cause(lk.ctx)
+	if !errors.Is(lost, ErrLockLost) {
+		lost = nil
+	}
 	lk.cancel(errUnlocked)
 	lockMetrics.hold.Observe(time.Since(lk.since).Seconds())
 
@@ -156,6 +167,11 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 			}
 			return fmt.Errorf("%w: %q under token %d was no longer held at Unlock (%w); nothing else was deleted", ErrLockLost, lk.keys[i], lk.token, lost)
 		}
+	}
+	if lost != nil {
+		// Its context ended before etcd expired its keys: what was done
+		// under it after that may not have been protected.
+		return fmt.Errorf("fence: unlocking %q: the lock was lost before Unlock: %w", lk.keys, lost)
 	}
 	return nil
 }
@@ -306,7 +322,15 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 // when the session ends, taking them with it.
 func (l *Locker) retryDelete(lk *Lock) {
 	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, 5*time.Second) {
-		if l.deleteWaiters(lk) == nil {
+		err := l.deleteWaiters(lk)
+		if err == nil {
+			return
+		}
+		if !transient(err) {
+			// Refused, not unreachable (a changed role): the keys would
+			// block their locks for as long as the session lives; end it.
+			lk.sess.lose(fmt.Errorf("deleting the waiter keys of %q: %w", lk.keys, err))
+			l.revoke(lk.sess.id)
 			return
 		}
 		select {
@@ -314,6 +338,65 @@ func (l *Locker) retryDelete(lk *Lock) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// transient reports whether an etcd call may succeed if tried again: it
+// timed out or etcd was unreachable.
+func transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// retire handles a queueing whose outcome is unknown: its transaction may
+// still apply after the caller has given up, and leave waiter keys that
+// nobody will delete, ahead of everyone, for as long as the session lives.
+// Its slot is never used again, and each of its keys is deleted now if it
+// is there and whenever it appears, until the session ends.
+func (l *Locker) retire(lk *Lock) {
+	for _, k := range lk.keys {
+		go l.sweep(lk.sess.ctx, lk.waiterKey(k))
+	}
+}
+
+// sweep deletes key (at the revision it has) whenever it exists, until ctx
+// ends.
+func (l *Locker) sweep(ctx context.Context, key string) {
+	for ctx.Err() == nil {
+		gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+		resp, err := l.cli.Get(gctx, key)
+		cancel()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if len(resp.Kvs) > 0 {
+			l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
+		}
+		for wr := range l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete()) {
+			if wr.Err() != nil || wr.CompactRevision != 0 {
+				break
+			}
+			for _, ev := range wr.Events {
+				l.deleteAt(ctx, key, ev.Kv.CreateRevision)
+			}
+		}
+	}
+}
+
+// deleteAt deletes key while its CreateRevision is rev.
+func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) {
+	dctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	_, _ = l.cli.Txn(dctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
 }
 
 // markHeld records in a waiter's keys when it became holder, for `kubectl

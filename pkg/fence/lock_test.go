@@ -559,3 +559,47 @@ func TestLockRefusesBadKeys(t *testing.T) {
 		t.Error("NewLocker without a namespace passed")
 	}
 }
+
+// A Locker that saw a higher revision than etcd now answers at (etcd
+// restored from an old snapshot without --bump-revision) takes no lock,
+// deletes what it queued and ends its session, before any manager notices.
+func TestLockerNoticesEtcdGoneBackInTime(t *testing.T) {
+	e := startLockEtcd(t)
+	l := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
+	held := mustLock(t, l, "held")
+	l.maxRev.Store(1 << 40) // as if etcd had answered at a far higher revision before
+	if _, err := l.Lock(context.Background(), "k"); !errors.Is(err, ErrEtcdRegressed) {
+		t.Fatalf("Lock after etcd went back: %v, want ErrEtcdRegressed", err)
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	select {
+	case <-held.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's other locks outlived the regression")
+	}
+	waitForWaiters(t, e.mgr, "a", "held", 0) // the session's lease was revoked
+}
+
+// A queueing whose outcome was unknown may apply after its caller gave up:
+// its keys are deleted whenever they appear, for as long as the session
+// lives, so they never block the lock.
+func TestARetiredQueueingLeavesNoKey(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l := e.locker(t, cli, "a", LockerOptions{})
+	_ = mustLock(t, l, "warm").Unlock(context.Background())
+	sess, err := l.session(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk := &Lock{locker: l, sess: sess, keys: []string{"k"}, waiter: "late-1"}
+	l.retire(lk)
+	time.Sleep(200 * time.Millisecond) // the sweep watches
+	// The transaction applies late.
+	if _, err := cli.Put(context.Background(), lk.waiterKey("k"), "{}", clientv3.WithLease(sess.id)); err != nil {
+		t.Fatal(err)
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	other := mustLock(t, e.locker(t, cli, "a", LockerOptions{}), "k")
+	_ = other.Unlock(context.Background())
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -75,6 +76,8 @@ type Locker struct {
 
 	mu   sync.Mutex
 	sess *lockSession
+	// maxRev is the highest etcd revision any answer carried (seen).
+	maxRev atomic.Int64
 }
 
 // lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
@@ -88,8 +91,9 @@ type Locker struct {
 // Every delete compares the key's CreateRevision, so even a delete that
 // arrives late cannot remove a later acquisition under the same name.
 type lockSession struct {
-	id  clientv3.LeaseID
-	ctx context.Context
+	id   clientv3.LeaseID
+	ctx  context.Context
+	lose func(cause error)
 
 	mu   sync.Mutex
 	free []uint64
@@ -141,10 +145,10 @@ func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOption
 // Close ends the session, releasing every lock the Locker holds at once
 // (its etcd lease is revoked), and makes later Locks fail.
 func (l *Locker) Close(ctx context.Context) error {
+	l.close() // first: no session is granted after this
 	l.mu.Lock()
 	sess := l.sess
 	l.mu.Unlock()
-	l.close()
 	if sess == nil {
 		return nil
 	}
@@ -167,17 +171,47 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	if l.sess != nil && l.sess.ctx.Err() == nil {
 		return l.sess, nil
 	}
+	if old := l.sess; old != nil {
+		// Its keys would block their locks until etcd expires the lease.
+		go l.revoke(old.id)
+	}
 	gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
+	// etcd's TTL runs from when it applies the grant, which is after this:
+	// the keepalive deadline counts from here, never after etcd's expiry.
+	sent := time.Now()
 	resp, err := l.cli.Grant(gctx, int64(l.opts.TTL/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
 	}
+	l.seen(resp.ResponseHeader.Revision)
 	sctx, lose := context.WithCancelCause(l.ctx)
-	lost := func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }
-	go keepAlive(sctx, lost, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second)
-	l.sess = &lockSession{id: resp.ID, ctx: sctx}
-	return l.sess, nil
+	sess := &lockSession{id: resp.ID, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
+	go keepAliveFrom(sctx, sess.lose, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second, sent)
+	l.sess = sess
+	return sess, nil
+}
+
+// revoke ends a session's etcd lease, best effort: its keys go at once.
+func (l *Locker) revoke(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.Timeout)
+	defer cancel()
+	_, _ = l.cli.Revoke(ctx, id)
+}
+
+// seen records a revision etcd answered at, and reports whether it is
+// below one seen before: etcd went back in time (restored from an old
+// snapshot without --bump-revision), and tokens would be issued again.
+func (l *Locker) seen(rev int64) (regressed bool) {
+	for {
+		top := l.maxRev.Load()
+		if rev < top {
+			return true
+		}
+		if rev == top || l.maxRev.CompareAndSwap(top, rev) {
+			return false
+		}
+	}
 }
 
 // unavailable marks err as ErrEtcdUnavailable when ctx ran out: the call
@@ -243,6 +277,11 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	if err != nil {
 		return nil, err
 	}
+	if sess.ctx.Err() != nil {
+		// Lost meanwhile: its keys go with the lease, but not at once.
+		l.abandon(lk)
+		return nil, fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
+	}
 	if ahead {
 		if err := l.waitTurn(waitCtx, lk); err != nil {
 			l.abandon(lk)
@@ -307,15 +346,29 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
 	switch {
 	case err != nil:
-		// The waiter keys may have been written: they must not block the
-		// keys until the session ends.
-		l.abandon(lk)
+		// The waiter keys may have been written, or may yet be: the
+		// transaction can still apply after this. They must not block
+		// their locks until the session ends (retire).
+		l.retire(lk)
 		return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, l.unavailable(tctx, err))
+	case l.seen(resp.Header.Revision):
+		// etcd answers below a revision it gave before: it went back in
+		// time, and this token may have been issued already.
+		if resp.Succeeded {
+			lk.token = resp.Header.Revision
+			l.abandon(lk)
+		}
+		lk.sess.lose(fmt.Errorf("%w: revision %d after %d", ErrEtcdRegressed, resp.Header.Revision, l.maxRev.Load()))
+		go l.revoke(lk.sess.id)
+		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, l.maxRev.Load())
 	case !resp.Succeeded:
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			lk.sess.give(lk.slot) // nothing was written
 			return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, kvs[0].Value)
 		}
+		// A key of this slot exists: an earlier queueing that applied after
+		// its caller gave up. Nobody owns it; delete it and leave the slot.
+		l.abandon(&Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
 		return false, errNameTaken
 	}
 	lk.token = resp.Header.Revision
