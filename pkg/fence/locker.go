@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -214,11 +216,16 @@ func (l *Locker) seen(rev int64) (regressed bool) {
 	}
 }
 
-// unavailable marks err as ErrEtcdUnavailable when ctx ran out: the call
-// did not complete in time.
+// unavailable marks err as ErrEtcdUnavailable when the call did not
+// complete in time (ctx ran out) or etcd could not be reached.
 func (l *Locker) unavailable(ctx context.Context, err error) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrEtcdUnavailable) {
+	switch {
+	case errors.Is(err, ErrEtcdUnavailable):
+		return err
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("%w (no answer within %s): %w", ErrEtcdUnavailable, l.opts.Timeout, err)
+	case status.Code(err) == codes.Unavailable:
+		return fmt.Errorf("%w: %w", ErrEtcdUnavailable, err)
 	}
 	return err
 }
