@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
 )
 
 // Lock is one held keyed lock.
@@ -28,14 +29,6 @@ type Lock struct {
 	Since time.Time
 	// Waiting is how many acquisitions queue behind the holder.
 	Waiting int
-}
-
-// value is the SDK's waiter value (pkg/fence lockValue).
-type value struct {
-	Pod    string     `json:"pod"`
-	PodUID string     `json:"podUID"`
-	Queued time.Time  `json:"queued"`
-	Held   *time.Time `json:"held"`
 }
 
 // List reads the locks held below prefix, in namespace ("" for all) and
@@ -73,7 +66,7 @@ func List(ctx context.Context, cli *clientv3.Client, prefix, namespace, keyPrefi
 		if seen { // an older waiter: it holds, the one seen waits
 			l.Waiting++
 		}
-		var v value
+		var v fence.LockHolder
 		_ = json.Unmarshal(kv.Value, &v)
 		l.Token, l.Pod, l.PodUID, l.Since = kv.CreateRevision, v.Pod, v.PodUID, v.Queued
 		if v.Held != nil {

@@ -404,7 +404,7 @@ func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) {
 // lock's path: Lock has already returned.
 func (l *Locker) markHeld(lk *Lock) {
 	now := time.Now().UTC()
-	val, _ := json.Marshal(lockValue{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued, Held: &now})
+	val, _ := json.Marshal(LockHolder{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued, Held: &now})
 	ops := make([]clientv3.Op, len(lk.keys))
 	for i, k := range lk.keys {
 		w := lk.waiterKey(k)

@@ -230,9 +230,11 @@ func (l *Locker) unavailable(ctx context.Context, err error) error {
 	return err
 }
 
-// lockValue is a waiter key's value: who queued, and when. `kubectl fencer
-// locks` shows it; Held is set once a waiter that queued becomes holder.
-type lockValue struct {
+// LockHolder is a keyed lock's waiter key value: who queued, and when.
+// `kubectl fencer locks` shows it. Held is set once a waiter that queued
+// behind others becomes holder; a waiter that found the lock free held it
+// from Queued. It is informational: the fence is the token.
+type LockHolder struct {
 	Pod    string     `json:"pod,omitempty"`
 	PodUID string     `json:"podUID,omitempty"`
 	Queued time.Time  `json:"queued"`
@@ -336,7 +338,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	lk.slot = lk.sess.take()
 	lk.waiter = strconv.FormatInt(int64(lk.sess.id), 16) + "-" + strconv.FormatUint(lk.slot, 10)
 	lk.queued = time.Now().UTC()
-	val, _ := json.Marshal(lockValue{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued})
+	val, _ := json.Marshal(LockHolder{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued})
 	floorKey := etcdkeys.LockFloorKey(l.prefix)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Version(floorKey), "=", 0)}
 	ops := make([]clientv3.Op, 0, 2*len(lk.keys))

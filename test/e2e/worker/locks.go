@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
@@ -82,10 +81,7 @@ func lockDataKey(namespace, key string) string {
 func (w *worker) writeLocked(ctx context.Context, tok fence.LockToken, hostile string) {
 	seq := w.nextSeq()
 	key := lockDataKey(w.namespace, tok.Key)
-	val := fmt.Sprintf(`{"token":%d,"writer":%q,"seq":%d}`, tok.Value, w.pod, seq)
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	_, err := fence.NewTxn(w.etcd, w.prefix, w.namespace, tok).Then(clientv3.OpPut(key, val)).Commit(wctx)
+	err := w.fencedPut(ctx, tok, key, tok.Value, seq)
 	if ctx.Err() != nil {
 		return
 	}
@@ -115,7 +111,7 @@ func (w *worker) staleUnlock(ctx context.Context, lk *fence.Lock) {
 	}
 }
 
-// lockReason names why a lock or a write under one did not go through.
+// lockReason names why a lock, or a fenced etcd write, did not go through.
 func lockReason(err error) string {
 	var fenced *fence.FencedError
 	switch {

@@ -279,28 +279,25 @@ func apiReason(err error) string {
 func (w *worker) writeKey(ctx context.Context, lease string, tok fence.Token) {
 	seq := w.nextSeq()
 	key := history.DataPrefix + w.namespace + "/" + lease
-	val := fmt.Sprintf(`{"token":%d,"writer":%q,"seq":%d}`, tok.Value, w.pod, seq)
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	_, err := fence.NewTxn(w.etcd, w.prefix, w.namespace, tok).Then(clientv3.OpPut(key, val)).Commit(wctx)
+	err := w.fencedPut(ctx, tok, key, tok.Value, seq)
 	if ctx.Err() != nil {
 		return
 	}
 	a := history.Attempt{Kind: history.KindEtcd, Lease: lease, Target: key, Token: tok.Value, Seq: seq, OK: err == nil}
-	var fenced *fence.FencedError
-	switch {
-	case err == nil:
-	case errors.As(err, &fenced):
-		a.Reason = history.ReasonFenced
-	case errors.Is(err, context.DeadlineExceeded):
-		a.Reason = history.ReasonTimeout
-	default:
-		a.Reason = history.ReasonEtcdUnavailable
-	}
 	if err != nil {
-		a.Message = err.Error()
+		a.Reason, a.Message = lockReason(err), err.Error()
 	}
 	w.record(a)
+}
+
+// fencedPut writes a worker's value (token, writer, seq) to key under
+// the fence, a Lease's token or a keyed lock's.
+func (w *worker) fencedPut(ctx context.Context, f fence.EtcdFence, key string, token, seq int64) error {
+	val := fmt.Sprintf(`{"token":%d,"writer":%q,"seq":%d}`, token, w.pod, seq)
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err := fence.NewTxn(w.etcd, w.prefix, w.namespace, f).Then(clientv3.OpPut(key, val)).Commit(wctx)
+	return err
 }
 
 // idLoop issues IDs and records them as runs of consecutive IDs.
