@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
 	"github.com/fencer-io/fencer/test/e2e/history"
