@@ -35,7 +35,11 @@ func ExampleLocker_Lock() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lk.Unlock(ctx)
+	defer func() {
+		if err := lk.Unlock(ctx); err != nil {
+			log.Print(err) // errors.Is(err, fence.ErrLockLost): the work above may not have been protected
+		}
+	}()
 	_, err = fence.NewTxn(cli, access.Prefix, "default", lk.Token("dir/archive")).
 		Then(clientv3.OpPut("/fencer/data/default/archive/report.pdf", "…")).
 		Commit(lk.Context()) // ends the moment the lock is lost
@@ -60,7 +64,7 @@ func ExampleLocker_TryLock() {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		defer lk.Unlock(context.WithoutCancel(r.Context()))
+		defer func() { _ = lk.Unlock(context.WithoutCancel(r.Context())) }()
 		// ... write under lk.Token("order/" + id)
 	}
 	_ = handler

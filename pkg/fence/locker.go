@@ -186,7 +186,7 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
 	}
-	l.seen(resp.ResponseHeader.Revision)
+	l.seen(resp.Revision)
 	sctx, lose := context.WithCancelCause(l.ctx)
 	sess := &lockSession{id: resp.ID, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
 	go keepAliveFrom(sctx, sess.lose, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second, sent)
