@@ -124,6 +124,10 @@ endif
 test-real-node: tools build image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, the four stories as pods, and a teardown that leaves nothing behind.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...
 
+.PHONY: test-db
+test-db: ## Root only: the database fence (pkg/dbfence) against a real PostgreSQL from Debian's postgresql package (apt-get installed when missing), run as the postgres user on a unix socket and torn down after.
+	FENCER_TEST_DB=1 FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v ./pkg/dbfence/... | grep -vE '^=== RUN'
+
 FAULT_DURATION ?= 2m
 .PHONY: test-faults
 test-faults: tools ## Fault run: a seeded nemesis against 3 etcd members, 2 managers and 4 SDK workers for FAULT_DURATION (default 2m), then the history checker; plus the checker's own tests.

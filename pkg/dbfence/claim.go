@@ -1,0 +1,41 @@
+package dbfence
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// Claim raises res's floor to token in a transaction of its own, at the
+// start of a tenure, before any write. The fence is per resource: without
+// it, a stale holder writing a resource its successor has not written yet
+// still commits. After Claim every transaction under an older token is
+// refused, written or not.
+func (t Table) Claim(ctx context.Context, db *sql.DB, res Resource, token int64) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := t.Guard(ctx, tx, res, token); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// InstallOf names the install whose tokens cli's etcd issues: its key
+// prefix and etcd cluster ID, as Resource.Install. It reads one key a
+// namespace's identity may read (the lock floor); every etcd answer
+// carries the cluster ID.
+func InstallOf(ctx context.Context, cli *clientv3.Client, prefix string) (string, error) {
+	prefix = etcdkeys.OrDefault(prefix)
+	resp, err := cli.Get(ctx, etcdkeys.LockFloorKey(prefix), clientv3.WithCountOnly())
+	if err != nil {
+		return "", fmt.Errorf("dbfence: reading etcd's cluster ID: %w", err)
+	}
+	return fmt.Sprintf("%s@%x", prefix, resp.Header.ClusterId), nil
+}

@@ -1,0 +1,176 @@
+package dbfence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+)
+
+// Resource names what a token fences: the lock whose tokens it takes and
+// the install that issued them. Tokens are etcd revisions of one install's
+// etcd: two locks' tokens, or two installs', are unrelated numbers and are
+// never compared, so each gets rows of its own.
+type Resource struct {
+	// Install is the issuing install: its etcd prefix and cluster ID
+	// (InstallOf), e.g. "/fencer@a1b2c3d4e5f6". An etcd replaced by an
+	// empty one has another cluster ID, so its tokens start over under
+	// other rows.
+	Install string
+	// Kind is "lease" for a fencer Lease, "lock" for a keyed lock.
+	Kind string
+	// Namespace and Name name the Lease, or the keyed lock's key.
+	Namespace, Name string
+}
+
+// Lease is the resource fenced by a fencer Lease's tokens.
+func Lease(install, namespace, name string) Resource {
+	return Resource{Install: install, Kind: "lease", Namespace: namespace, Name: name}
+}
+
+// Lock is the resource fenced by a keyed lock's tokens.
+func Lock(install, namespace, key string) Resource {
+	return Resource{Install: install, Kind: "lock", Namespace: namespace, Name: key}
+}
+
+// String is the resource's row key.
+func (r Resource) String() string {
+	return r.Install + "|" + r.Kind + "|" + r.Namespace + "|" + r.Name
+}
+
+func (r Resource) validate() error {
+	switch {
+	case r.Install == "":
+		return errors.New("dbfence: the resource names no install (InstallOf gives the etcd prefix and cluster ID)")
+	case r.Kind != "lease" && r.Kind != "lock":
+		return fmt.Errorf("dbfence: resource kind %q: want lease or lock", r.Kind)
+	case r.Namespace == "" || r.Name == "":
+		return errors.New("dbfence: the resource needs the namespace and the Lease's name or the lock's key")
+	}
+	return nil
+}
+
+// StaleError refuses a transaction whose token (and sequence) is below the
+// highest accepted for its resource. The transaction is aborted: nothing
+// of it can commit.
+type StaleError struct {
+	Resource   string
+	Offered    int64
+	OfferedSeq int64
+	// Floor and FloorSeq are the highest accepted when it was refused.
+	Floor, FloorSeq int64
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("dbfence: token %d (seq %d) is fenced off for %s: the database accepted token %d (seq %d)",
+		e.Offered, e.OfferedSeq, e.Resource, e.Floor, e.FloorSeq)
+}
+
+// ErrSerialization is a serialization failure (SQLSTATE 40001) under
+// REPEATABLE READ or SERIALIZABLE: another transaction changed the
+// resource's row since this one's snapshot. Its cause may be a writer with
+// an equal token, so it is not a refusal: roll back and retry the whole
+// transaction with the token current then.
+var ErrSerialization = errors.New("dbfence: serialization failure (SQLSTATE 40001); retry the transaction")
+
+// ErrNoToken refuses a token ≤ 0 before any statement.
+var ErrNoToken = errors.New("dbfence: a fencing token must be positive")
+
+// Guard refuses tx, with a *StaleError, when token is below the highest
+// token already accepted for res; otherwise it records token as the
+// highest. The compare and the record are one statement, atomic with the
+// rest of tx: a concurrent guard of the same resource waits for the row
+// lock, and under READ COMMITTED then sees the newer token. Equal tokens
+// pass: a holder writes many times per tenure. Call it in the transaction
+// before or after the writes it fences; either way they commit together or
+// not at all.
+func (t Table) Guard(ctx context.Context, tx *sql.Tx, res Resource, token int64) error {
+	return t.guard(ctx, tx, res, token, 0, false)
+}
+
+// GuardSeq is Guard with a sequence number within the tenure: (token, seq)
+// must be strictly above the highest accepted, so a delayed earlier write
+// of the same tenure (a lower seq) is refused, and so is a replay of the
+// same (token, seq). seq starts at 1; Floor reads where a restarted writer
+// resumes.
+func (t Table) GuardSeq(ctx context.Context, tx *sql.Tx, res Resource, token, seq int64) error {
+	if seq < 1 {
+		return fmt.Errorf("dbfence: sequence %d: sequences start at 1", seq)
+	}
+	return t.guard(ctx, tx, res, token, seq, true)
+}
+
+func (t Table) guard(ctx context.Context, tx *sql.Tx, res Resource, token, seq int64, strict bool) error {
+	if token <= 0 {
+		return fmt.Errorf("%s token %d: %w", res, token, ErrNoToken)
+	}
+	if err := res.validate(); err != nil {
+		return err
+	}
+	q, err := t.qualified()
+	if err != nil {
+		return err
+	}
+	// Without a sequence an equal token passes and keeps the tenure's
+	// sequence; with one, (token, seq) must grow.
+	set, cond := "seq = CASE WHEN f.token = EXCLUDED.token THEN f.seq ELSE 0 END", "f.token <= EXCLUDED.token"
+	if strict {
+		set, cond = "seq = EXCLUDED.seq", "(f.token, f.seq) < (EXCLUDED.token, EXCLUDED.seq)"
+	}
+	stmt := `WITH g AS (
+	INSERT INTO ` + q + ` AS f (resource, token, seq, commits) VALUES ($1, $2, $3, 1)
+	ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, ` + set + `, commits = f.commits + 1, updated = now()
+	WHERE ` + cond + `
+	RETURNING commits)
+SELECT COALESCE((SELECT commits FROM g), ` + q + `_refuse($1, $2, $3))`
+	var commits int64
+	err = tx.QueryRowContext(ctx, stmt, res.String(), token, seq).Scan(&commits)
+	return classify(err, res, token, seq)
+}
+
+// sqlStater is what PostgreSQL drivers' errors tell: pgx's *pgconn.PgError
+// and lib/pq's *pq.Error both have it.
+type sqlStater interface{ SQLState() string }
+
+// classify turns the database's refusal into a *StaleError and a
+// serialization failure into ErrSerialization.
+func classify(err error, res Resource, token, seq int64) error {
+	var pg sqlStater
+	if err == nil || !errors.As(err, &pg) {
+		return err
+	}
+	switch pg.SQLState() {
+	case SQLStateStale:
+		e := &StaleError{Resource: res.String(), Offered: token, OfferedSeq: seq}
+		if m := floorInMessage.FindStringSubmatch(err.Error()); m != nil {
+			e.Floor, _ = strconv.ParseInt(m[1], 10, 64)
+			e.FloorSeq, _ = strconv.ParseInt(m[2], 10, 64)
+		}
+		return e
+	case "40001", "40P01":
+		return fmt.Errorf("%w: %w", ErrSerialization, err)
+	}
+	return err
+}
+
+// floorInMessage reads the floor from the refusal's message (the
+// Migration's refuse function), whatever the driver.
+var floorInMessage = regexp.MustCompile(`is below token (\d+) \(seq (\d+)\)`)
+
+// Floor reads the highest (token, seq) accepted for res, (0, 0) if none:
+// where a writer restarted within its tenure resumes its sequence.
+func (t Table) Floor(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, res Resource) (token, seq int64, err error) {
+	table, err := t.qualified()
+	if err != nil {
+		return 0, 0, err
+	}
+	err = q.QueryRowContext(ctx, `SELECT token, seq FROM `+table+` WHERE resource = $1`, res.String()).Scan(&token, &seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, nil
+	}
+	return token, seq, err
+}

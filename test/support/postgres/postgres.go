@@ -1,0 +1,141 @@
+// Package postgres runs a real PostgreSQL server for a test: Debian's
+// postgresql package (installed with apt-get when missing), initialized
+// and run as the unprivileged postgres user on a unix socket in a
+// temporary directory, with no TCP listener, and torn down when the test
+// ends. It runs only under `make test-db` (FENCER_TEST_DB=1), which needs
+// root, to install the package and to run as postgres: `make test`
+// downloads nothing, and skips these tests with a message naming the
+// target.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	// The tests' driver; the SDK itself takes any database/sql driver.
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+// Server is a running PostgreSQL.
+type Server struct {
+	// Dir is the socket directory; DSN connects to database postgres.
+	Dir, DSN string
+}
+
+// Start runs a server for t, or skips t without root.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if os.Getenv("FENCER_TEST_DB") == "" {
+		t.Skip("needs a real PostgreSQL: run `make test-db` (as root; it installs Debian's postgresql when missing)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("`make test-db` needs root, to install PostgreSQL from Debian and run it as the postgres user")
+	}
+	bin, err := binDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "fencer-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if out, err := exec.Command("chown", "postgres:postgres", dir).CombinedOutput(); err != nil {
+		t.Fatalf("chown %s: %v\n%s", dir, err, out)
+	}
+	data := filepath.Join(dir, "data")
+	asPostgres := func(name string, args ...string) error {
+		cmd := exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, name)}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %w\n%s", name, err, out)
+		}
+		return nil
+	}
+	if err := asPostgres("initdb", "-A", "trust", "-U", "postgres", "-D", data); err != nil {
+		t.Fatal(err)
+	}
+	opts := fmt.Sprintf("-k %s -c listen_addresses= -c fsync=on -c synchronous_commit=on", dir)
+	if err := asPostgres("pg_ctl", "start", "-w", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+		t.Fatalf("%v\n%s", err, log)
+	}
+	t.Cleanup(func() { _ = asPostgres("pg_ctl", "stop", "-m", "fast", "-D", data) })
+	s := &Server{Dir: dir, DSN: fmt.Sprintf("host=%s user=postgres dbname=postgres sslmode=disable", dir)}
+	db := s.Open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("the first query: %v", err)
+	}
+	return s
+}
+
+// Open is a connection pool to the server, closed when t ends.
+func (s *Server) Open(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", s.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// binDir is the newest installed PostgreSQL's bin directory, installing
+// Debian's postgresql package when none is.
+func binDir() (string, error) {
+	find := func() string {
+		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+		sort.Strings(dirs)
+		if len(dirs) == 0 {
+			return ""
+		}
+		return filepath.Dir(dirs[len(dirs)-1])
+	}
+	if d := find(); d != "" {
+		return d, nil
+	}
+	if err := install(); err != nil {
+		return "", err
+	}
+	if d := find(); d != "" {
+		return d, nil
+	}
+	return "", fmt.Errorf("postgresql installed, but no /usr/lib/postgresql/*/bin/initdb")
+}
+
+// install apt-get installs postgresql without starting the cluster its
+// package creates (a policy-rc.d that forbids it, while none is there), so
+// nothing is left running on the machine.
+func install() error {
+	const policy = "/usr/sbin/policy-rc.d"
+	if _, err := os.Stat(policy); os.IsNotExist(err) {
+		if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
+			return err
+		}
+		defer os.Remove(policy)
+	}
+	apt := func(args ...string) error {
+		cmd := exec.Command("apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("apt-get %v: %w\n%s", args, err, out)
+		}
+		return nil
+	}
+	if apt("install", "-y", "--no-install-recommends", "postgresql") == nil {
+		return nil
+	}
+	// A fresh machine may have no package lists yet.
+	if err := apt("update"); err != nil {
+		return err
+	}
+	return apt("install", "-y", "--no-install-recommends", "postgresql")
+}
