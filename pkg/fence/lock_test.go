@@ -603,3 +603,27 @@ func TestARetiredQueueingLeavesNoKey(t *testing.T) {
 	other := mustLock(t, e.locker(t, cli, "a", LockerOptions{}), "k")
 	_ = other.Unlock(context.Background())
 }
+
+// One Locker shared by many goroutines: their answers arrive in any order,
+// and none of them is taken for etcd going back in time.
+func TestOneLockerManyGoroutines(t *testing.T) {
+	e := startLockEtcd(t)
+	l := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := range 40 {
+				lk, err := l.Lock(context.Background(), fmt.Sprintf("k%d-%d", w, i%4))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := lk.Unlock(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

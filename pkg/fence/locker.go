@@ -201,20 +201,24 @@ func (l *Locker) revoke(id clientv3.LeaseID) {
 	_, _ = l.cli.Revoke(ctx, id)
 }
 
-// seen records a revision etcd answered at, and reports whether it is
-// below one seen before: etcd went back in time (restored from an old
-// snapshot without --bump-revision), and tokens would be issued again.
-func (l *Locker) seen(rev int64) (regressed bool) {
+// seen records a revision etcd answered at: the highest is what any
+// request sent later must be answered at or above (behind).
+func (l *Locker) seen(rev int64) {
 	for {
 		top := l.maxRev.Load()
-		if rev < top {
-			return true
-		}
-		if rev == top || l.maxRev.CompareAndSwap(top, rev) {
-			return false
+		if rev <= top || l.maxRev.CompareAndSwap(top, rev) {
+			return
 		}
 	}
 }
+
+// behind reports whether etcd answered a request at a revision below one
+// it had answered at before the request was sent (sentAfter, the highest
+// seen then): etcd went back in time (restored from an old snapshot
+// without --bump-revision), and tokens would be issued again. Only answers
+// to requests sent earlier may come back with lower revisions: concurrent
+// requests are answered in any order.
+func behind(rev, sentAfter int64) bool { return rev < sentAfter }
 
 // unavailable marks err as ErrEtcdUnavailable when the call did not
 // complete in time (ctx ran out) or etcd could not be reached.
@@ -352,7 +356,11 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	}
 	tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
+	sentAfter := l.maxRev.Load()
 	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
+	if err == nil {
+		l.seen(resp.Header.Revision)
+	}
 	switch {
 	case err != nil:
 		// The waiter keys may have been written, or may yet be: the
@@ -360,16 +368,16 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		// their locks until the session ends (retire).
 		l.retire(lk)
 		return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, l.unavailable(tctx, err))
-	case l.seen(resp.Header.Revision):
+	case behind(resp.Header.Revision, sentAfter):
 		// etcd answers below a revision it gave before: it went back in
 		// time, and this token may have been issued already.
 		if resp.Succeeded {
 			lk.token = resp.Header.Revision
 			l.abandon(lk)
 		}
-		lk.sess.lose(fmt.Errorf("%w: revision %d after %d", ErrEtcdRegressed, resp.Header.Revision, l.maxRev.Load()))
+		lk.sess.lose(fmt.Errorf("%w: revision %d after %d", ErrEtcdRegressed, resp.Header.Revision, sentAfter))
 		go l.revoke(lk.sess.id)
-		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, l.maxRev.Load())
+		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, sentAfter)
 	case !resp.Succeeded:
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			lk.sess.give(lk.slot) // nothing was written
