@@ -23,6 +23,9 @@ type Table struct {
 // lower-case PostgreSQL identifier, so it needs no quoting.
 var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// qualifiedName is a table name, with or without its schema.
+var qualifiedName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
+
 func (t Table) names() (schema, table string, err error) {
 	schema, table = t.Schema, t.Name
 	if schema == "" {
@@ -48,7 +51,8 @@ func (t Table) qualified() (string, error) {
 // Migration is the SQL that creates the fence's schema objects, for the
 // user to apply once (a migration tool, or psql): the fence table, and
 // the function that aborts a transaction whose token is stale, so that
-// nothing of it can commit even if the caller ignores the error. Every
+// nothing of it can commit even if the caller ignores the error; and the
+// idempotency records of Once (<table>_ops). Every
 // statement is CREATE … IF NOT EXISTS or CREATE OR REPLACE, so applying it
 // again changes nothing.
 //
@@ -66,6 +70,14 @@ CREATE TABLE IF NOT EXISTS %[1]s.%[2]s (
 	seq bigint NOT NULL DEFAULT 0,
 	commits bigint NOT NULL DEFAULT 0,
 	updated timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS %[1]s.%[2]s_ops (
+	resource text NOT NULL,
+	op_id text NOT NULL,
+	token bigint NOT NULL,
+	result bytea,
+	created timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (resource, op_id)
 );
 CREATE OR REPLACE FUNCTION %[1]s.%[2]s_refuse(res text, offered bigint, offered_seq bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$

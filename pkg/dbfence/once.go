@@ -1,0 +1,79 @@
+package dbfence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MaxResult bounds the result Once stores per operation.
+const MaxResult = 64 << 10
+
+// ErrResultTooLarge refuses to store a result over MaxResult: keep a
+// reference (a row's key) in it instead.
+var ErrResultTooLarge = errors.New("dbfence: an operation's result is over 64 KiB")
+
+// Once runs do at most once per operation ID of res, inside tx. The first
+// transaction records opID with do's result and commits them with its
+// writes. A repeat (a client retry) gets the stored result, replayed, and
+// do is not called. A retry that arrives while the first is still in
+// flight waits for it (the record's unique key): if the first commits, the
+// retry gets its result; if it rolls back, the retry runs do itself.
+//
+// An ID's scope is its resource: the same ID on two resources is two
+// operations. A retry under a newer token still gets the stored result:
+// the operation happened, under the token of its time. Under REPEATABLE
+// READ or SERIALIZABLE, a retry that waited for the first gets
+// ErrSerialization instead; retry the transaction. Records are kept until
+// ForgetOperations removes them.
+//
+// Guard the transaction too: Once deduplicates, the guard fences.
+func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, token int64, do func() ([]byte, error)) (result []byte, replayed bool, err error) {
+	if opID == "" || len(opID) > 256 {
+		return nil, false, fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
+	}
+	if err := res.validate(); err != nil {
+		return nil, false, err
+	}
+	q, err := t.qualified()
+	if err != nil {
+		return nil, false, err
+	}
+	var mine int
+	err = tx.QueryRowContext(ctx, `INSERT INTO `+q+`_ops (resource, op_id, token) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1`,
+		res.String(), opID, token).Scan(&mine)
+	switch {
+	case errors.Is(err, sql.ErrNoRows): // recorded by a transaction that committed
+		err = tx.QueryRowContext(ctx, `SELECT result FROM `+q+`_ops WHERE resource = $1 AND op_id = $2`, res.String(), opID).Scan(&result)
+		return result, true, classify(err, res, token, 0)
+	case err != nil:
+		return nil, false, classify(err, res, token, 0)
+	}
+	if result, err = do(); err != nil {
+		return nil, false, err
+	}
+	if len(result) > MaxResult {
+		return nil, false, fmt.Errorf("%w (%d bytes)", ErrResultTooLarge, len(result))
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE `+q+`_ops SET result = $3 WHERE resource = $1 AND op_id = $2`, res.String(), opID, result); err != nil {
+		return nil, false, err
+	}
+	return result, false, nil
+}
+
+// ForgetOperations deletes the idempotency records older than age. A
+// retry after that runs its operation again: keep records longer than
+// any client retries.
+func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Duration) (int64, error) {
+	q, err := t.qualified()
+	if err != nil {
+		return 0, err
+	}
+	r, err := db.ExecContext(ctx, `DELETE FROM `+q+`_ops WHERE created < now() - make_interval(secs => $1)`, age.Seconds())
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
