@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // Resource names what a token fences: the lock whose tokens it takes and
@@ -48,6 +49,8 @@ func (r Resource) validate() error {
 		return fmt.Errorf("dbfence: resource kind %q: want lease or lock", r.Kind)
 	case r.Namespace == "" || r.Name == "":
 		return errors.New("dbfence: the resource needs the namespace and the Lease's name or the lock's key")
+	case strings.Contains(r.Install, "|") || strings.Contains(r.Namespace, "|"):
+		return fmt.Errorf("dbfence: %q or %q has a |, which separates the resource's parts", r.Install, r.Namespace)
 	}
 	return nil
 }
@@ -69,11 +72,28 @@ func (e *StaleError) Error() string {
 }
 
 // ErrSerialization is a serialization failure (SQLSTATE 40001) under
-// REPEATABLE READ or SERIALIZABLE: another transaction changed the
-// resource's row since this one's snapshot. Its cause may be a writer with
-// an equal token, so it is not a refusal: roll back and retry the whole
-// transaction with the token current then.
-var ErrSerialization = errors.New("dbfence: serialization failure (SQLSTATE 40001); retry the transaction")
+// REPEATABLE READ or SERIALIZABLE, or a deadlock (40P01): another
+// transaction changed the resource's row since this one's snapshot, or the
+// two waited for each other. Its cause may be a writer with an equal
+// token, so it is not a refusal: roll back and retry the whole transaction
+// with the token current then. IsRetryable finds the same failures where
+// the guard did not see them: at COMMIT, or in the caller's statements.
+var ErrSerialization = errors.New("dbfence: serialization failure or deadlock (SQLSTATE 40001, 40P01); retry the transaction")
+
+// IsRetryable reports whether err, from any statement of a guarded
+// transaction or its COMMIT, is a serialization failure or a deadlock
+// (SQLSTATE 40001, 40P01), after which the whole transaction may be
+// retried.
+func IsRetryable(err error) bool {
+	if errors.Is(err, ErrSerialization) {
+		return true
+	}
+	var pg sqlStater
+	if !errors.As(err, &pg) {
+		return false
+	}
+	return pg.SQLState() == "40001" || pg.SQLState() == "40P01"
+}
 
 // ErrNoToken refuses a token ≤ 0 before any statement.
 var ErrNoToken = errors.New("dbfence: a fencing token must be positive")
@@ -83,9 +103,14 @@ var ErrNoToken = errors.New("dbfence: a fencing token must be positive")
 // highest. The compare and the record are one statement, atomic with the
 // rest of tx: a concurrent guard of the same resource waits for the row
 // lock, and under READ COMMITTED then sees the newer token. Equal tokens
-// pass: a holder writes many times per tenure. Call it in the transaction
-// before or after the writes it fences; either way they commit together or
-// not at all.
+// pass: a holder writes many times per tenure. Call it first in the
+// transaction, before the writes it fences: they commit together or not at
+// all, and a guard first takes the resource's row lock before any row of
+// yours, so two holders cannot deadlock on the rows between them. A
+// holder paused inside its transaction after its guard holds that lock:
+// bound your transactions (lock_timeout, idle_in_transaction_session_timeout).
+// Rolling back to a savepoint taken before a refused guard would undo the
+// refusal: do not.
 func (t Table) Guard(ctx context.Context, tx *sql.Tx, res Resource, token int64) error {
 	return t.guard(ctx, tx, res, token, 0, false)
 }
@@ -151,6 +176,8 @@ func classify(err error, res Resource, token, seq int64) error {
 		return e
 	case "40001", "40P01":
 		return fmt.Errorf("%w: %w", ErrSerialization, err)
+	case SQLStateAborted:
+		return err
 	}
 	return err
 }

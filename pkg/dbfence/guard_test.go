@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,6 +91,12 @@ func TestGuardRefusesAStaleTokenAndAbortsTheTransaction(t *testing.T) {
 	if err := write(ctx, db, table, nil, 0, "zero"); !errors.Is(err, dbfence.ErrNoToken) {
 		t.Fatalf("token 0: %v", err)
 	}
+	// A | in the install or namespace would blur two resources.
+	tx, _ = db.BeginTx(ctx, nil)
+	if err := table.Guard(ctx, tx, dbfence.Lock("/fencer@test", "a|b", "c"), 1); err == nil {
+		t.Fatal("a namespace with a | passed")
+	}
+	_ = tx.Rollback()
 	// Tokens of another lock, or another install, are never compared.
 	tx, _ = db.BeginTx(ctx, nil)
 	if err := table.Guard(ctx, tx, dbfence.Lock("/fencer@test", "default", "report"), 1); err != nil {
@@ -250,7 +257,7 @@ func TestIsolationLevels(t *testing.T) {
 					t.Fatal(err)
 				}
 				err = table.Guard(ctx, a, res, token)
-				if !errors.Is(err, dbfence.ErrSerialization) {
+				if !errors.Is(err, dbfence.ErrSerialization) || !dbfence.IsRetryable(err) {
 					t.Fatalf("token %d after a concurrent guard: %v, want ErrSerialization", token, err)
 				}
 				_ = a.Rollback()
@@ -298,7 +305,7 @@ func TestSequenceNumbers(t *testing.T) {
 }
 
 func TestBadTableNames(t *testing.T) {
-	for _, tb := range []dbfence.Table{{Schema: "Fencer"}, {Name: "fences; DROP TABLE x"}, {Name: "1x"}} {
+	for _, tb := range []dbfence.Table{{Schema: "Fencer"}, {Name: "fences; DROP TABLE x"}, {Name: "1x"}, {Name: strings.Repeat("x", 57)}} {
 		if _, err := tb.Migration(); err == nil {
 			t.Errorf("%+v passed", tb)
 		}

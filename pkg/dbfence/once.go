@@ -29,10 +29,16 @@ var ErrResultTooLarge = errors.New("dbfence: an operation's result is over 64 Ki
 // ErrSerialization instead; retry the transaction. Records are kept until
 // ForgetOperations removes them.
 //
-// Guard the transaction too: Once deduplicates, the guard fences.
+// Guard the transaction too, first: Once deduplicates, the guard fences.
+// When do fails, or its result is over MaxResult, the transaction is
+// aborted. do must not act outside the transaction: a retry that runs it
+// again (after the first rolled back) would act twice.
 func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, token int64, do func() ([]byte, error)) (result []byte, replayed bool, err error) {
 	if opID == "" || len(opID) > 256 {
 		return nil, false, fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
+	}
+	if token <= 0 {
+		return nil, false, fmt.Errorf("%s token %d: %w", res, token, ErrNoToken)
 	}
 	if err := res.validate(); err != nil {
 		return nil, false, err
@@ -52,9 +58,13 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 		return nil, false, classify(err, res, token, 0)
 	}
 	if result, err = do(); err != nil {
+		// The record is in tx: committed without a result, it would answer
+		// every retry with nothing, as if done. Abort tx.
+		t.abort(ctx, tx, "operation "+opID+" failed; its transaction is aborted")
 		return nil, false, err
 	}
 	if len(result) > MaxResult {
+		t.abort(ctx, tx, "operation "+opID+"'s result is over 64 KiB; its transaction is aborted")
 		return nil, false, fmt.Errorf("%w (%d bytes)", ErrResultTooLarge, len(result))
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE `+q+`_ops SET result = $3 WHERE resource = $1 AND op_id = $2`, res.String(), opID, result); err != nil {
@@ -76,4 +86,15 @@ func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Durati
 		return 0, err
 	}
 	return r.RowsAffected()
+}
+
+// abort makes tx fail, so that nothing of it can commit: its exception
+// aborts the transaction (the error it returns is that abort).
+func (t Table) abort(ctx context.Context, tx *sql.Tx, reason string) {
+	q, err := t.qualified()
+	if err != nil {
+		return
+	}
+	var n int64
+	_ = tx.QueryRowContext(ctx, `SELECT `+q+`_abort($1)`, reason).Scan(&n)
 }

@@ -85,13 +85,26 @@ func TestOnceAnswersARetryFromTheRecord(t *testing.T) {
 		}
 	}
 
+	// A failed operation aborts its transaction: committed anyway, it
+	// leaves no record that would answer a retry with nothing.
 	tx, _ := db.BeginTx(ctx, nil)
+	if _, _, err := table.Once(ctx, tx, res, "fails", 10, func() ([]byte, error) { return nil, errors.New("boom") }); err == nil {
+		t.Fatal("a failed operation succeeded")
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the transaction of a failed operation committed")
+	}
+	if got, replayed, err := once("fails", "ran"); err != nil || replayed || got != "ran" {
+		t.Fatalf("the retry of a failed operation: %q replayed %v, %v", got, replayed, err)
+	}
+
+	tx, _ = db.BeginTx(ctx, nil)
 	if _, _, err := table.Once(ctx, tx, res, "big", 10, func() ([]byte, error) { return make([]byte, dbfence.MaxResult+1), nil }); !errors.Is(err, dbfence.ErrResultTooLarge) {
 		t.Fatalf("a result over the bound: %v", err)
 	}
 	_ = tx.Rollback()
-	if n, err := table.ForgetOperations(ctx, db, 0); err != nil || n != 3 {
-		t.Fatalf("forget: %d %v, want the 3 records", n, err)
+	if n, err := table.ForgetOperations(ctx, db, 0); err != nil || n != 4 {
+		t.Fatalf("forget: %d %v, want the 4 records", n, err)
 	}
 }
 
@@ -122,6 +135,17 @@ func TestRowUpdate(t *testing.T) {
 	var stale *dbfence.StaleError
 	if err := update(6, "x"); !errors.As(err, &stale) || stale.Floor != 7 {
 		t.Fatalf("token 6 under 7: %v", err)
+	}
+	// Refused, the transaction is aborted: its other writes never commit.
+	tx0, _ := db.BeginTx(ctx, nil)
+	if _, err := tx0.ExecContext(ctx, `INSERT INTO tasks (id) VALUES (99)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := row.Update(ctx, tx0, 42, 6, "result = $3", "x"); !errors.As(err, &stale) {
+		t.Fatal(err)
+	}
+	if err := tx0.Commit(); err == nil {
+		t.Fatal("a refused transaction committed")
 	}
 	tx, _ := db.BeginTx(ctx, nil)
 	if err := row.Update(ctx, tx, 43, 9, "result = $3", "x"); !errors.Is(err, dbfence.ErrNoRow) {

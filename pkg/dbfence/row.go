@@ -10,9 +10,14 @@ import (
 // Row is the per-row form of the fence, for a table that keeps a token
 // column of its own: a row is written only under a token at or above the
 // one it holds. Table, KeyColumn and TokenColumn are plain lower-case
-// identifiers (schema.table allowed for Table).
+// identifiers; name Table with its schema (schema.table), since a pooler
+// may hand the connection over with another search_path. KeyColumn must
+// be unique, and TokenColumn a bigint NOT NULL (a new row's 0).
 type Row struct {
 	Table, KeyColumn, TokenColumn string
+	// Fence is the fence table whose abort function ends a refused
+	// transaction (the zero Table: fencer.fences).
+	Fence Table
 }
 
 // ErrNoRow: Update found no row with that key.
@@ -22,8 +27,8 @@ var ErrNoRow = errors.New("dbfence: no row has that key")
 // <KeyColumn> = key AND <TokenColumn> <= token, in tx. set is the
 // caller's assignments, with placeholders from $3 on for args ($1 is the
 // token, $2 the key). A row whose token is above token is not written, and
-// the refusal is a *StaleError naming the row's token, as the guard's; the
-// rest of tx is the caller's to roll back.
+// the refusal is a *StaleError naming the row's token, as the guard's, and
+// tx is aborted: nothing of it can commit.
 func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set string, args ...any) error {
 	if token <= 0 {
 		return fmt.Errorf("%s token %d: %w", r.Table, token, ErrNoToken)
@@ -36,7 +41,7 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	if !qualifiedName.MatchString(r.Table) {
 		return fmt.Errorf("dbfence: table %q is not a plain lower-case (schema.)table name", r.Table)
 	}
-	stmt := fmt.Sprintf(`UPDATE %s SET %s, %s = $1 WHERE %s = $2 AND %s <= $1`, r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
+	stmt := fmt.Sprintf(`UPDATE %s SET %s, %s = $1::bigint WHERE %s = $2 AND %s <= $1::bigint`, r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
 	res, err := tx.ExecContext(ctx, stmt, append([]any{token, key}, args...)...)
 	if err != nil {
 		return classify(err, Resource{}, token, 0)
@@ -44,13 +49,17 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	if n, err := res.RowsAffected(); err != nil || n > 0 {
 		return err
 	}
-	var held int64
+	var held sql.NullInt64
 	err = tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT %s FROM %s WHERE %s = $1`, r.TokenColumn, r.Table, r.KeyColumn), key).Scan(&held)
-	if errors.Is(err, sql.ErrNoRows) {
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("%w: %s %v", ErrNoRow, r.Table, key)
-	}
-	if err != nil {
+	case err != nil:
 		return err
+	case !held.Valid:
+		r.Fence.abort(ctx, tx, "a fenced row's token is NULL")
+		return fmt.Errorf("dbfence: %s %v: the token column %s is NULL; make it bigint NOT NULL DEFAULT 0", r.Table, key, r.TokenColumn)
 	}
-	return &StaleError{Resource: fmt.Sprintf("%s %v", r.Table, key), Offered: token, Floor: held}
+	r.Fence.abort(ctx, tx, fmt.Sprintf("token %d refused for %s", token, r.Table))
+	return &StaleError{Resource: fmt.Sprintf("%s %v", r.Table, key), Offered: token, Floor: held.Int64}
 }

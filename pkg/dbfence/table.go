@@ -23,6 +23,10 @@ type Table struct {
 // lower-case PostgreSQL identifier, so it needs no quoting.
 var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// tableIdentifier leaves room for the _ops and _refuse suffixes within
+// PostgreSQL's 63 bytes.
+var tableIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,55}$`)
+
 // qualifiedName is a table name, with or without its schema.
 var qualifiedName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$`)
 
@@ -34,10 +38,11 @@ func (t Table) names() (schema, table string, err error) {
 	if table == "" {
 		table = DefaultTable
 	}
-	for _, n := range []string{schema, table} {
-		if !identifier.MatchString(n) {
-			return "", "", fmt.Errorf("dbfence: %q is not a plain lower-case identifier (letters, digits, _; at most 63)", n)
-		}
+	if !identifier.MatchString(schema) {
+		return "", "", fmt.Errorf("dbfence: schema %q is not a plain lower-case identifier (letters, digits, _; at most 63)", schema)
+	}
+	if !tableIdentifier.MatchString(table) {
+		return "", "", fmt.Errorf("dbfence: table %q is not a plain lower-case identifier (letters, digits, _; at most 56, leaving room for its _ops table)", table)
 	}
 	return schema, table, nil
 }
@@ -76,7 +81,7 @@ CREATE TABLE IF NOT EXISTS %[1]s.%[2]s_ops (
 	op_id text NOT NULL,
 	token bigint NOT NULL,
 	result bytea,
-	created timestamptz NOT NULL DEFAULT now(),
+	created timestamptz NOT NULL DEFAULT clock_timestamp(),
 	PRIMARY KEY (resource, op_id)
 );
 CREATE OR REPLACE FUNCTION %[1]s.%[2]s_refuse(res text, offered bigint, offered_seq bigint) RETURNS bigint
@@ -91,9 +96,20 @@ BEGIN
 		MESSAGE = format('fencer: token %%s (seq %%s) is below token %%s (seq %%s), the highest accepted for %%s', offered, offered_seq, floor_token, floor_seq, res);
 END
 $$;
-`, schema, table, SQLStateStale), nil
+CREATE OR REPLACE FUNCTION %[1]s.%[2]s_abort(reason text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = '%[4]s', MESSAGE = 'fencer: ' || reason;
+END
+$$;
+`, schema, table, SQLStateStale, SQLStateAborted), nil
 }
 
 // SQLStateStale is the SQLSTATE of the exception that refuses a stale
 // token; it aborts the transaction.
 const SQLStateStale = "FN001"
+
+// SQLStateAborted is the SQLSTATE of the exception with which Once and
+// Row.Update abort a transaction they refused, so that a caller who
+// commits anyway commits nothing.
+const SQLStateAborted = "FN002"
