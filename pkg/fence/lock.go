@@ -297,7 +297,7 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 	for i, k := range lk.keys {
 		if revs[i] != 0 {
 			w := lk.waiterKey(k)
-			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w), "=", revs[i])}, []clientv3.Op{clientv3.OpDelete(w)}, nil))
+			ops = append(ops, atRevision(w, revs[i], clientv3.OpDelete(w)))
 		}
 	}
 	out := make([]bool, len(lk.keys))
@@ -340,17 +340,29 @@ func (l *Locker) retryDelete(lk *Lock) {
 	}
 }
 
-// transient reports whether an etcd call may succeed if tried again: it
-// timed out or etcd was unreachable.
-func transient(err error) bool {
+// unreachable reports whether an etcd call failed because etcd did not
+// answer: it timed out, or could not be reached.
+func unreachable(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
 	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted:
+	case codes.Unavailable, codes.DeadlineExceeded:
 		return true
 	}
 	return false
+}
+
+// transient reports whether an etcd call may succeed if tried again:
+// etcd did not answer, or asked to slow down.
+func transient(err error) bool {
+	return unreachable(err) || status.Code(err) == codes.ResourceExhausted
+}
+
+// atRevision is op, run only while key's CreateRevision is rev: an
+// acquisition's own key, never a later one under the same name.
+func atRevision(key string, rev int64, op clientv3.Op) clientv3.Op {
+	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev)}, []clientv3.Op{op}, nil)
 }
 
 // retire handles a queueing whose outcome is unknown: its transaction may
@@ -396,7 +408,7 @@ func (l *Locker) sweep(ctx context.Context, key string) {
 func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) {
 	dctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	_, _ = l.cli.Txn(dctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+	_, _ = l.cli.Txn(dctx).Then(atRevision(key, rev, clientv3.OpDelete(key))).Commit()
 }
 
 // markHeld records in a waiter's keys when it became holder, for `kubectl
@@ -408,8 +420,7 @@ func (l *Locker) markHeld(lk *Lock) {
 	ops := make([]clientv3.Op, len(lk.keys))
 	for i, k := range lk.keys {
 		w := lk.waiterKey(k)
-		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w), "=", lk.token)},
-			[]clientv3.Op{clientv3.OpPut(w, string(val), clientv3.WithLease(lk.sess.id))}, nil)
+		ops[i] = atRevision(w, lk.token, clientv3.OpPut(w, string(val), clientv3.WithLease(lk.sess.id)))
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, l.opts.Timeout)
 	defer cancel()

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -228,7 +226,7 @@ func (l *Locker) unavailable(ctx context.Context, err error) error {
 		return err
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("%w (no answer within %s): %w", ErrEtcdUnavailable, l.opts.Timeout, err)
-	case status.Code(err) == codes.Unavailable:
+	case unreachable(err):
 		return fmt.Errorf("%w: %w", ErrEtcdUnavailable, err)
 	}
 	return err

@@ -39,7 +39,7 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 			return
 		}
 		if err != nil {
-			w.record(history.Attempt{Kind: history.KindLock, Target: strings.Join(set, ","), Reason: lockReason(err), Message: err.Error()})
+			w.record(history.Attempt{Kind: history.KindLock, Target: strings.Join(set, ","), Reason: refusalReason(err), Message: err.Error()})
 			time.Sleep(w.interval)
 			continue
 		}
@@ -89,7 +89,7 @@ func (w *worker) writeLocked(ctx context.Context, tok fence.LockToken, hostile s
 		a.Kind, a.Mode = history.KindHostile, hostile
 	}
 	if err != nil {
-		a.Reason, a.Message = lockReason(err), err.Error()
+		a.Reason, a.Message = refusalReason(err), err.Error()
 	}
 	w.record(a)
 }
@@ -104,20 +104,8 @@ func (w *worker) staleUnlock(ctx context.Context, lk *fence.Lock) {
 		cancel()
 		a := history.Attempt{Kind: history.KindHostile, Mode: "stale-unlock", Lease: tok.Key, Target: key, Token: tok.Value, OK: err == nil && resp.Deleted > 0}
 		if err != nil {
-			a.Reason, a.Message = lockReason(err), err.Error()
+			a.Reason, a.Message = refusalReason(err), err.Error()
 		}
 		w.record(a)
 	}
-}
-
-// lockReason names why a lock, or a fenced etcd write, did not go through.
-func lockReason(err error) string {
-	var fenced *fence.FencedError
-	switch {
-	case errors.As(err, &fenced), errors.Is(err, fence.ErrLockLost):
-		return history.ReasonFenced
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, fence.ErrLockBusy):
-		return history.ReasonTimeout
-	}
-	return history.ReasonEtcdUnavailable
 }

@@ -285,7 +285,7 @@ func (w *worker) writeKey(ctx context.Context, lease string, tok fence.Token) {
 	}
 	a := history.Attempt{Kind: history.KindEtcd, Lease: lease, Target: key, Token: tok.Value, Seq: seq, OK: err == nil}
 	if err != nil {
-		a.Reason, a.Message = lockReason(err), err.Error()
+		a.Reason, a.Message = refusalReason(err), err.Error()
 	}
 	w.record(a)
 }
@@ -298,6 +298,19 @@ func (w *worker) fencedPut(ctx context.Context, f fence.EtcdFence, key string, t
 	defer cancel()
 	_, err := fence.NewTxn(w.etcd, w.prefix, w.namespace, f).Then(clientv3.OpPut(key, val)).Commit(wctx)
 	return err
+}
+
+// refusalReason names why a keyed lock, or a fenced etcd write under a
+// Lease's token or a lock's, did not go through.
+func refusalReason(err error) string {
+	var fenced *fence.FencedError
+	switch {
+	case errors.As(err, &fenced), errors.Is(err, fence.ErrLockLost):
+		return history.ReasonFenced
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, fence.ErrLockBusy):
+		return history.ReasonTimeout
+	}
+	return history.ReasonEtcdUnavailable
 }
 
 // idLoop issues IDs and records them as runs of consecutive IDs.
