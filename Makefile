@@ -106,11 +106,11 @@ test-image: image ## make image, then read the tarball back, run its binary, and
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
-STORIES := scheduled-job index-publisher attempt-ids unique-ids
+STORIES := scheduled-job index-publisher attempt-ids unique-ids directory-moves
 STORY_IMAGE = fencer.example/story-$(STORY):dev
 
 .PHONY: demo
-demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids. NODE=real runs its pods on the real node of `make dev NODE=real`.
+demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids|directory-moves (as root: it runs PostgreSQL). NODE=real runs its pods on the real node of `make dev NODE=real`.
 	@if [ -z "$(filter $(STORY),$(STORIES))" ]; then echo "make demo STORY=<name>, one of: $(STORIES)"; exit 2; fi
 	CGO_ENABLED=0 go build -o $(BIN)/story-$(STORY) ./examples/$(STORY)
 ifeq ($(NODE),real)
@@ -125,13 +125,14 @@ test-real-node: tools build image ## Root only: a real node (kubelet, kube-proxy
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...
 
 .PHONY: test-db
-test-db: ## Root only: the database fence (pkg/dbfence) against a real PostgreSQL from Debian's postgresql package (apt-get installed when missing), run as the postgres user on a unix socket and torn down after.
+test-db: tools build ## Root only: the database fence (pkg/dbfence) and the directory-moves story (on the dev cluster) against a real PostgreSQL from Debian's postgresql package (apt-get installed when missing), run as the postgres user on a unix socket and torn down after.
 	FENCER_TEST_DB=1 FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v ./pkg/dbfence/... | grep -vE '^=== RUN'
+	FENCER_TEST_DB=1 FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -run 'TestDevCluster/the_example_stories/directory-moves' ./test/smoke/ | grep -vE '^=== RUN'
 
 FAULT_DURATION ?= 2m
 .PHONY: test-faults
-test-faults: tools ## Fault run: a seeded nemesis against 3 etcd members, 2 managers and 4 SDK workers for FAULT_DURATION (default 2m), then the history checker; plus the checker's own tests.
-	FENCER_BIN=$(BIN) FAULT_DURATION=$(FAULT_DURATION) go test $(GO_TEST_FLAGS) -v -timeout 90m ./test/e2e/...
+test-faults: tools ## Fault run: a seeded nemesis against 3 etcd members, 2 managers and 4 SDK workers for FAULT_DURATION (default 2m), the workers also writing PostgreSQL through the database guard when run as root, then the history checker; plus the checker's own tests.
+	FENCER_TEST_DB=$$([ "$$(id -u)" = 0 ] && echo 1) FENCER_BIN=$(BIN) FAULT_DURATION=$(FAULT_DURATION) go test $(GO_TEST_FLAGS) -v -timeout 90m ./test/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s).

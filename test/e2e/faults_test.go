@@ -1,7 +1,8 @@
 // Package e2e proves fencer's guarantees (docs/guarantees.md) under faults: a
 // seeded nemesis pauses, kills, restarts and partitions the managers, the
 // workers and etcd while workers write fenced objects and keys and issue
-// IDs; then the checker replays every history. `make test-faults` runs it.
+// IDs, and, with a real PostgreSQL (as root), commit through the database
+// guard; then the checker replays every history. `make test-faults` runs it.
 //
 //	FAULT_DURATION  how long the nemesis runs (default 2m)
 //	FAULT_SEED      the nemesis's seed (default: from the clock, printed)
@@ -29,6 +30,7 @@ import (
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/e2e/harness"
 	"github.com/fencer-io/fencer/test/e2e/history"
+	"github.com/fencer-io/fencer/test/support/postgres"
 	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
@@ -71,7 +73,9 @@ func runDir(t *testing.T, name string) string {
 	return dir
 }
 
-func start(t *testing.T, dir, fencer string) *harness.Harness {
+// start runs the harness; database is a PostgreSQL DSN for the database
+// workers, or "", and unguarded their mutation.
+func start(t *testing.T, dir, fencer, database string, unguarded bool) *harness.Harness {
 	t.Helper()
 	bin, err := testenv.BinDir()
 	if err != nil {
@@ -80,7 +84,7 @@ func start(t *testing.T, dir, fencer string) *harness.Harness {
 	binaries := t.TempDir()
 	worker := build(t, binaries, "worker", "./test/e2e/worker")
 	h, err := harness.Start(context.Background(), harness.Options{
-		BinDir: bin, Dir: dir, Fencer: fencer, Worker: worker, Workers: 4,
+		BinDir: bin, Dir: dir, Fencer: fencer, Worker: worker, Workers: 4, Database: database, Unguarded: unguarded,
 		Logf: func(format string, args ...any) { t.Logf(format, args...) },
 	})
 	if err != nil {
@@ -99,11 +103,25 @@ func finish(t *testing.T, h *harness.Harness, dir string) *history.Report {
 	if err := h.DumpEtcd(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := h.DumpDatabase(ctx); err != nil {
+		t.Fatal(err)
+	}
 	hs, err := history.Load(dir, etcdkeys.DefaultPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return history.Check(hs)
+}
+
+// database is a real PostgreSQL for the database workers when the run may
+// start one (FENCER_TEST_DB=1, root: `make test-faults` sets it as root),
+// else "" and a line saying what was left out.
+func database(t *testing.T) string {
+	if os.Getenv("FENCER_TEST_DB") == "" {
+		fmt.Println("database workers left out: they need a real PostgreSQL, run as root (make test-faults as root sets FENCER_TEST_DB=1)")
+		return ""
+	}
+	return postgres.Start(t).DSN
 }
 
 func TestFaults(t *testing.T) {
@@ -124,7 +142,7 @@ func TestFaults(t *testing.T) {
 	fmt.Printf("fault seed %d, duration %s (rerun with FAULT_SEED=%d)\n", seed, duration, seed)
 	dir := runDir(t, strconv.FormatUint(seed, 10))
 	fencer := build(t, t.TempDir(), "fencer", "./cmd/fencer")
-	h := start(t, dir, fencer)
+	h := start(t, dir, fencer, database(t), false)
 	defer h.Close()
 	ctx := context.Background()
 
@@ -159,6 +177,7 @@ func TestFaults(t *testing.T) {
 	fmt.Printf("faults by kind: %s\n", strings.Join(kinds, ", "))
 	fmt.Printf("refused by reason: %v; IDs issued %d; held again after healing: %v\n", r.RefusedBy, r.IDs, took)
 	fmt.Printf("hostile writes by mode: %v; token reports %d; relabels of a holder %d\n", r.HostileBy, r.Reports, r.Relabels)
+	fmt.Printf("database: commits %d, refused by reason %v\n", r.DBCommits, r.DBRefusedBy)
 	for _, v := range r.Violations {
 		fmt.Println("violation:", v)
 	}
@@ -168,6 +187,9 @@ func TestFaults(t *testing.T) {
 	}
 	if r.Accepted == 0 || r.Refused == 0 || r.IDs == 0 {
 		t.Fatalf("the workload did not exercise fencing: %d accepted, %d refused, %d IDs", r.Accepted, r.Refused, r.IDs)
+	}
+	if os.Getenv("FENCER_TEST_DB") != "" && r.DBCommits == 0 {
+		t.Fatal("the database workers committed nothing")
 	}
 	if os.Getenv("FAULT_KEEP") == "" {
 		_ = os.RemoveAll(dir)
@@ -182,7 +204,10 @@ func TestFaults(t *testing.T) {
 func TestCheckerCatchesBrokenWebhook(t *testing.T) {
 	dir := runDir(t, "broken-webhook")
 	fencer := build(t, t.TempDir(), "fencer-broken", "./cmd/fencer", "fencer_e2e_broken")
-	h := start(t, dir, fencer)
+	// The database workers commit without the guard's compare: the woken
+	// holder's commits must show up out of order in the audit.
+	db := database(t)
+	h := start(t, dir, fencer, db, true)
 	defer h.Close()
 	ctx := context.Background()
 	if _, err := h.WaitHeld(ctx, 60*time.Second); err != nil {
@@ -197,6 +222,9 @@ func TestCheckerCatchesBrokenWebhook(t *testing.T) {
 	t.Logf("paused %s; %s", holder, r.Summary())
 	if r.StaleAccepted == 0 {
 		t.Fatalf("the webhook admitted everything, yet the checker found no stale write: %s", r.Summary())
+	}
+	if db != "" && r.DBStaleCommits == 0 {
+		t.Fatalf("the database workers committed without the guard, yet the audit shows no commit out of order: %s", r.Summary())
 	}
 	if r.HostileAccepted == 0 {
 		t.Fatalf("the webhook admitted everything, yet the checker found no hostile write accepted: %s", r.Summary())

@@ -10,6 +10,7 @@ package harness
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -70,6 +71,13 @@ type Options struct {
 	Workers int
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
+	// Database is a PostgreSQL DSN; when set, workers also commit through
+	// the database guard, and the nemesis pauses them mid-transaction and
+	// kills their sessions.
+	Database string
+	// Unguarded makes the database workers commit without the guard's
+	// compare: the checker's own test.
+	Unguarded bool
 }
 
 // Harness is a running system under test.
@@ -93,6 +101,8 @@ type Harness struct {
 	workers  []*process
 	pods     []*corev1.Pod
 	kubelet  *kubelet
+	// db is an admin connection to Options.Database, nil without one.
+	db *sql.DB
 
 	objects, leases *history.Writer
 	faults          *history.Writer
@@ -122,6 +132,7 @@ func Start(ctx context.Context, o Options) (h *Harness, err error) {
 	}{
 		{"kube-apiserver", h.startAPIServer},
 		{"fencer's etcd cluster", h.startEtcd},
+		{"database", h.startDatabase},
 		{"history watches", h.startWatches},
 		{"managers", h.startManagers},
 		{"workload", h.startWorkload},
@@ -372,6 +383,12 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 				"--ready-addr=" + readyAddr,
 			},
 		}
+		if h.db != nil {
+			w.args = append(w.args, "--db="+h.opts.Database)
+			if h.opts.Unguarded {
+				w.args = append(w.args, "--db-unguarded")
+			}
+		}
 		if err := w.start(); err != nil {
 			return err
 		}
@@ -479,6 +496,9 @@ func (h *Harness) Close() {
 	}
 	if h.webhook != nil {
 		h.webhook.Close()
+	}
+	if h.db != nil {
+		_ = h.db.Close()
 	}
 	if h.env != nil {
 		_ = h.env.Stop()

@@ -26,7 +26,7 @@ type fault struct {
 // wakes up with a stale token.
 func (h *Harness) faultKinds() []fault {
 	pick := func(rng *rand.Rand, ps []*process) *process { return ps[rng.IntN(len(ps))] }
-	return []fault{
+	return append(h.databaseFaults(), []fault{
 		{"pause-worker", 4 * time.Second, 8 * time.Second, func(_ context.Context, rng *rand.Rand) (string, func(context.Context) error) {
 			w := pick(rng, h.workers)
 			w.pause()
@@ -84,7 +84,7 @@ func (h *Harness) faultKinds() []fault {
 			h.webhook.Set(faultproxy.Reset)
 			return "webhook", func(context.Context) error { h.webhook.Set(faultproxy.Pass); return nil }
 		}},
-	}
+	}...)
 }
 
 // Nemesis injects faults one after another, picked at random from seed,

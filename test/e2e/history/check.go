@@ -45,10 +45,16 @@ type Report struct {
 	LockStaleWrites      int
 	LockDoubleHolders    int
 	LockTokenRegressions int
-	Unexplained          int // refusals with no reason the checker can name
-	Missing              int // accepted writes absent from the histories: the history is incomplete
-	Hostile              int // hostile writes tried (KindHostile)
-	HostileAccepted      int // hostile writes the apiserver accepted
+	// The database guard (database.go): a commit under a token below one
+	// committed before it for the same resource. DBCommits counts the
+	// audit table's rows.
+	DBStaleCommits  int
+	DBCommits       int
+	DBRefusedBy     map[string]int // the guarded transactions' refusals, by reason
+	Unexplained     int            // refusals with no reason the checker can name
+	Missing         int            // accepted writes absent from the histories: the history is incomplete
+	Hostile         int            // hostile writes tried (KindHostile)
+	HostileAccepted int            // hostile writes the apiserver accepted
 
 	// Violations describes the first violations found.
 	Violations []string
@@ -56,15 +62,15 @@ type Report struct {
 
 // Summary is the one line a fault run ends with.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, stale reports %d, locks: stale writes %d, two holders %d, token regressions %d, hostile writes %d accepted %d",
+	return fmt.Sprintf("faults: %d injected, writes accepted %d refused %d, stale accepted %d, double grants %d, token regressions %d, duplicate ids %d, stale reports %d, locks: stale writes %d, two holders %d, token regressions %d, database: commits %d out of order %d, hostile writes %d accepted %d",
 		r.Faults, r.Accepted, r.Refused, r.StaleAccepted, r.DoubleGrants, r.TokenRegressions, r.DuplicateIDs, r.StaleReports,
-		r.LockStaleWrites, r.LockDoubleHolders, r.LockTokenRegressions, r.Hostile, r.HostileAccepted)
+		r.LockStaleWrites, r.LockDoubleHolders, r.LockTokenRegressions, r.DBCommits, r.DBStaleCommits, r.Hostile, r.HostileAccepted)
 }
 
 // OK reports whether no guarantee was violated.
 func (r *Report) OK() bool {
 	return r.StaleAccepted+r.DoubleGrants+r.TokenRegressions+r.DuplicateIDs+r.StaleReports+
-		r.LockStaleWrites+r.LockDoubleHolders+r.LockTokenRegressions+r.Unexplained+r.Missing+r.HostileAccepted == 0
+		r.LockStaleWrites+r.LockDoubleHolders+r.LockTokenRegressions+r.DBStaleCommits+r.Unexplained+r.Missing+r.HostileAccepted == 0
 }
 
 // violate counts one violation and describes the first 20 of each counter,
@@ -83,6 +89,8 @@ type Histories struct {
 	Leases   []LeaseEvent
 	Etcd     []EtcdEvent
 	Faults   []Fault
+	// DB is the database workers' audit table, when the run had them.
+	DB []DBCommit
 	// Prefix is fencer's etcd prefix.
 	Prefix string
 }
@@ -113,6 +121,9 @@ func Load(dir, prefix string) (*Histories, error) {
 	if h.Faults, err = readLines[Fault](filepath.Join(dir, "faults.jsonl")); err != nil {
 		return nil, err
 	}
+	if h.DB, err = readLines[DBCommit](filepath.Join(dir, "db.jsonl")); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -130,6 +141,7 @@ func Check(h *Histories) *Report {
 	r.snowflakes(h)
 	r.reports(h)
 	r.locks(h)
+	r.database(h)
 	return r
 }
 

@@ -16,6 +16,9 @@ var (
 	waiter1 = prefix + "/locks/ns/k0/b-1"
 )
 
+// dbRes is the database guard's row of lease a.
+const dbRes = "/fencer@1|lease|ns|a"
+
 var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 
 func val(t *testing.T, v any) string {
@@ -54,6 +57,17 @@ func clean(t *testing.T) *Histories {
 			{Worker: "w1", Kind: KindLock, Target: "k0", Token: 31, OK: true},
 			{Worker: "w1", Kind: KindLockWrite, Lease: "k0", Seq: 3, Token: 31, OK: true},
 			{Worker: "w0", Kind: KindHostile, Mode: "stale-unlock", Lease: "k0", Token: 30, Reason: ReasonFenced},
+			// The database guard: w0 commits under 10 twice, w1 under 20;
+			// w0's later try under 10 is refused.
+			{Worker: "w0", Kind: KindDBWrite, Lease: "a", Target: dbRes, Seq: 5, Token: 10, OK: true},
+			{Worker: "w0", Kind: KindDBWrite, Lease: "a", Target: dbRes, Seq: 6, Token: 10, OK: true},
+			{Worker: "w1", Kind: KindDBWrite, Lease: "a", Target: dbRes, Seq: 4, Token: 20, OK: true},
+			{Worker: "w0", Kind: KindDBWrite, Lease: "a", Target: dbRes, Seq: 7, Token: 10, Reason: ReasonFenced},
+		},
+		DB: []DBCommit{
+			{Resource: dbRes, Counter: 1, Token: 10, Writer: "w0", Seq: 5},
+			{Resource: dbRes, Counter: 3, Token: 20, Writer: "w1", Seq: 4},
+			{Resource: dbRes, Counter: 2, Token: 10, Writer: "w0", Seq: 6},
 		},
 		Objects: []ObjectEvent{
 			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
@@ -87,7 +101,7 @@ func TestCleanHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("violations in a clean history: %v", r.Violations)
 	}
-	want := "faults: 1 injected, writes accepted 8 refused 1, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, stale reports 0, locks: stale writes 0, two holders 0, token regressions 0, hostile writes 2 accepted 0"
+	want := "faults: 1 injected, writes accepted 11 refused 2, stale accepted 0, double grants 0, token regressions 0, duplicate ids 0, stale reports 0, locks: stale writes 0, two holders 0, token regressions 0, database: commits 3 out of order 0, hostile writes 2 accepted 0"
 	if got := r.Summary(); got != want {
 		t.Fatalf("summary\n got %s\nwant %s", got, want)
 	}
@@ -162,6 +176,15 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"a keyed lock's write missing from the history", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindLockWrite, Seq: 99, Token: 31, OK: true})
 		}, func(r *Report) int { return r.Missing }},
+		{"a database commit under an older token after a newer one", func(h *Histories) {
+			h.DB = append(h.DB, DBCommit{Resource: dbRes, Counter: 4, Token: 10, Writer: "w0", Seq: 8})
+		}, func(r *Report) int { return r.DBStaleCommits }},
+		{"two database commits that held the guard row at once", func(h *Histories) {
+			h.DB = append(h.DB, DBCommit{Resource: dbRes, Counter: 3, Token: 20, Writer: "w2", Seq: 1})
+		}, func(r *Report) int { return r.DBStaleCommits }},
+		{"a committed database transaction missing from the audit", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindDBWrite, Target: dbRes, Seq: 9, Token: 20, OK: true})
+		}, func(r *Report) int { return r.Missing }},
 		{"accepted write missing from the history", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindConfigMap, Seq: 5, Token: 20, OK: true})
 		}, func(r *Report) int { return r.Missing }},
@@ -194,7 +217,7 @@ func TestLoadRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	var as, os, ls, es, fs []any
+	var as, os, ls, es, fs, ds []any
 	for _, a := range h.Attempts {
 		as = append(as, a)
 	}
@@ -210,6 +233,10 @@ func TestLoadRoundTrip(t *testing.T) {
 	for _, f := range h.Faults {
 		fs = append(fs, f)
 	}
+	for _, d := range h.DB {
+		ds = append(ds, d)
+	}
+	write("db.jsonl", ds...)
 	write("workers/w.jsonl", as...)
 	write("objects.jsonl", os...)
 	write("leases.jsonl", ls...)

@@ -11,6 +11,7 @@
 //	leases.jsonl          LeaseEvent lines: every Lease status token observed
 //	etcd.jsonl            EtcdEvent lines: etcd's history from revision 1
 //	faults.jsonl          Fault lines: what the nemesis did, and when
+//	db.jsonl              DBCommit lines: the database workers' audit table
 package history
 
 import (
@@ -62,6 +63,7 @@ const (
 var KnownReasons = map[string]bool{
 	ReasonFenced: true, ReasonWebhookUnavailable: true, ReasonTokenUnavailable: true,
 	ReasonEtcdUnavailable: true, ReasonTimeout: true, ReasonRace: true,
+	ReasonDBUnavailable: true,
 }
 
 // Attempt is one thing a worker did.

@@ -20,7 +20,8 @@ import (
 // Unlock. A worker paused while it held a set wakes up with locks it has
 // lost: it writes under their tokens anyway (refused), and retries Unlock
 // (the stale unlock, which must delete nothing of the next holder's). Now
-// and then it also writes under a token it unlocked (refused).
+// and then it also writes under a token it unlocked (refused), to etcd and
+// through the database guard.
 func (w *worker) lockLoop(ctx context.Context, n int) {
 	l, err := fence.NewLocker(w.etcd, w.prefix, w.namespace, fence.LockerOptions{Pod: w.pod, PodUID: w.podUID, TTL: 3 * time.Second, Timeout: 2 * time.Second})
 	if err != nil {
@@ -46,6 +47,7 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 		w.record(history.Attempt{Kind: history.KindLock, Target: strings.Join(set, ","), Token: lk.Tokens()[0].Value, OK: true})
 		for _, tok := range lk.Tokens() {
 			w.writeLocked(ctx, tok, "")
+			w.writeRow(ctx, "lock", tok.Key, tok.Value)
 		}
 		time.Sleep(w.interval / 2)
 		if err := lk.Unlock(ctx); errors.Is(err, fence.ErrLockLost) {
@@ -54,7 +56,12 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 		}
 		unlocked = append(unlocked[max(len(unlocked)-8, 0):], lk.Tokens()...)
 		if i%10 == 9 && len(unlocked) > 0 {
-			w.writeLocked(ctx, unlocked[rng.IntN(len(unlocked))], "stale-lock-token")
+			old := unlocked[rng.IntN(len(unlocked))]
+			w.writeLocked(ctx, old, "stale-lock-token")
+			// The database guard refuses it once a newer token committed
+			// for the key; before that, the resource has seen no newer
+			// holder and it commits, in order.
+			w.writeRow(ctx, "lock", old.Key, old.Value)
 		}
 		time.Sleep(w.interval)
 	}

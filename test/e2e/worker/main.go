@@ -5,7 +5,9 @@
 // that was paused would wake up and write with a stale token. It also
 // issues IDs from a Blocks IDRange. Every attempt and every ID run goes to
 // its history file for the checker. With --lock-keys it also takes keyed
-// locks and writes fenced keys under their tokens.
+// locks and writes fenced keys under their tokens. With --db, each fenced
+// etcd write is followed by a transaction through the database guard under
+// the same token, recorded in an audit table.
 //
 // It serves /readyz on --ready-addr; the harness probes it like a kubelet,
 // so a paused worker goes not Ready and loses its Leases.
@@ -55,6 +57,8 @@ type config struct {
 	interval                           time.Duration
 	hostileEvery                       time.Duration
 	lockKeys                           int
+	databaseDSN                        string
+	unguarded                          bool
 }
 
 func main() {
@@ -77,6 +81,8 @@ func main() {
 	fs.StringVar(&c.readyAddr, "ready-addr", "127.0.0.1:0", "address of /readyz")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "pause between writes")
 	fs.IntVar(&c.lockKeys, "lock-keys", 0, "take keyed locks on random sets of 1-3 of this many keys, writing a fenced key under each; 0 takes none")
+	fs.StringVar(&c.databaseDSN, "db", "", "PostgreSQL DSN: also commit a transaction through the database guard (pkg/dbfence) after each fenced etcd write, under the same token; empty for none")
+	fs.BoolVar(&c.unguarded, "db-unguarded", false, "the checker's mutation: commit without the guard's token compare")
 	fs.DurationVar(&c.hostileEvery, "hostile-every", 0, "pause between hostile writes (no token, forged, old, tokenless) to lease alpha's objects; 0 sends none")
 	_ = fs.Parse(os.Args[1:])
 	c.leases = split(leases)
@@ -133,6 +139,12 @@ func run(c config) error {
 	go serveReady(c.readyAddr)
 
 	w := &worker{config: c, kube: kube, etcd: etcd, hist: hist, tokens: map[string][]int64{}}
+	if c.databaseDSN != "" {
+		if w.database, err = openDatabase(c.databaseDSN, c.pod, c.unguarded); err != nil {
+			return err
+		}
+		defer w.database.db.Close()
+	}
 	var wg sync.WaitGroup
 	for _, lease := range c.leases {
 		wg.Go(func() { w.writeLoop(ctx, lease) })
@@ -167,8 +179,10 @@ type worker struct {
 	kube client.Client
 	etcd *clientv3.Client
 	hist *history.Writer
-	mu   sync.Mutex
-	seq  int64
+	// database is nil unless --db is set.
+	database *database
+	mu       sync.Mutex
+	seq      int64
 	// tokens are the tokens read per lease, for the hostile writes.
 	tokens map[string][]int64
 	// relabelling is set while this worker's pod is relabelled out of
@@ -219,6 +233,7 @@ func (w *worker) writeLoop(ctx context.Context, lease string) {
 		if tok.Value != 0 {
 			w.writeObject(ctx, lease, tok)
 			w.writeKey(ctx, lease, tok)
+			w.writeRow(ctx, "lease", lease, tok.Value)
 		}
 		select {
 		case <-ctx.Done():

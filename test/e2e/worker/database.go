@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // the worker's PostgreSQL driver
+
+	"github.com/fencer-io/fencer/pkg/dbfence"
+	"github.com/fencer-io/fencer/test/e2e/history"
+)
+
+// AuditTable is where each guarded transaction records itself, with the
+// guard row's commit counter: the order the checker replays.
+const AuditTable = "fault_audit"
+
+// inTransaction is how long each transaction stays open after its guard,
+// holding the resource's row lock, so that the nemesis finds workers in
+// the middle of one to pause.
+const inTransaction = 10 * time.Millisecond
+
+// database is a worker's connection to the fault run's PostgreSQL.
+type database struct {
+	db    *sql.DB
+	table dbfence.Table
+	// unguarded is the checker's mutation (--db-unguarded): the guard row
+	// counts commits but compares no tokens.
+	unguarded bool
+	mu        sync.Mutex
+	// install names the etcd that issues the tokens; read once.
+	install string
+}
+
+// openDatabase connects as application_name=<pod>, so the nemesis can
+// find and kill this worker's sessions, with the timeouts docs/sdk.md
+// recommends: a lock wait gives up after 1 s, and a session paused inside
+// a transaction is ended after 2 s, which frees its row lock.
+func openDatabase(dsn, pod string, unguarded bool) (*database, error) {
+	db, err := sql.Open("pgx", fmt.Sprintf("%s application_name=%s lock_timeout=1000 idle_in_transaction_session_timeout=2000", dsn, pod))
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(2)
+	return &database{db: db, unguarded: unguarded}, nil
+}
+
+// writeRow commits one transaction through the guard under token, of the
+// Lease or keyed lock (kind "lease" or "lock") named name: the guard, the
+// guard row's counter read under its lock, a pause, the audit row. The
+// history records whether it committed.
+func (w *worker) writeRow(ctx context.Context, kind, name string, token int64) {
+	if w.database == nil {
+		return
+	}
+	res, ok := w.resource(ctx, kind, name)
+	if !ok {
+		return
+	}
+	seq := w.nextSeq()
+	err := w.guardedTx(ctx, res, token, seq)
+	if ctx.Err() != nil {
+		return
+	}
+	a := history.Attempt{Kind: history.KindDBWrite, Lease: name, Target: res.String(), Token: token, Seq: seq, OK: err == nil}
+	if err != nil {
+		a.Reason, a.Message = dbReason(err), err.Error()
+	}
+	w.record(a)
+}
+
+func (w *worker) guardedTx(ctx context.Context, res dbfence.Resource, token, seq int64) error {
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	tx, err := w.database.db.BeginTx(tctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := w.database.guard(tctx, tx, res, token); err != nil {
+		return err
+	}
+	var counter int64
+	if err := tx.QueryRowContext(tctx, `SELECT commits FROM fencer.fences WHERE resource = $1`, res.String()).Scan(&counter); err != nil {
+		return err
+	}
+	time.Sleep(inTransaction)
+	if _, err := tx.ExecContext(tctx, `INSERT INTO `+AuditTable+` (resource, counter, token, writer, seq) VALUES ($1, $2, $3, $4, $5)`,
+		res.String(), counter, token, w.pod, seq); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// guard is dbfence's Guard, or, unguarded, the same row lock and counter
+// without the compare: what the checker must catch.
+func (d *database) guard(ctx context.Context, tx *sql.Tx, res dbfence.Resource, token int64) error {
+	if !d.unguarded {
+		return d.table.Guard(ctx, tx, res, token)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO fencer.fences AS f (resource, token, commits) VALUES ($1, $2, 1)
+		ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, commits = f.commits + 1`, res.String(), token)
+	return err
+}
+
+// resource names what a token fences in the database; "" until etcd has
+// answered once with its cluster ID.
+func (w *worker) resource(ctx context.Context, kind, name string) (dbfence.Resource, bool) {
+	w.database.mu.Lock()
+	defer w.database.mu.Unlock()
+	if w.database.install == "" {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		install, err := dbfence.InstallOf(ictx, w.etcd, w.prefix)
+		cancel()
+		if err != nil {
+			return dbfence.Resource{}, false
+		}
+		w.database.install = install
+	}
+	return dbfence.Resource{Install: w.database.install, Kind: kind, Namespace: w.namespace, Name: name}, true
+}
+
+// dbReason names why a guarded transaction did not commit.
+func dbReason(err error) string {
+	var stale *dbfence.StaleError
+	var pg *pgconn.PgError
+	switch {
+	case errors.As(err, &stale):
+		return history.ReasonFenced
+	case errors.Is(err, context.DeadlineExceeded):
+		return history.ReasonTimeout
+	case errors.As(err, &pg):
+		switch pg.Code {
+		case "55P03", "57014": // lock_timeout; a statement cancelled by its context
+			return history.ReasonTimeout
+		case "57P01", "25P03": // pg_terminate_backend; idle_in_transaction_session_timeout
+			return history.ReasonDBUnavailable
+		}
+		return "" // unexplained: the checker fails the run
+	}
+	// No answer from the server: the connection is gone.
+	fmt.Fprintln(os.Stderr, "worker: database:", err)
+	return history.ReasonDBUnavailable
+}
