@@ -73,6 +73,28 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 	return result, false, nil
 }
 
+// Lookup reads the stored result of operation opID of res, if a
+// transaction that ran it through Once committed: a handler answers a
+// retry with it before redoing any work outside the database (checks,
+// uploads). It reads what is committed, so it misses an operation still
+// in flight; Once, in the transaction, still decides, and waits for it.
+func (t Table) Lookup(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, res Resource, opID string) (result []byte, found bool, err error) {
+	if err := res.validate(); err != nil {
+		return nil, false, err
+	}
+	table, err := t.qualified()
+	if err != nil {
+		return nil, false, err
+	}
+	err = q.QueryRowContext(ctx, `SELECT result FROM `+table+`_ops WHERE resource = $1 AND op_id = $2`, res.String(), opID).Scan(&result)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, nil
+	}
+	return result, err == nil, err
+}
+
 // ForgetOperations deletes the idempotency records older than age. A
 // retry after that runs its operation again: keep records longer than
 // any client retries.

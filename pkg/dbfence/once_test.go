@@ -42,6 +42,20 @@ func TestOnceAnswersARetryFromTheRecord(t *testing.T) {
 	if got, replayed, err := once("op-1", "second"); err != nil || !replayed || got != "first" || runs.Load() != 1 {
 		t.Fatalf("repeat: %q replayed %v, %v; runs %d", got, replayed, err, runs.Load())
 	}
+	// Lookup answers outside a transaction: the committed record, and
+	// nothing for an operation never run, or run on another resource.
+	if got, found, err := table.Lookup(ctx, db, res, "op-1"); err != nil || !found || string(got) != "first" {
+		t.Fatalf("Lookup(op-1): %q %v %v", got, found, err)
+	}
+	other := dbfence.Lease("/fencer@test", "default", "other")
+	for _, c := range []struct {
+		res dbfence.Resource
+		op  string
+	}{{res, "op-never"}, {other, "op-1"}} {
+		if got, found, err := table.Lookup(ctx, db, c.res, c.op); err != nil || found || got != nil {
+			t.Fatalf("Lookup(%s, %s): %q %v %v, want not found", c.res, c.op, got, found, err)
+		}
+	}
 
 	// In flight: the first holds its record uncommitted.
 	for _, commit := range []bool{true, false} {
@@ -52,6 +66,9 @@ func TestOnceAnswersARetryFromTheRecord(t *testing.T) {
 		first, _ := db.BeginTx(ctx, nil)
 		if _, _, err := table.Once(ctx, first, res, opID, 10, op("in flight")); err != nil {
 			t.Fatal(err)
+		}
+		if _, found, err := table.Lookup(ctx, db, res, opID); err != nil || found {
+			t.Fatalf("Lookup found %s while its transaction is in flight (%v)", opID, err)
 		}
 		type answer struct {
 			got      string

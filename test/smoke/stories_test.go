@@ -12,7 +12,11 @@ import (
 
 // Stories are the runnable examples under examples/: each plays its
 // problem without fencer, then with it, and prints one RESULT line per run.
-var stories = []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"}
+var stories = []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids", "directory-moves"}
+
+// needsDatabase are the stories that run PostgreSQL: they play only under
+// `make test-db` (root), which runs this test for them alone.
+var needsDatabase = map[string]bool{"directory-moves": true}
 
 // runStories runs each story's demo against the dev cluster, as `make demo
 // STORY=<name>` does, and checks that the unfenced run shows the anomaly
@@ -20,6 +24,9 @@ var stories = []string{"scheduled-job", "index-publisher", "attempt-ids", "uniqu
 func runStories(t *testing.T, root, kubeconfig string) {
 	for _, name := range stories {
 		t.Run(name, func(t *testing.T) {
+			if needsDatabase[name] && os.Getenv("FENCER_TEST_DB") == "" {
+				t.Skipf("%s runs PostgreSQL: `make test-db` (as root) plays it", name)
+			}
 			bin := filepath.Join(t.TempDir(), name)
 			build := exec.Command("go", "build", "-o", bin, "./examples/"+name)
 			build.Dir = root

@@ -79,6 +79,9 @@ func (c *Cluster) StartManager(ctx context.Context, bin string, extraArgs ...str
 		"--etcd-pki-secret=" + etcdPKISecret,
 		"--etcd-enable-auth",
 		"--etcd-viewer-secret=fencer-etcd-viewer",
+		// Keyed locks alone need the namespace's identity: the
+		// directory-moves story has no Lease.
+		"--identity-namespaces=default",
 		"--webhook-namespace=" + ManagerNamespace,
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(ports[0]),
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(ports[1]),

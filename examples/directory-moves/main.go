@@ -1,0 +1,249 @@
+// Command directory-moves is the story of two replicas editing one
+// directory tree in PostgreSQL (README.md). A directory holds at most
+// three entries. Without fencer each replica serializes its requests with
+// a mutex of its own, so a move and an upload served by different
+// replicas both pass the entry-limit check, and the directory ends up
+// over its limit. With fencer each request takes keyed locks on the
+// directories it touches and writes through the database guard under
+// their tokens: a replica frozen past its lock's TTL is refused when it
+// wakes up and commits, and a client's retry is answered from the
+// operation's idempotency record instead of running again.
+//
+//	go run ./examples/directory-moves demo   # make demo STORY=directory-moves
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the story's PostgreSQL driver
+
+	"github.com/fencer-io/fencer/examples/internal/story"
+	"github.com/fencer-io/fencer/pkg/dbfence"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+// limit is the tree's invariant: no directory holds more entries.
+const limit = 3
+
+// lockTTL is how long a frozen replica keeps its keyed locks.
+const lockTTL = 2 * time.Second
+
+func main() {
+	story.Main("directory-moves", map[string]story.Role{
+		"demo": {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"serve": {Args: "naive|fenced OP-ID move|upload NAME FROM TO", NArgs: 6, Run: func(ctx context.Context, args []string) error {
+			return serve(ctx, args[0], request{op: args[1], kind: args[2], name: args[3], from: args[4], to: args[5]})
+		}},
+	})
+}
+
+// request is one client request: move NAME from FROM into TO, or upload
+// NAME into TO (FROM is "-"). op is the client's operation ID, the same
+// on a retry.
+type request struct {
+	op, kind, name, from, to string
+}
+
+// dirs are the directories the request changes, in one order for every
+// replica, so that guards of two requests never wait for each other in a
+// cycle.
+func (r request) dirs() []string {
+	ds := []string{r.to}
+	if r.kind == "move" {
+		ds = append(ds, r.from)
+	}
+	slices.Sort(ds)
+	return ds
+}
+
+// done describes a served request, as the client is answered.
+func (r request) done(entries int) string {
+	if r.kind == "move" {
+		return fmt.Sprintf("moved %s from %s into %s (%d of %d entries)", r.name, r.from, r.to, entries, limit)
+	}
+	return fmt.Sprintf("uploaded %s into %s (%d of %d entries)", r.name, r.to, entries, limit)
+}
+
+// write applies the request to the tree.
+func (r request) write(ctx context.Context, tx *sql.Tx) error {
+	if r.kind == "move" {
+		res, err := tx.ExecContext(ctx, `UPDATE entries SET dir = $1 WHERE dir = $2 AND name = $3`, r.to, r.from, r.name)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("%s is not in %s", r.name, r.from)
+		}
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO entries (dir, name) VALUES ($1, $2)`, r.to, r.name)
+	return err
+}
+
+// work is what the request does between its check and its write:
+// copying the file's bytes to object storage.
+func work() { time.Sleep(800 * time.Millisecond) }
+
+func count(ctx context.Context, db *sql.DB, dir string) (int, error) {
+	var n int
+	err := db.QueryRowContext(ctx, `SELECT count(*) FROM entries WHERE dir = $1`, dir).Scan(&n)
+	return n, err
+}
+
+func serve(ctx context.Context, mode string, r request) error {
+	db, err := sql.Open("pgx", os.Getenv("STORY_DATABASE"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	switch mode {
+	case "naive":
+		return serveNaive(ctx, db, r)
+	case "fenced":
+		return serveFenced(ctx, db, r)
+	}
+	return fmt.Errorf("mode %q: want naive or fenced", mode)
+}
+
+// mutexes are a replica's own locks, one per directory: they serialize
+// this replica's requests and nothing else.
+var (
+	mutexesMu sync.Mutex
+	mutexes   = map[string]*sync.Mutex{}
+)
+
+func mutex(dir string) *sync.Mutex {
+	mutexesMu.Lock()
+	defer mutexesMu.Unlock()
+	if mutexes[dir] == nil {
+		mutexes[dir] = &sync.Mutex{}
+	}
+	return mutexes[dir]
+}
+
+// serveNaive checks the limit under the replica's mutexes, works, writes.
+func serveNaive(ctx context.Context, db *sql.DB, r request) error {
+	me := story.Pod()
+	for _, d := range r.dirs() {
+		mutex(d).Lock()
+		defer mutex(d).Unlock()
+	}
+	story.Say(me, "%s: locked %v (a mutex in this replica)", r.op, r.dirs())
+	n, err := count(ctx, db, r.to)
+	if err != nil {
+		return err
+	}
+	story.Say(me, "%s: checked: %s has %d of %d entries", r.op, r.to, n, limit)
+	if n >= limit {
+		story.Say(me, "%s: refused: %s is full", r.op, r.to)
+		return nil
+	}
+	work()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := r.write(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	story.Say(me, "%s: %s", r.op, r.done(n+1))
+	return nil
+}
+
+// serveFenced answers a retry from the operation's record; otherwise it
+// takes a keyed lock per directory, checks the limit, works, and writes in
+// a transaction that guards every directory under its lock's token and
+// records the operation.
+func serveFenced(ctx context.Context, db *sql.DB, r request) error {
+	me := story.Pod()
+	env, err := story.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	install, err := dbfence.InstallOf(ctx, env.Etcd, env.Prefix)
+	if err != nil {
+		return err
+	}
+	var table dbfence.Table
+	resource := func(dir string) dbfence.Resource { return dbfence.Lock(install, story.Namespace, dir) }
+	if result, found, err := table.Lookup(ctx, db, resource(r.to), r.op); err != nil || found {
+		if found {
+			story.Say(me, "%s: a retry: answered from its idempotency record: %s", r.op, result)
+		}
+		return err
+	}
+	uid, err := story.PodUID(ctx, env.K8s)
+	if err != nil {
+		return err
+	}
+	locker, err := fence.NewLocker(env.Etcd, env.Prefix, story.Namespace, fence.LockerOptions{Pod: me, PodUID: string(uid), TTL: lockTTL})
+	if err != nil {
+		return err
+	}
+	defer locker.Close(context.Background())
+	lk, err := locker.Lock(ctx, r.dirs()...)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lk.Unlock(context.Background()) }()
+	tokens := make([]int64, 0, len(r.dirs()))
+	for _, d := range r.dirs() {
+		tokens = append(tokens, lk.Token(d).Value)
+	}
+	story.Say(me, "%s: locked %v with tokens %v", r.op, r.dirs(), tokens)
+	n, err := count(ctx, db, r.to)
+	if err != nil {
+		return err
+	}
+	story.Say(me, "%s: checked: %s has %d of %d entries", r.op, r.to, n, limit)
+	if n >= limit {
+		story.Say(me, "%s: refused: %s is full", r.op, r.to)
+		return nil
+	}
+	work()
+	result, err := commitFenced(ctx, db, table, r, lk, resource, n)
+	var stale *dbfence.StaleError
+	if errors.As(err, &stale) {
+		story.Say(me, "%s: commit REFUSED: %v", r.op, err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	story.Say(me, "%s: %s", r.op, result)
+	return nil
+}
+
+// commitFenced is the request's transaction: the guards first, one per
+// directory in the request's order, then the write, recorded under the
+// operation ID.
+func commitFenced(ctx context.Context, db *sql.DB, table dbfence.Table, r request, lk *fence.Lock, resource func(string) dbfence.Resource, n int) (string, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, d := range r.dirs() {
+		if err := table.Guard(ctx, tx, resource(d), lk.Token(d).Value); err != nil {
+			return "", err
+		}
+	}
+	result, _, err := table.Once(ctx, tx, resource(r.to), r.op, lk.Token(r.to).Value, func() ([]byte, error) {
+		return []byte(r.done(n + 1)), r.write(ctx, tx)
+	})
+	if err != nil {
+		return "", err
+	}
+	return string(result), tx.Commit()
+}
