@@ -38,6 +38,26 @@ func ExampleTable_Guard() {
 	}
 }
 
+// The guard and the first write in one statement, one round trip.
+func ExampleTable_Exec() {
+	ctx := context.Background()
+	var db *sql.DB
+	var token int64
+	res := dbfence.Lock("/fencer@a1b2", "default", "dir/inbox")
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := (dbfence.Table{}).Exec(ctx, tx, res, token, `UPDATE entries SET dir = $1 WHERE id = $2`, "inbox", 7); err != nil {
+		return // a *StaleError: a newer holder wrote; nothing of tx commits
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+}
+
 // A writer numbers its writes within a tenure; restarted in the same
 // tenure, it resumes after the stored sequence.
 func ExampleTable_GuardSeq() {

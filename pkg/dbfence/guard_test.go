@@ -179,6 +179,14 @@ func TestThePausedWriter(t *testing.T) {
 // down. Each transaction records its token and the guard row's commit
 // counter, read under the row lock, which orders the commits.
 func TestConcurrentGuardsCommitInTokenOrder(t *testing.T) {
+	for _, form := range []string{"Guard", "Exec"} {
+		t.Run(form, func(t *testing.T) { concurrentGuards(t, form) })
+	}
+}
+
+// concurrentGuards: 16 writers, each guarding (form Guard) or writing
+// through Exec, then appending the guard row's commit counter to an audit.
+func concurrentGuards(t *testing.T, form string) {
 	db, table := setup(t)
 	ctx := context.Background()
 	if _, err := db.Exec(`CREATE TABLE audit (n bigint PRIMARY KEY, token bigint)`); err != nil {
@@ -194,7 +202,13 @@ func TestConcurrentGuardsCommitInTokenOrder(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if err := table.Guard(ctx, tx, res, token); err != nil {
+				var err2 error
+				if form == "Guard" {
+					err2 = table.Guard(ctx, tx, res, token)
+				} else {
+					_, err2 = table.Exec(ctx, tx, res, token, `UPDATE reports SET token = $1 WHERE id = 1`, token)
+				}
+				if err := err2; err != nil {
 					_ = tx.Rollback()
 					var stale *dbfence.StaleError
 					if !errors.As(err, &stale) || stale.Floor <= token {
@@ -309,5 +323,61 @@ func TestBadTableNames(t *testing.T) {
 		if _, err := tb.Migration(); err == nil {
 			t.Errorf("%+v passed", tb)
 		}
+	}
+}
+
+// Exec runs the guard and one statement of the caller's in one round
+// trip, with the guard's refusal and abort.
+func TestExecGuardsTheStatement(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	exec := func(token int64, body string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		_, err = table.Exec(ctx, tx, res, token, `INSERT INTO reports VALUES (1, $1, $2) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body, token = EXCLUDED.token`, body, token)
+		if err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	if err := exec(10, "ten"); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(ctx, db, table, nil, 20, "twenty"); err != nil {
+		t.Fatal(err)
+	}
+	err := exec(10, "ten again")
+	var stale *dbfence.StaleError
+	if !errors.As(err, &stale) || stale.Offered != 10 || stale.Floor != 20 {
+		t.Fatalf("Exec under token 10 after 20: %v, want a StaleError with floor 20", err)
+	}
+	if got := body(t, db); got != "twenty" {
+		t.Fatalf("body %q after a refused Exec, want twenty", got)
+	}
+	if err := exec(20, "twenty again"); err != nil {
+		t.Fatalf("an equal token: %v", err)
+	}
+	// Ignoring the refusal commits nothing: the statement's exception
+	// aborted the transaction.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = table.Exec(ctx, tx, res, 5, `UPDATE reports SET body = 'five' WHERE id = 1`)
+	if err := tx.Commit(); err == nil {
+		t.Fatal("a transaction whose Exec was refused committed")
+	}
+	if got := body(t, db); got != "twenty again" {
+		t.Fatalf("body %q, want twenty again", got)
+	}
+	for _, q := range []string{"SELECT 1", "WITH x AS (SELECT 1) UPDATE reports SET body = 'x'", ""} {
+		tx, _ := db.BeginTx(ctx, nil)
+		if _, err := table.Exec(ctx, tx, res, 30, q); err == nil || !strings.Contains(err.Error(), "INSERT, UPDATE or DELETE") {
+			t.Errorf("Exec(%q): %v, want a refusal naming what it takes", q, err)
+		}
+		_ = tx.Rollback()
 	}
 }
