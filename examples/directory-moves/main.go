@@ -202,6 +202,14 @@ func serveFenced(ctx context.Context, db *sql.DB, r request) error {
 		tokens = append(tokens, lk.Token(d).Value)
 	}
 	story.Say(me, "%s: locked %v with tokens %v", r.op, r.dirs(), tokens)
+	// A retry that waited for the lock while the first attempt ran: the
+	// first committed before it unlocked.
+	if result, found, err := table.Lookup(ctx, db, resource(r.to), r.op); err != nil || found {
+		if found {
+			story.Say(me, "%s: a retry: answered from its idempotency record: %s", r.op, result)
+		}
+		return err
+	}
 	n, err := count(ctx, db, r.to)
 	if err != nil {
 		return err
@@ -212,10 +220,14 @@ func serveFenced(ctx context.Context, db *sql.DB, r request) error {
 		return nil
 	}
 	work()
-	result, err := commitFenced(ctx, db, table, r, lk, resource, n)
+	result, err := commitFenced(ctx, db, table, r, lk, resource)
 	var stale *dbfence.StaleError
 	if errors.As(err, &stale) {
 		story.Say(me, "%s: commit REFUSED: %v", r.op, err)
+		return nil
+	}
+	if errors.Is(err, errFull) {
+		story.Say(me, "%s: refused: %v", r.op, err)
 		return nil
 	}
 	if err != nil {
@@ -225,10 +237,17 @@ func serveFenced(ctx context.Context, db *sql.DB, r request) error {
 	return nil
 }
 
+// errFull refuses a request into a full directory.
+var errFull = errors.New("the directory is full")
+
 // commitFenced is the request's transaction: the guards first, one per
-// directory in the request's order, then the write, recorded under the
-// operation ID.
-func commitFenced(ctx context.Context, db *sql.DB, table dbfence.Table, r request, lk *fence.Lock, resource func(string) dbfence.Resource, n int) (string, error) {
+// directory in the request's order, then, recorded under the operation ID,
+// the check again and the write. The check before the work was under the
+// lock, which may have expired since; after the guards, under READ
+// COMMITTED, it sees every write the database accepted under an earlier
+// token, so a holder whose successor had not yet written cannot overfill
+// the directory either.
+func commitFenced(ctx context.Context, db *sql.DB, table dbfence.Table, r request, lk *fence.Lock, resource func(string) dbfence.Resource) (string, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", err
@@ -240,6 +259,13 @@ func commitFenced(ctx context.Context, db *sql.DB, table dbfence.Table, r reques
 		}
 	}
 	result, _, err := table.Once(ctx, tx, resource(r.to), r.op, lk.Token(r.to).Value, func() ([]byte, error) {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM entries WHERE dir = $1`, r.to).Scan(&n); err != nil {
+			return nil, err
+		}
+		if n >= limit {
+			return nil, fmt.Errorf("%w: %s has %d of %d entries", errFull, r.to, n, limit)
+		}
 		return []byte(r.done(n + 1)), r.write(ctx, tx)
 	})
 	if err != nil {

@@ -168,10 +168,19 @@ func (t Table) guardStatement(res Resource, token int64, n int, strict bool) (st
 // and the guard of res under token, in one statement: one round trip
 // instead of two, which is most of the guard's cost (docs/performance.md).
 // It refuses as Guard does, with a *StaleError, and the transaction is
-// aborted. The guard runs after your statement's rows are written, within
-// the statement: take your transactions' locks in one order, or a
-// deadlock (reported by IsRetryable) may abort one of them. query must
-// not begin with WITH: use Guard, then your statement.
+// aborted. Two differences from Guard first:
+//
+//   - The guard runs after your statement's rows are written, within the
+//     statement: take your transactions' locks in one order, or a deadlock
+//     (reported by IsRetryable) may abort one of them.
+//   - Your statement reads with the snapshot taken before the guard waited
+//     for a concurrent holder: a conditional write (a subquery, NOT EXISTS,
+//     INSERT … SELECT) may not see that holder's rows. For those, call
+//     Guard first; the statements after it read afresh.
+//
+// query must not begin with WITH, and its table must have no DO INSTEAD
+// rule (a rule that rewrites the statement away drops the guard with it):
+// use Guard, then your statement.
 func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, query string, args ...any) (sql.Result, error) {
 	verb, _, _ := strings.Cut(strings.TrimSpace(query), " ")
 	switch strings.ToUpper(verb) {
@@ -183,7 +192,9 @@ func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, 
 	if err != nil {
 		return nil, err
 	}
-	r, err := tx.ExecContext(ctx, `WITH fencer_guard AS (`+guard+`) `+query, append(args, res.String(), token, int64(0))...)
+	// A copy: appending to args could write into the caller's array.
+	all := append(args[:len(args):len(args)], res.String(), token, int64(0))
+	r, err := tx.ExecContext(ctx, `WITH fencer_guard AS (`+guard+`) `+query, all...)
 	return r, classify(err, res, token, 0)
 }
 

@@ -81,6 +81,9 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 func (t Table) Lookup(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, res Resource, opID string) (result []byte, found bool, err error) {
+	if opID == "" || len(opID) > 256 {
+		return nil, false, fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
+	}
 	if err := res.validate(); err != nil {
 		return nil, false, err
 	}

@@ -53,6 +53,10 @@ func (t Table) qualified() (string, error) {
 	return schema + "." + table, err
 }
 
+// The refuse function is VOLATILE (the default, spelled out): the guard's
+// CASE must call it only when the compare fails, never fold it into a
+// constant.
+
 // Migration is the SQL that creates the fence's schema objects, for the
 // user to apply once (a migration tool, or psql): the fence table, and
 // the function that aborts a transaction whose token is stale, so that
@@ -85,7 +89,7 @@ CREATE TABLE IF NOT EXISTS %[1]s.%[2]s_ops (
 	PRIMARY KEY (resource, op_id)
 );
 CREATE OR REPLACE FUNCTION %[1]s.%[2]s_refuse(res text, offered bigint, offered_seq bigint) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
 	floor_token bigint;
 	floor_seq bigint;

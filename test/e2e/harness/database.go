@@ -38,14 +38,17 @@ func (h *Harness) startDatabase(ctx context.Context) error {
 		return fmt.Errorf("the guard's migration: %w", err)
 	}
 	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+auditTable+` (
-	resource text NOT NULL, counter bigint NOT NULL, token bigint NOT NULL, writer text NOT NULL, seq bigint NOT NULL)`)
+	resource text NOT NULL, counter bigint NOT NULL, token bigint NOT NULL, writer text NOT NULL, seq bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS fault_writes (resource text NOT NULL, token bigint NOT NULL, writer text NOT NULL, seq bigint NOT NULL)`)
 	return err
 }
 
 // databaseFaults break the workers' transactions: a worker paused in the
-// middle of one, holding its row lock (idle_in_transaction_session_timeout
-// ends its session; its commit fails when it wakes), and a worker's
-// sessions killed.
+// middle of one, holding its row lock, and a worker's sessions killed.
+// The pause (4–8 s) outlasts idle_in_transaction_session_timeout (2 s):
+// PostgreSQL ends the session and frees the lock, and the woken worker's
+// commit fails. It proves the lock is freed and the others go on, not a
+// late commit: the guard's refusal of those is the paused-worker fault's.
 func (h *Harness) databaseFaults() []fault {
 	if h.db == nil {
 		return nil

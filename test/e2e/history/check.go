@@ -51,6 +51,7 @@ type Report struct {
 	DBStaleCommits  int
 	DBCommits       int
 	DBRefusedBy     map[string]int // the guarded transactions' refusals, by reason
+	DBCommitsByKind map[string]int // commits under Lease tokens (lease) and lock tokens (lock)
 	Unexplained     int            // refusals with no reason the checker can name
 	Missing         int            // accepted writes absent from the histories: the history is incomplete
 	Hostile         int            // hostile writes tried (KindHostile)

@@ -182,6 +182,9 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"two database commits that held the guard row at once", func(h *Histories) {
 			h.DB = append(h.DB, DBCommit{Resource: dbRes, Counter: 3, Token: 20, Writer: "w2", Seq: 1})
 		}, func(r *Report) int { return r.DBStaleCommits }},
+		{"a database refusal as stale with no higher token committed", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindDBWrite, Target: dbRes, Seq: 10, Token: 20, Reason: ReasonFenced})
+		}, func(r *Report) int { return r.Unexplained }},
 		{"a committed database transaction missing from the audit", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindDBWrite, Target: dbRes, Seq: 9, Token: 20, OK: true})
 		}, func(r *Report) int { return r.Missing }},

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // KindDBWrite is a transaction through the database guard (pkg/dbfence)
@@ -29,10 +30,22 @@ type DBCommit struct {
 	Seq      int64  `json:"seq"`
 }
 
+// above reports whether a commit in cs is under a token above t: what a
+// refusal of t as stale needs.
+func above(cs []DBCommit, t int64) bool {
+	for _, c := range cs {
+		if c.Token > t {
+			return true
+		}
+	}
+	return false
+}
+
 // database checks the audit table: per resource, in commit order, no
 // commit under token t follows one under t' > t (DBStaleCommits), and no
 // two commits share a counter, which would mean two held the row at once;
-// and every transaction a worker saw commit is in the audit (Missing).
+// every transaction a worker saw commit is in the audit (Missing); and
+// every refusal as stale follows a commit under a higher token there.
 func (r *Report) database(h *Histories) {
 	byRes := map[string][]DBCommit{}
 	seen := map[string]bool{}
@@ -59,8 +72,17 @@ func (r *Report) database(h *Histories) {
 		case a.Kind != KindDBWrite:
 		case !a.OK:
 			r.DBRefusedBy[a.Reason]++
+			if a.Reason == ReasonFenced && !above(byRes[a.Target], a.Token) {
+				r.violate(&r.Unexplained, "%s's transaction #%d on %s under token %d was refused as stale, but no higher token committed there", a.Worker, a.Seq, a.Target, a.Token)
+			}
 		case !seen[a.Worker+"/"+strconv.FormatInt(a.Seq, 10)]:
 			r.violate(&r.Missing, "%s's committed transaction #%d on %s is not in the audit table", a.Worker, a.Seq, a.Target)
+		}
+	}
+	r.DBCommitsByKind = map[string]int{}
+	for _, c := range h.DB {
+		if parts := strings.Split(c.Resource, "|"); len(parts) == 4 {
+			r.DBCommitsByKind[parts[1]]++
 		}
 	}
 }

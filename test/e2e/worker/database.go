@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,8 +21,12 @@ import (
 )
 
 // AuditTable is where each guarded transaction records itself, with the
-// guard row's commit counter: the order the checker replays.
-const AuditTable = "fault_audit"
+// guard row's commit counter: the order the checker replays. WritesTable
+// takes the transactions' own writes.
+const (
+	AuditTable  = "fault_audit"
+	WritesTable = "fault_writes"
+)
 
 // inTransaction is how long each transaction stays open after its guard,
 // holding the resource's row lock, so that the nemesis finds workers in
@@ -74,6 +82,10 @@ func (w *worker) writeRow(ctx context.Context, kind, name string, token int64) {
 	w.record(a)
 }
 
+// guardedTx is one transaction through the guard. Under a lock's token it
+// guards with Exec, the guard in the statement of the write; under a
+// Lease's with Guard, then the write. The counter is read after both, so
+// it sees the guard's update.
 func (w *worker) guardedTx(ctx context.Context, res dbfence.Resource, token, seq int64) error {
 	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -82,7 +94,13 @@ func (w *worker) guardedTx(ctx context.Context, res dbfence.Resource, token, seq
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	if err := w.database.guard(tctx, tx, res, token); err != nil {
+	const write = `INSERT INTO ` + WritesTable + ` (resource, token, writer, seq) VALUES ($1, $2, $3, $4)`
+	if res.Kind == "lock" && !w.database.unguarded {
+		_, err = w.database.table.Exec(tctx, tx, res, token, write, res.String(), token, w.pod, seq)
+	} else if err = w.database.guard(tctx, tx, res, token); err == nil {
+		_, err = tx.ExecContext(tctx, write, res.String(), token, w.pod, seq)
+	}
+	if err != nil {
 		return err
 	}
 	var counter int64
@@ -125,7 +143,9 @@ func (w *worker) resource(ctx context.Context, kind, name string) (dbfence.Resou
 	return dbfence.Resource{Install: w.database.install, Kind: kind, Namespace: w.namespace, Name: name}, true
 }
 
-// dbReason names why a guarded transaction did not commit.
+// dbReason names why a guarded transaction did not commit: a refusal, a
+// timeout, or a lost session. Anything else is left unnamed, and the
+// checker fails the run.
 func dbReason(err error) string {
 	var stale *dbfence.StaleError
 	var pg *pgconn.PgError
@@ -141,9 +161,19 @@ func dbReason(err error) string {
 		case "57P01", "25P03": // pg_terminate_backend; idle_in_transaction_session_timeout
 			return history.ReasonDBUnavailable
 		}
-		return "" // unexplained: the checker fails the run
+		return ""
+	case lostSession(err):
+		return history.ReasonDBUnavailable
 	}
-	// No answer from the server: the connection is gone.
 	fmt.Fprintln(os.Stderr, "worker: database:", err)
-	return history.ReasonDBUnavailable
+	return ""
+}
+
+// lostSession reports an error of a connection that is gone: closed by
+// the server (its FATAL already read, or not), or failing to reconnect.
+func lostSession(err error) bool {
+	var netErr net.Error
+	msg := err.Error()
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.As(err, &netErr) || strings.Contains(msg, "conn closed") || strings.Contains(msg, "failed to connect")
 }
