@@ -108,6 +108,7 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 		{&fencerv1.Lease{}, indexHolder, holderValues},
 		{&corev1.Pod{}, indexPodLabel, podLabelValues},
 		{&corev1.Pod{}, indexPodLease, podLeaseValues},
+		{&fencerv1.WorkloadLease{}, indexWorkload, workloadValues},
 	} {
 		if err := idx.IndexField(ctx, ix.obj, ix.field, ix.fn); err != nil {
 			return fmt.Errorf("indexing %T by %s: %w", ix.obj, ix.field, err)

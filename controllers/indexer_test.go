@@ -61,7 +61,7 @@ func TestSetupIndexesRegistersEveryIndex(t *testing.T) {
 	if err := SetupIndexes(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"*v1alpha1.Lease/" + indexSelectorLabel, "*v1alpha1.Lease/" + indexHolder, "*v1.Pod/" + indexPodLabel, "*v1.Pod/" + indexPodLease}
+	want := []string{"*v1alpha1.Lease/" + indexSelectorLabel, "*v1alpha1.Lease/" + indexHolder, "*v1.Pod/" + indexPodLabel, "*v1.Pod/" + indexPodLease, "*v1alpha1.WorkloadLease/" + indexWorkload}
 	if !slices.Equal(rec.fields, want) {
 		t.Fatalf("indexes %v, want %v", rec.fields, want)
 	}
@@ -80,6 +80,8 @@ func typeName(obj client.Object) string {
 		return "*v1alpha1.Lease"
 	case *corev1.Pod:
 		return "*v1.Pod"
+	case *fencerv1.WorkloadLease:
+		return "*v1alpha1.WorkloadLease"
 	}
 	return "?"
 }

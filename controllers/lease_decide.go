@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,6 +86,32 @@ func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
 		return fencerv1.TenureHolderGone
 	}
 	return fencerv1.TenureHolderNotReady
+}
+
+// running are the pods that may still run a container: all but those
+// in a terminal phase (Succeeded, Failed), which their kubelet reported
+// after every container ended. A partitioned node's pods report nothing
+// and stay Running, terminating ones included.
+func running(pods []corev1.Pod) []corev1.Pod {
+	var out []corev1.Pod
+	for _, p := range pods {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// othersRemain says why a soleCandidate Lease grants to none of the pods
+// its selector matches: there is more than one.
+func othersRemain(lease *fencerv1.Lease, pods []corev1.Pod) {
+	names := make([]string, len(pods))
+	for i := range pods {
+		names[i] = pods[i].Name + " (" + string(pods[i].UID) + ")"
+	}
+	slices.Sort(names)
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonOtherPodsRemain,
+		fmt.Sprintf("spec.soleCandidate: %d pods match spec.holderSelector (%s); the lease is granted once only one remains", len(pods), strings.Join(names, ", ")))
 }
 
 // noCandidates says why no pod can be granted the Lease: none Ready

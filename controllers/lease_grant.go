@@ -26,6 +26,11 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 		r.mem.noGrant(key, false)
 		return nil, nil
 	}
+	if others := running(pods); lease.Spec.SoleCandidate && len(others) > 1 {
+		othersRemain(lease, others)
+		r.mem.noGrant(key, true) // a pod's deletion wakes the Lease
+		return nil, nil
+	}
 	next := holder.Pick(pods, passOver(lease)...)
 	if next == nil {
 		noCandidates(lease, out)

@@ -43,6 +43,10 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
 	}
+	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec}
+	if err := members.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the WorkloadLease controller: %w", err)
+	}
 	if id := o.Identity; id != nil {
 		id.Client, id.Reader, id.Clock = mgr.GetClient(), mgr.GetAPIReader(), o.Clock
 		if err := id.SetupWithManager(mgr); err != nil {

@@ -1,4 +1,5 @@
-// Package v1alpha1 holds the fencer.io/v1alpha1 API: the Lease and IDRange kinds.
+// Package v1alpha1 holds the fencer.io/v1alpha1 API: the Lease, IDRange and
+// WorkloadLease kinds.
 //
 // +kubebuilder:object:generate=true
 // +groupName=fencer.io
@@ -23,7 +24,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Lease{}, &LeaseList{}, &IDRange{}, &IDRangeList{})
+	s.AddKnownTypes(GroupVersion, &Lease{}, &LeaseList{}, &IDRange{}, &IDRangeList{}, &WorkloadLease{}, &WorkloadLeaseList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

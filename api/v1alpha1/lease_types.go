@@ -68,6 +68,16 @@ type LeaseSpec struct {
 	// suspend, when true, releases the current holder and grants to no one.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+
+	// soleCandidate, when true, grants only while the selector matches
+	// exactly one pod object, terminating ones included: a replacement
+	// pod waits until every other pod the selector matches is gone, or in
+	// a terminal phase (Succeeded or Failed, which its kubelet reported
+	// after every container ended). A
+	// WorkloadLease sets it on the Lease of each member, whose selector
+	// matches that member's pods only.
+	// +optional
+	SoleCandidate bool `json:"soleCandidate,omitempty"`
 }
 
 // TenureEndReason says why a tenure ended.
@@ -182,6 +192,10 @@ const ConditionHeld = "Held"
 const (
 	ReasonGranted      = "Granted"
 	ReasonNoCandidates = "NoCandidates"
+	// ReasonOtherPodsRemain: spec.soleCandidate is true and the selector
+	// matches more than one pod object: the member's replacement waits
+	// until the others are gone.
+	ReasonOtherPodsRemain = "OtherPodsRemain"
 	// ReasonInvalidSelector: spec.holderSelector cannot be parsed (a label
 	// value the API does not allow, say), so it matches no pod.
 	ReasonInvalidSelector = "InvalidSelector"

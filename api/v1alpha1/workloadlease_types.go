@@ -1,0 +1,143 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// WorkloadKind names the kind of workload whose members a WorkloadLease
+// fences.
+// +kubebuilder:validation:Enum=StatefulSet;Job;CronJob
+type WorkloadKind string
+
+const (
+	// WorkloadStatefulSet: a Lease per ordinal, named as the ordinal's pod
+	// (<statefulset>-<ordinal>).
+	WorkloadStatefulSet WorkloadKind = "StatefulSet"
+	// WorkloadJob: an Indexed Job; a Lease per completion index, named
+	// <job>-<index>.
+	WorkloadJob WorkloadKind = "Job"
+	// WorkloadCronJob: one Lease, named as the CronJob, held by the pod of
+	// its newest Job: a newer run takes over from an older one still
+	// running.
+	WorkloadCronJob WorkloadKind = "CronJob"
+)
+
+// WorkloadRef names a workload in the WorkloadLease's namespace.
+type WorkloadRef struct {
+	// kind is StatefulSet, Job (an Indexed Job) or CronJob.
+	// +required
+	Kind WorkloadKind `json:"kind"`
+	// name is the workload's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+}
+
+// WorkloadLeaseSpec is the desired state of a WorkloadLease: which
+// workload's members get a Lease, and the fields of those Leases that it
+// owns.
+type WorkloadLeaseSpec struct {
+	// workload is the StatefulSet, Indexed Job or CronJob whose members
+	// each get a Lease.
+	// +required
+	Workload WorkloadRef `json:"workload"`
+
+	// ttlSeconds of each member's Lease.
+	// +kubebuilder:default=15
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	// +optional
+	TTLSeconds int32 `json:"ttlSeconds,omitempty"`
+
+	// renewal of each member's Lease: PodReady or Direct.
+	// +kubebuilder:default=PodReady
+	// +optional
+	Renewal RenewalMode `json:"renewal,omitempty"`
+
+	// policy of each member's Lease: Current or Monotonic.
+	// +kubebuilder:default=Current
+	// +optional
+	Policy FencingPolicy `json:"policy,omitempty"`
+
+	// bindIdentity of each member's Lease.
+	// +optional
+	BindIdentity bool `json:"bindIdentity,omitempty"`
+
+	// suspend, when true, suspends every member's Lease.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}
+
+// WorkloadLeaseStatus is what the controller last saw of the members.
+type WorkloadLeaseStatus struct {
+	// members is how many member Leases the WorkloadLease keeps.
+	// +optional
+	Members int32 `json:"members"`
+	// held is how many of them are held.
+	// +optional
+	Held int32 `json:"held"`
+	// observedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions: Ready is true when every member has its Lease.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// Reasons of a WorkloadLease's Ready condition, and of its Events.
+const (
+	// ReasonMembersLeased: every member has its Lease.
+	ReasonMembersLeased = "MembersLeased"
+	// ReasonWorkloadNotFound: the workload does not exist (yet).
+	ReasonWorkloadNotFound = "WorkloadNotFound"
+	// ReasonNotIndexed: a Job without completionMode Indexed has no
+	// members to tell apart.
+	ReasonNotIndexed = "NotIndexed"
+	// ReasonNameTaken: a member's Lease name is taken by a Lease the
+	// WorkloadLease does not own; that member gets none.
+	ReasonNameTaken = "NameTaken"
+	// ReasonMemberLeaseReverted (an Event): a field of a member's Lease
+	// that the WorkloadLease owns was edited, and set back.
+	ReasonMemberLeaseReverted = "MemberLeaseReverted"
+	// ReasonTakeover (an Event): a CronJob's Lease moved to its newest
+	// run; the older run's pod, no longer selected, loses the tenure.
+	ReasonTakeover = "Takeover"
+)
+
+// WorkloadLease gives each member of a workload a Lease of its own: each
+// StatefulSet ordinal, each Indexed Job completion index, or a CronJob's
+// newest run. The member Leases are ordinary Leases, owned by the
+// WorkloadLease, that grant only to a sole pod of their member: a
+// replacement pod gets a greater token once every other pod of the member
+// is gone.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=wlease,categories=fencer
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.spec.workload.kind`
+// +kubebuilder:printcolumn:name="Workload",type=string,JSONPath=`.spec.workload.name`
+// +kubebuilder:printcolumn:name="Members",type=integer,JSONPath=`.status.members`
+// +kubebuilder:printcolumn:name="Held",type=integer,JSONPath=`.status.held`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type WorkloadLease struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec WorkloadLeaseSpec `json:"spec"`
+	// +optional
+	Status WorkloadLeaseStatus `json:"status,omitempty"`
+}
+
+// WorkloadLeaseList is a list of WorkloadLeases.
+//
+// +kubebuilder:object:root=true
+type WorkloadLeaseList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []WorkloadLease `json:"items"`
+}

@@ -1,0 +1,152 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// The member Leases' marks: the WorkloadLease they belong to, and its
+// generation they were last written from. A member Lease that differs
+// from its WorkloadLease at the generation it records was edited by
+// someone else.
+const (
+	memberOfLabel              = "fencer.io/workloadlease"
+	parentGenerationAnnotation = "fencer.io/workloadlease-generation"
+)
+
+// maxLeaseName is the longest Lease name (the pod annotation key's limit).
+const maxLeaseName = 63
+
+// appliedMembers is what applyMembers found: how many members have their
+// Lease and how many of those are held, and the members whose Lease name
+// is another Lease's or too long.
+type appliedMembers struct {
+	members, held int32
+	taken         []string
+}
+
+// applyMembers creates or updates the Lease of each member in want, and
+// deletes the WorkloadLease's Leases of members no longer there.
+func (r *WorkloadLeaseReconciler) applyMembers(ctx context.Context, wl *fencerv1.WorkloadLease, want []member, out *outcome) (appliedMembers, error) {
+	var a appliedMembers
+	wanted := map[string]bool{}
+	for _, m := range want {
+		wanted[m.name] = true
+		if len(m.name) > maxLeaseName {
+			a.taken = append(a.taken, m.name+" (over 63 characters)")
+			continue
+		}
+		var l fencerv1.Lease
+		err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: m.name}, &l)
+		switch {
+		case apierrors.IsNotFound(err):
+			if err := r.createMember(ctx, wl, m); err != nil {
+				return a, err
+			}
+			a.members++
+			continue
+		case err != nil:
+			return a, err
+		case !metav1.IsControlledBy(&l, wl):
+			a.taken = append(a.taken, m.name)
+			continue
+		}
+		a.members++
+		if l.Status.OpenTenure() != nil {
+			a.held++
+		}
+		if err := r.updateMember(ctx, wl, &l, m, out); err != nil {
+			return a, err
+		}
+	}
+	return a, r.deleteGone(ctx, wl, wanted)
+}
+
+// memberSpec sets the fields of a member Lease that its WorkloadLease owns.
+func memberSpec(spec *fencerv1.LeaseSpec, wl *fencerv1.WorkloadLease, m member) {
+	spec.TTLSeconds = wl.Spec.TTLSeconds
+	spec.Renewal = wl.Spec.Renewal
+	spec.Policy = wl.Spec.Policy
+	spec.BindIdentity = wl.Spec.BindIdentity
+	spec.Suspend = wl.Spec.Suspend
+	spec.HolderSelector = *m.selector.DeepCopy()
+	spec.SoleCandidate = true
+}
+
+func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member) error {
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Name: m.name, Namespace: wl.Namespace,
+		Labels:      map[string]string{memberOfLabel: wl.Name},
+		Annotations: map[string]string{parentGenerationAnnotation: strconv.FormatInt(wl.Generation, 10)},
+	}}
+	memberSpec(&l.Spec, wl, m)
+	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
+		return err
+	}
+	if err := r.Create(ctx, l); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating Lease %s: %w", m.name, err)
+	}
+	return nil
+}
+
+// updateMember sets a member Lease's owned fields back to what its
+// WorkloadLease says. Changed at the generation it records, it was edited:
+// a Warning says so. A CronJob's Lease moving to a newer run is the
+// takeover, a Normal Event.
+func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
+	gen := strconv.FormatInt(wl.Generation, 10)
+	spec := l.Spec.DeepCopy()
+	memberSpec(spec, wl, m)
+	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen {
+		return nil
+	}
+	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
+	otherwise := spec.DeepCopy()
+	otherwise.HolderSelector = l.Spec.HolderSelector
+	selectorOnly := equality.Semantic.DeepEqual(*otherwise, l.Spec) && !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
+	switch {
+	case selectorOnly && m.run != "":
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonTakeover, "Lease %s now selects the pods of Job %s: the newer run takes over", l.Name, m.run)
+	case sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec):
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted, "Lease %s's spec was edited; set back: this WorkloadLease owns it (edit the WorkloadLease instead)", l.Name)
+	}
+	l.Spec = *spec
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[parentGenerationAnnotation] = gen
+	if err := r.Update(ctx, l); err != nil {
+		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
+	}
+	return nil
+}
+
+// deleteGone deletes the WorkloadLease's Leases whose members are gone:
+// the StatefulSet scaled down, the Job's completions lowered, another
+// workload named.
+func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.WorkloadLease, wanted map[string]bool) error {
+	var owned fencerv1.LeaseList
+	if err := r.List(ctx, &owned, client.InNamespace(wl.Namespace), client.MatchingLabels{memberOfLabel: wl.Name}); err != nil {
+		return err
+	}
+	for i := range owned.Items {
+		l := &owned.Items[i]
+		if wanted[l.Name] || !metav1.IsControlledBy(l, wl) {
+			continue
+		}
+		if err := r.Delete(ctx, l); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting Lease %s: %w", l.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// WorkloadLeaseReconciler keeps a Lease for each member of a WorkloadLease's
+// workload: it creates them, reverts edits of the fields it owns, deletes
+// those of members that are gone, and moves a CronJob's Lease to its
+// newest run. The Lease controller grants them like any other.
+type WorkloadLeaseReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
+// +kubebuilder:rbac:groups=fencer.io,resources=workloadleases/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=create;delete
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=get;list;watch
+
+// Reconcile brings one WorkloadLease's member Leases in line with its
+// workload and writes its status once.
+func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	wl := &fencerv1.WorkloadLease{}
+	if err := r.Get(ctx, req.NamespacedName, wl); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !wl.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // the garbage collector deletes its Leases
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
+	before := wl.Status.DeepCopy()
+	out, err := r.reconcileMembers(ctx, wl)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return finish(ctx, r.Client, r.Recorder, wl, before, &wl.Status, out)
+}
+
+// reconcileMembers applies the member Leases and sets the status.
+func (r *WorkloadLeaseReconciler) reconcileMembers(ctx context.Context, wl *fencerv1.WorkloadLease) (outcome, error) {
+	var out outcome
+	wl.Status.ObservedGeneration = wl.Generation
+	want, err := members(ctx, r.Client, wl)
+	var none *noMembers
+	if errors.As(err, &none) {
+		want, err = nil, nil // its Leases go; the condition says why
+	}
+	if err != nil {
+		return out, err
+	}
+	applied, err := r.applyMembers(ctx, wl, want, &out)
+	if err != nil {
+		return out, err
+	}
+	wl.Status.Members, wl.Status.Held = applied.members, applied.held
+	switch {
+	case none != nil:
+		setWorkloadReady(wl, metav1.ConditionFalse, none.reason, none.message)
+	case len(applied.taken) > 0:
+		msg := fmt.Sprintf("Leases %v exist and are not this WorkloadLease's: those members have no Lease of their own; rename or delete them", applied.taken)
+		setWorkloadReady(wl, metav1.ConditionFalse, fencerv1.ReasonNameTaken, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonNameTaken, "%s", msg)
+	default:
+		setWorkloadReady(wl, metav1.ConditionTrue, fencerv1.ReasonMembersLeased, fmt.Sprintf("%d members of %s %s have their Lease", len(want), wl.Spec.Workload.Kind, wl.Spec.Workload.Name))
+	}
+	return out, nil
+}
+
+func setWorkloadReady(wl *fencerv1.WorkloadLease, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&wl.Status.Conditions, metav1.Condition{
+		Type: fencerv1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: wl.Generation,
+	})
+}
+
+// indexWorkload holds "<kind>/<name>" of a WorkloadLease's workload, so
+// that a StatefulSet, Job or CronJob event finds its WorkloadLeases.
+const indexWorkload = "fencer.io/workload"
+
+func workloadValues(obj client.Object) []string {
+	if wl, ok := obj.(*fencerv1.WorkloadLease); ok {
+		return []string{string(wl.Spec.Workload.Kind) + "/" + wl.Spec.Workload.Name}
+	}
+	return nil
+}
+
+// SetupWithManager reconciles a WorkloadLease when it, one of its Leases,
+// or its workload changes; a Job also wakes its CronJob's WorkloadLeases.
+func (r *WorkloadLeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&fencerv1.WorkloadLease{}, builder.WithPredicates(notStatusOnly)).
+		Owns(&fencerv1.Lease{}).
+		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.forWorkload(fencerv1.WorkloadStatefulSet))).
+		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(r.forJob)).
+		Watches(&batchv1.CronJob{}, handler.EnqueueRequestsFromMapFunc(r.forWorkload(fencerv1.WorkloadCronJob))).
+		Named("workloadlease").
+		Complete(r)
+}
+
+// forWorkload maps a workload of kind to the WorkloadLeases naming it.
+func (r *WorkloadLeaseReconciler) forWorkload(kind fencerv1.WorkloadKind) handler.MapFunc {
+	return func(ctx context.Context, obj client.Object) []reconcile.Request {
+		return r.naming(ctx, obj.GetNamespace(), kind, obj.GetName())
+	}
+}
+
+// forJob maps a Job to the WorkloadLeases naming it, and those naming the
+// CronJob that controls it.
+func (r *WorkloadLeaseReconciler) forJob(ctx context.Context, obj client.Object) []reconcile.Request {
+	reqs := r.naming(ctx, obj.GetNamespace(), fencerv1.WorkloadJob, obj.GetName())
+	if ref := metav1.GetControllerOf(obj); ref != nil && ref.Kind == "CronJob" {
+		reqs = append(reqs, r.naming(ctx, obj.GetNamespace(), fencerv1.WorkloadCronJob, ref.Name)...)
+	}
+	return reqs
+}
+
+func (r *WorkloadLeaseReconciler) naming(ctx context.Context, namespace string, kind fencerv1.WorkloadKind, name string) []reconcile.Request {
+	var wls fencerv1.WorkloadLeaseList
+	if err := r.List(ctx, &wls, client.InNamespace(namespace), client.MatchingFields{indexWorkload: string(kind) + "/" + name}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing WorkloadLeases", "workload", name)
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(wls.Items))
+	for _, wl := range wls.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&wl)})
+	}
+	return reqs
+}

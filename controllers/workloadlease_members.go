@@ -1,0 +1,152 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// Labels the workload controllers put on the pods of a member; a member
+// Lease's selector matches them.
+const (
+	statefulSetPodName = "statefulset.kubernetes.io/pod-name"
+	jobControllerUID   = "batch.kubernetes.io/controller-uid"
+	jobCompletionIndex = "batch.kubernetes.io/job-completion-index"
+)
+
+// member is one member's Lease as its WorkloadLease wants it: a name the
+// member's pod can derive from what it knows, and a selector of that
+// member's pods only.
+type member struct {
+	name     string
+	selector metav1.LabelSelector
+	// run names the CronJob run whose pods the selector matches.
+	run string
+}
+
+// noMembers says why a workload has no members to lease: the condition's
+// reason and message.
+type noMembers struct{ reason, message string }
+
+func (n *noMembers) Error() string { return n.message }
+
+// members lists the members of wl's workload. A *noMembers error says why
+// there are none (no such workload, a Job not Indexed); another is an API
+// failure.
+func members(ctx context.Context, c client.Reader, wl *fencerv1.WorkloadLease) ([]member, error) {
+	key := client.ObjectKey{Namespace: wl.Namespace, Name: wl.Spec.Workload.Name}
+	notFound := func(err error) error {
+		if apierrors.IsNotFound(err) {
+			return &noMembers{fencerv1.ReasonWorkloadNotFound, fmt.Sprintf("%s %s not found in namespace %s", wl.Spec.Workload.Kind, key.Name, key.Namespace)}
+		}
+		return err
+	}
+	switch wl.Spec.Workload.Kind {
+	case fencerv1.WorkloadStatefulSet:
+		var sts appsv1.StatefulSet
+		if err := c.Get(ctx, key, &sts); err != nil {
+			return nil, notFound(err)
+		}
+		return ordinals(&sts), nil
+	case fencerv1.WorkloadJob:
+		var job batchv1.Job
+		if err := c.Get(ctx, key, &job); err != nil {
+			return nil, notFound(err)
+		}
+		return indexes(&job)
+	case fencerv1.WorkloadCronJob:
+		var cj batchv1.CronJob
+		if err := c.Get(ctx, key, &cj); err != nil {
+			return nil, notFound(err)
+		}
+		return newestRun(ctx, c, &cj)
+	}
+	return nil, &noMembers{fencerv1.ReasonWorkloadNotFound, fmt.Sprintf("spec.workload.kind %q: want StatefulSet, Job or CronJob", wl.Spec.Workload.Kind)}
+}
+
+// ordinals are a StatefulSet's members: a Lease per ordinal, named as its
+// pod, selecting the pod of that name among the StatefulSet's pods.
+func ordinals(sts *appsv1.StatefulSet) []member {
+	replicas, start := int32(1), int32(0)
+	if sts.Spec.Replicas != nil {
+		replicas = *sts.Spec.Replicas
+	}
+	if sts.Spec.Ordinals != nil {
+		start = sts.Spec.Ordinals.Start
+	}
+	out := make([]member, 0, replicas)
+	for i := start; i < start+replicas; i++ {
+		name := sts.Name + "-" + strconv.Itoa(int(i))
+		sel := metav1.LabelSelector{MatchLabels: map[string]string{statefulSetPodName: name}}
+		if sts.Spec.Selector != nil {
+			maps.Copy(sel.MatchLabels, sts.Spec.Selector.MatchLabels)
+			sel.MatchExpressions = slices.Clone(sts.Spec.Selector.MatchExpressions)
+		}
+		sel.MatchLabels[statefulSetPodName] = name
+		out = append(out, member{name: name, selector: sel})
+	}
+	return out
+}
+
+// indexes are an Indexed Job's members: a Lease per completion index,
+// named <job>-<index>, selecting that index's pods of this Job (its UID,
+// so a Job re-created under the same name is another workload).
+func indexes(job *batchv1.Job) ([]member, error) {
+	if job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
+		return nil, &noMembers{fencerv1.ReasonNotIndexed, fmt.Sprintf("Job %s is not Indexed (spec.completionMode): its pods are not members to tell apart", job.Name)}
+	}
+	completions := int32(1)
+	if job.Spec.Completions != nil {
+		completions = *job.Spec.Completions
+	}
+	out := make([]member, 0, completions)
+	for i := range completions {
+		idx := strconv.Itoa(int(i))
+		out = append(out, member{name: job.Name + "-" + idx, selector: metav1.LabelSelector{MatchLabels: map[string]string{
+			jobControllerUID: string(job.UID), jobCompletionIndex: idx,
+		}}})
+	}
+	return out, nil
+}
+
+// newestRun is a CronJob's one member: a Lease named as the CronJob that
+// selects the pods of its newest Job (the latest created; of two created
+// together, the greater name). A newer run takes the Lease over from an
+// older one still running: the older run's pods leave the selector, and a
+// holder no longer selected loses its tenure at once. Jobs are the
+// CronJob's when it is their controller; with no Job yet, the selector
+// matches no pod.
+func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]member, error) {
+	var jobs batchv1.JobList
+	if err := c.List(ctx, &jobs, client.InNamespace(cj.Namespace)); err != nil {
+		return nil, err
+	}
+	var newest *batchv1.Job
+	for i := range jobs.Items {
+		j := &jobs.Items[i]
+		if ref := metav1.GetControllerOf(j); ref == nil || ref.UID != cj.UID {
+			continue
+		}
+		if newest == nil || j.CreationTimestamp.After(newest.CreationTimestamp.Time) ||
+			(j.CreationTimestamp.Equal(&newest.CreationTimestamp) && j.Name > newest.Name) {
+			newest = j
+		}
+	}
+	// No pod carries a CronJob's UID as its controller's: the selector of
+	// a CronJob with no run yet matches nothing.
+	uid, run := string(cj.UID), ""
+	if newest != nil {
+		uid, run = string(newest.UID), newest.Name
+	}
+	return []member{{name: cj.Name, run: run, selector: metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: uid}}}}, nil
+}

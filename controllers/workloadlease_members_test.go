@@ -1,0 +1,49 @@
+package controllers
+
+import (
+	"errors"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+func TestOrdinalsFollowTheStatefulSet(t *testing.T) {
+	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: appsv1.StatefulSetSpec{
+		Replicas: ptr.To[int32](2), Ordinals: &appsv1.StatefulSetOrdinals{Start: 5},
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db", statefulSetPodName: "wrong"}},
+	}}
+	ms := ordinals(sts)
+	if len(ms) != 2 || ms[0].name != "db-5" || ms[1].name != "db-6" {
+		t.Fatalf("members %+v, want db-5 and db-6 (spec.ordinals.start)", ms)
+	}
+	if got := ms[1].selector.MatchLabels; got["app"] != "db" || got[statefulSetPodName] != "db-6" {
+		t.Fatalf("db-6's selector %v: the StatefulSet's, with its own pod name", got)
+	}
+	if sts.Spec.Selector.MatchLabels[statefulSetPodName] != "wrong" {
+		t.Fatal("the StatefulSet's own selector was changed")
+	}
+	if ms := ordinals(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "one"}}); len(ms) != 1 || ms[0].name != "one-0" {
+		t.Fatalf("no replicas set: %+v, want one-0", ms)
+	}
+}
+
+func TestIndexesOfAnIndexedJobOnly(t *testing.T) {
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "shard", UID: "u1"}, Spec: batchv1.JobSpec{Completions: ptr.To[int32](3)}}
+	var none *noMembers
+	if _, err := indexes(job); !errors.As(err, &none) || none.reason != fencerv1.ReasonNotIndexed {
+		t.Fatalf("a NonIndexed Job: %v, want NotIndexed", err)
+	}
+	job.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+	ms, err := indexes(job)
+	if err != nil || len(ms) != 3 || ms[2].name != "shard-2" {
+		t.Fatalf("members %+v, %v", ms, err)
+	}
+	if got := ms[2].selector.MatchLabels; got[jobControllerUID] != "u1" || got[jobCompletionIndex] != "2" {
+		t.Fatalf("shard-2's selector %v: this Job's UID and index 2", got)
+	}
+}

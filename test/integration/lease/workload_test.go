@@ -1,0 +1,329 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// There are no workload controllers in envtest: the tests create the
+// StatefulSets, Jobs and CronJobs, and play their part by creating the
+// pods, labelled as those controllers label them.
+
+func statefulSet(ns, name string, replicas int32) *appsv1.StatefulSet {
+	labels := map[string]string{"app": name}
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}},
+		},
+	}
+}
+
+func workloadLease(ns, name string, kind fencerv1.WorkloadKind, workload string, renewal fencerv1.RenewalMode) *fencerv1.WorkloadLease {
+	return &fencerv1.WorkloadLease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: kind, Name: workload},
+			TTLSeconds: 2, Renewal: renewal},
+	}
+}
+
+// memberPod creates a Ready pod with labels, as a workload controller
+// would, optionally with a finalizer that keeps it terminating once
+// deleted.
+func memberPod(t *testing.T, ns, name string, labels map[string]string, finalizer bool) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if finalizer {
+		pod.Finalizers = []string{"test.fencer.io/keep"}
+	}
+	create(t, pod)
+	fx.SetReady(t, pod, true)
+	return pod
+}
+
+// memberLeases waits until the WorkloadLease's Leases are exactly names,
+// each controlled by it, and returns them.
+func memberLeases(t *testing.T, ns string, wl *fencerv1.WorkloadLease, names ...string) map[string]*fencerv1.Lease {
+	t.Helper()
+	got := map[string]*fencerv1.Lease{}
+	eventually(t, 30*time.Second, fmt.Sprintf("member Leases %v", names), func() error {
+		var list fencerv1.LeaseList
+		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		got = map[string]*fencerv1.Lease{}
+		for i := range list.Items {
+			l := &list.Items[i]
+			if metav1.IsControlledBy(l, wl) {
+				got[l.Name] = l
+			}
+		}
+		if len(got) != len(names) {
+			return fmt.Errorf("have %d: %v", len(got), keys(got))
+		}
+		for _, n := range names {
+			if got[n] == nil {
+				return fmt.Errorf("no %s among %v", n, keys(got))
+			}
+		}
+		return nil
+	})
+	return got
+}
+
+func keys(m map[string]*fencerv1.Lease) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func readyCondition(t *testing.T, ns, name string) *metav1.Condition {
+	t.Helper()
+	wl := &fencerv1.WorkloadLease{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, wl); err != nil {
+		t.Fatal(err)
+	}
+	return meta.FindStatusCondition(wl.Status.Conditions, fencerv1.ConditionReady)
+}
+
+// A StatefulSet's members: a Lease per ordinal, owned by the
+// WorkloadLease, following scale up and down and a change of target; an
+// edit of a member Lease is set back; a name taken by another Lease is
+// reported, not overwritten.
+func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	sts := statefulSet(ns, "web", 2)
+	create(t, sts)
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	create(t, wl)
+	ls := memberLeases(t, ns, wl, "web-0", "web-1")
+	l0 := ls["web-0"]
+	if !l0.Spec.SoleCandidate || l0.Spec.TTLSeconds != 2 || l0.Spec.HolderSelector.MatchLabels["statefulset.kubernetes.io/pod-name"] != "web-0" ||
+		l0.Spec.HolderSelector.MatchLabels["app"] != "web" {
+		t.Fatalf("member Lease web-0: %+v", l0.Spec)
+	}
+	if ref := metav1.GetControllerOf(l0); ref == nil || ref.Kind != "WorkloadLease" || !ptr.Deref(ref.BlockOwnerDeletion, false) {
+		t.Fatalf("web-0's controller reference %+v: want the WorkloadLease, blocking its deletion (garbage collection deletes the members with it)", ref)
+	}
+
+	// A hand-written Lease takes web-2's name before the scale-up.
+	create(t, newLease(ns, "web-2", "other", 30))
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
+		t.Fatal(err)
+	}
+	sts.Spec.Replicas = ptr.To[int32](3)
+	if err := k8s.Update(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "Ready False, NameTaken", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Reason != fencerv1.ReasonNameTaken {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	if l := getLease(t, ns, "web-2"); metav1.GetControllerOf(l) != nil || l.Spec.HolderSelector.MatchLabels["app"] != "other" {
+		t.Fatalf("the hand-written web-2 was changed: %+v", l)
+	}
+
+	// An edit of a field the WorkloadLease owns is set back.
+	l0 = getLease(t, ns, "web-0")
+	l0.Spec.TTLSeconds = 30
+	if err := k8s.Update(ctx, l0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web-0's TTL set back to 2", func() error {
+		if ttl := getLease(t, ns, "web-0").Spec.TTLSeconds; ttl != 2 {
+			return fmt.Errorf("ttlSeconds %d", ttl)
+		}
+		return nil
+	})
+
+	// Scale down: the Lease of ordinal 1 goes; the hand-written web-2 stays.
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
+		t.Fatal(err)
+	}
+	sts.Spec.Replicas = ptr.To[int32](1)
+	if err := k8s.Update(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+	memberLeases(t, ns, wl, "web-0")
+	getLease(t, ns, "web-2")
+
+	// Another target: web's member Leases go, db's come.
+	create(t, statefulSet(ns, "db", 1))
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
+		t.Fatal(err)
+	}
+	wl.Spec.Workload.Name = "db"
+	if err := k8s.Update(ctx, wl); err != nil {
+		t.Fatal(err)
+	}
+	memberLeases(t, ns, wl, "db-0")
+	eventually(t, 30*time.Second, "Ready True", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+}
+
+// The replacement of a zombie StatefulSet pod: the old pod object is
+// force-deleted and a pod of the same name and a new UID replaces it. The
+// token moves to the replacement, strictly greater, under both renewal
+// modes (under Direct the old holder keeps renewing, as a zombie would).
+func TestStatefulSetReplacementGetsAGreaterToken(t *testing.T) {
+	for _, renewal := range []fencerv1.RenewalMode{fencerv1.RenewalPodReady, fencerv1.RenewalDirect} {
+		t.Run(string(renewal), func(t *testing.T) {
+			startController(t, "c1")
+			ns := namespace(t)
+			create(t, statefulSet(ns, "web", 1))
+			wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", renewal)
+			create(t, wl)
+			memberLeases(t, ns, wl, "web-0")
+			labels := map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}
+			old := memberPod(t, ns, "web-0", labels, false)
+			first := heldBy(t, ns, "web-0")
+			if first.HolderUID != old.UID {
+				t.Fatalf("held by %s (%s), want the pod %s", first.Holder, first.HolderUID, old.UID)
+			}
+			if renewal == fencerv1.RenewalDirect {
+				holdAsHolder(t, ns, "web-0", first) // the zombie keeps renewing
+			}
+			if err := k8s.Delete(context.Background(), old, client.GracePeriodSeconds(0)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 30*time.Second, "the old pod object gone", func() error {
+				err := k8s.Get(context.Background(), client.ObjectKeyFromObject(old), &corev1.Pod{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return fmt.Errorf("still there (%w)", err)
+			})
+			repl := memberPod(t, ns, "web-0", labels, false)
+			var second fencerv1.LeaseStatus
+			eventually(t, 60*time.Second, "the replacement holds web-0", func() error {
+				second = getLease(t, ns, "web-0").Status
+				if second.HolderUID != repl.UID {
+					return fmt.Errorf("held by %q", second.HolderUID)
+				}
+				return nil
+			})
+			if second.Token <= first.Token {
+				t.Fatalf("replacement's token %d, not above the zombie's %d", second.Token, first.Token)
+			}
+		})
+	}
+}
+
+// An Indexed Job's pod replaced while the old one is still terminating
+// (podReplacementPolicy TerminatingOrFailed): the replacement gets the
+// index's Lease only once the old pod object is gone.
+func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "shard", Namespace: ns},
+		Spec: batchv1.JobSpec{Completions: ptr.To[int32](2), Parallelism: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}},
+	}
+	create(t, job)
+	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "shard-0", "shard-1")
+	labels := map[string]string{"batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+	old := memberPod(t, ns, "shard-0-a", labels, true)
+	first := heldBy(t, ns, "shard-0")
+	if err := k8s.Delete(ctx, old); err != nil { // terminating, kept by its finalizer
+		t.Fatal(err)
+	}
+	repl := memberPod(t, ns, "shard-0-b", labels, false)
+	eventually(t, 30*time.Second, "shard-0 waiting for the terminating pod", func() error {
+		l := getLease(t, ns, "shard-0")
+		c := meta.FindStatusCondition(l.Status.Conditions, fencerv1.ConditionHeld)
+		if c == nil || c.Reason != fencerv1.ReasonOtherPodsRemain {
+			return fmt.Errorf("Held %+v", c)
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second) // two TTLs: still not granted
+	if l := getLease(t, ns, "shard-0"); l.Status.Holder != "" {
+		t.Fatalf("shard-0 granted to %s while the old pod terminates", l.Status.Holder)
+	}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(old), old); err != nil {
+		t.Fatal(err)
+	}
+	old.Finalizers = nil
+	if err := k8s.Update(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	second := heldBy(t, ns, "shard-0", first.Holder)
+	if second.HolderUID != repl.UID || second.Token <= first.Token {
+		t.Fatalf("second tenure %+v: want the replacement %s with a token above %d", second, repl.UID, first.Token)
+	}
+}
+
+// A CronJob's newer run takes its Lease over from an older run still
+// running: the older run's pod leaves the selector and loses the tenure.
+func TestCronJobNewerRunTakesOver(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	cj := &batchv1.CronJob{
+		ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns},
+		Spec: batchv1.CronJobSpec{Schedule: "0 3 * * *", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}}}},
+	}
+	create(t, cj)
+	wl := workloadLease(ns, "nightly", fencerv1.WorkloadCronJob, "nightly", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "nightly")
+	run := func(n int) *corev1.Pod {
+		job := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Name: "nightly-" + strconv.Itoa(n), Namespace: ns,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "CronJob", Name: cj.Name, UID: cj.UID, Controller: ptr.To(true)}}},
+			Spec: cj.Spec.JobTemplate.Spec,
+		}
+		create(t, job)
+		return memberPod(t, ns, job.Name+"-pod", map[string]string{"batch.kubernetes.io/controller-uid": string(job.UID)}, false)
+	}
+	p1 := run(1)
+	first := heldBy(t, ns, "nightly")
+	if first.HolderUID != p1.UID {
+		t.Fatalf("held by %s, want the first run's pod", first.Holder)
+	}
+	time.Sleep(1100 * time.Millisecond) // a later creationTimestamp (seconds)
+	p2 := run(2)
+	second := heldBy(t, ns, "nightly", p1.Name)
+	if second.HolderUID != p2.UID || second.Token <= first.Token {
+		t.Fatalf("second tenure %+v: want the newer run's pod with a token above %d", second, first.Token)
+	}
+	if r := second.History[1].EndReason; r != fencerv1.TenureHolderNotSelected {
+		t.Fatalf("the older run's tenure ended %s, want HolderNotSelected", r)
+	}
+}
