@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,8 +21,9 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 // they are Ready, and which have finished. Their spec and the rest of their
 // status are dropped, most of a pod's size. Nothing writes a cached pod
 // back whole: annotations change by merge patch, which sends only the keys
-// that differ. With namespaces, Leases, IDRanges and pods are watched in
-// those namespaces only, so several installs can share a cluster.
+// that differ. With namespaces, fencer's kinds, pods and the workloads
+// WorkloadLeases name are watched in those namespaces only, so several
+// installs can share a cluster.
 func CacheOptions(namespaces []string) cache.Options {
 	opts := cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -34,9 +37,13 @@ func CacheOptions(namespaces []string) cache.Options {
 		only[ns] = cache.Config{}
 	}
 	opts.ByObject = map[client.Object]cache.ByObject{
-		&fencerv1.Lease{}:   {Namespaces: only},
-		&fencerv1.IDRange{}: {Namespaces: only},
-		&corev1.Pod{}:       {Namespaces: only, Transform: TrimPod},
+		&fencerv1.Lease{}:         {Namespaces: only},
+		&fencerv1.IDRange{}:       {Namespaces: only},
+		&fencerv1.WorkloadLease{}: {Namespaces: only},
+		&appsv1.StatefulSet{}:     {Namespaces: only},
+		&batchv1.Job{}:            {Namespaces: only},
+		&batchv1.CronJob{}:        {Namespaces: only},
+		&corev1.Pod{}:             {Namespaces: only, Transform: TrimPod},
 	}
 	return opts
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -22,6 +23,10 @@ import (
 const (
 	memberOfLabel              = "fencer.io/workloadlease"
 	parentGenerationAnnotation = "fencer.io/workloadlease-generation"
+	// runAnnotation orders the CronJob run a member Lease selects
+	// (runOrder), so that it never moves back to an older one when the
+	// newer run's Job is deleted.
+	runAnnotation = "fencer.io/workloadlease-run"
 )
 
 // maxLeaseName is the longest Lease name (the pod annotation key's limit).
@@ -50,10 +55,16 @@ func (r *WorkloadLeaseReconciler) applyMembers(ctx context.Context, wl *fencerv1
 		err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: m.name}, &l)
 		switch {
 		case apierrors.IsNotFound(err):
-			if err := r.createMember(ctx, wl, m); err != nil {
+			created, err := r.createMember(ctx, wl, m)
+			if err != nil {
 				return a, err
 			}
-			a.members++
+			if created {
+				a.members++
+			} else { // a Lease the cache had not seen yet: look again
+				a.taken = append(a.taken, m.name)
+				out.result.RequeueAfter = time.Second
+			}
 			continue
 		case err != nil:
 			return a, err
@@ -83,20 +94,43 @@ func memberSpec(spec *fencerv1.LeaseSpec, wl *fencerv1.WorkloadLease, m member) 
 	spec.SoleCandidate = true
 }
 
-func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member) error {
+// createMember creates m's Lease; false when a Lease of that name already
+// exists.
+func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member) (bool, error) {
 	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name: m.name, Namespace: wl.Namespace,
 		Labels:      map[string]string{memberOfLabel: wl.Name},
 		Annotations: map[string]string{parentGenerationAnnotation: strconv.FormatInt(wl.Generation, 10)},
 	}}
+	if m.run != "" {
+		l.Annotations[runAnnotation] = m.runOrder
+	}
 	memberSpec(&l.Spec, wl, m)
 	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
-		return err
+		return false, err
 	}
-	if err := r.Create(ctx, l); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating Lease %s: %w", m.name, err)
+	switch err := r.Create(ctx, l); {
+	case apierrors.IsAlreadyExists(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
-	return nil
+	return true, nil
+}
+
+// countHeld is how many of wl's Leases are held.
+func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.WorkloadLease) (int32, error) {
+	var owned fencerv1.LeaseList
+	if err := r.List(ctx, &owned, client.InNamespace(wl.Namespace), client.MatchingLabels{memberOfLabel: wl.Name}); err != nil {
+		return 0, err
+	}
+	var held int32
+	for i := range owned.Items {
+		if metav1.IsControlledBy(&owned.Items[i], wl) && owned.Items[i].Status.OpenTenure() != nil {
+			held++
+		}
+	}
+	return held, nil
 }
 
 // updateMember sets a member Lease's owned fields back to what its
@@ -105,9 +139,14 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 // takeover, a Normal Event.
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
+	if cur := l.Annotations[runAnnotation]; m.run != "" && cur > m.runOrder {
+		// The run it selects is newer than the newest Job left: that
+		// Job was deleted, and its pods may still run. Stay.
+		m.selector, m.run, m.runOrder = l.Spec.HolderSelector, "", cur
+	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
-	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen {
+	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Annotations[runAnnotation] == m.runOrder {
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -125,6 +164,9 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[parentGenerationAnnotation] = gen
+	if m.runOrder != "" {
+		l.Annotations[runAnnotation] = m.runOrder
+	}
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}

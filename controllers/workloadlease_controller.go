@@ -14,7 +14,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -31,6 +33,7 @@ type WorkloadLeaseReconciler struct {
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=fencer.io,resources=workloadleases/finalizers,verbs=update
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=create;delete
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=get;list;watch
@@ -61,7 +64,16 @@ func (r *WorkloadLeaseReconciler) reconcileMembers(ctx context.Context, wl *fenc
 	want, err := members(ctx, r.Client, wl)
 	var none *noMembers
 	if errors.As(err, &none) {
-		want, err = nil, nil // its Leases go; the condition says why
+		// The workload is gone, or not yet there, or re-created under its
+		// name (kubectl replace --force): its pods may still run, so its
+		// members keep their Leases; the condition says why.
+		var held int32
+		if held, err = r.countHeld(ctx, wl); err != nil {
+			return out, err
+		}
+		wl.Status.Held = held
+		setWorkloadReady(wl, metav1.ConditionFalse, none.reason, none.message)
+		return out, nil
 	}
 	if err != nil {
 		return out, err
@@ -72,8 +84,6 @@ func (r *WorkloadLeaseReconciler) reconcileMembers(ctx context.Context, wl *fenc
 	}
 	wl.Status.Members, wl.Status.Held = applied.members, applied.held
 	switch {
-	case none != nil:
-		setWorkloadReady(wl, metav1.ConditionFalse, none.reason, none.message)
 	case len(applied.taken) > 0:
 		msg := fmt.Sprintf("Leases %v exist and are not this WorkloadLease's: those members have no Lease of their own; rename or delete them", applied.taken)
 		setWorkloadReady(wl, metav1.ConditionFalse, fencerv1.ReasonNameTaken, msg)
@@ -107,6 +117,8 @@ func (r *WorkloadLeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&fencerv1.WorkloadLease{}, builder.WithPredicates(notStatusOnly)).
 		Owns(&fencerv1.Lease{}).
+		// A Lease of another's taking a member's name, or freeing it.
+		Watches(&fencerv1.Lease{}, handler.EnqueueRequestsFromMapFunc(r.inNamespace), builder.WithPredicates(createOrDelete)).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.forWorkload(fencerv1.WorkloadStatefulSet))).
 		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(r.forJob)).
 		Watches(&batchv1.CronJob{}, handler.EnqueueRequestsFromMapFunc(r.forWorkload(fencerv1.WorkloadCronJob))).
@@ -129,6 +141,26 @@ func (r *WorkloadLeaseReconciler) forJob(ctx context.Context, obj client.Object)
 		reqs = append(reqs, r.naming(ctx, obj.GetNamespace(), fencerv1.WorkloadCronJob, ref.Name)...)
 	}
 	return reqs
+}
+
+// inNamespace maps an object to every WorkloadLease of its namespace.
+func (r *WorkloadLeaseReconciler) inNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	var wls fencerv1.WorkloadLeaseList
+	if err := r.List(ctx, &wls, client.InNamespace(obj.GetNamespace())); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing WorkloadLeases")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(wls.Items))
+	for _, wl := range wls.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&wl)})
+	}
+	return reqs
+}
+
+// createOrDelete passes only creations and deletions.
+var createOrDelete = predicate.Funcs{
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
 func (r *WorkloadLeaseReconciler) naming(ctx context.Context, namespace string, kind fencerv1.WorkloadKind, name string) []reconcile.Request {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -20,6 +21,7 @@ import (
 // Lease's selector matches them.
 const (
 	statefulSetPodName = "statefulset.kubernetes.io/pod-name"
+	jobName            = "batch.kubernetes.io/job-name"
 	jobControllerUID   = "batch.kubernetes.io/controller-uid"
 	jobCompletionIndex = "batch.kubernetes.io/job-completion-index"
 )
@@ -30,8 +32,9 @@ const (
 type member struct {
 	name     string
 	selector metav1.LabelSelector
-	// run names the CronJob run whose pods the selector matches.
-	run string
+	// run names the CronJob run whose pods the selector matches, and
+	// runOrder orders it among the CronJob's runs.
+	run, runOrder string
 }
 
 // noMembers says why a workload has no members to lease: the condition's
@@ -99,8 +102,9 @@ func ordinals(sts *appsv1.StatefulSet) []member {
 }
 
 // indexes are an Indexed Job's members: a Lease per completion index,
-// named <job>-<index>, selecting that index's pods of this Job (its UID,
-// so a Job re-created under the same name is another workload).
+// named <job>-<index>, selecting that index's pods of every Job of that
+// name: a Job re-created under it (kubectl replace --force) leaves pods
+// that may still run, and its own index pods wait for them.
 func indexes(job *batchv1.Job) ([]member, error) {
 	if job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
 		return nil, &noMembers{fencerv1.ReasonNotIndexed, fmt.Sprintf("Job %s is not Indexed (spec.completionMode): its pods are not members to tell apart", job.Name)}
@@ -113,33 +117,33 @@ func indexes(job *batchv1.Job) ([]member, error) {
 	for i := range completions {
 		idx := strconv.Itoa(int(i))
 		out = append(out, member{name: job.Name + "-" + idx, selector: metav1.LabelSelector{MatchLabels: map[string]string{
-			jobControllerUID: string(job.UID), jobCompletionIndex: idx,
+			jobName: job.Name, jobCompletionIndex: idx,
 		}}})
 	}
 	return out, nil
 }
 
 // newestRun is a CronJob's one member: a Lease named as the CronJob that
-// selects the pods of its newest Job (the latest created; of two created
-// together, the greater name). A newer run takes the Lease over from an
-// older one still running: the older run's pods leave the selector, and a
-// holder no longer selected loses its tenure at once. Jobs are the
-// CronJob's when it is their controller; with no Job yet, the selector
-// matches no pod.
+// selects the pods of its newest Job (runOrder: the latest scheduled, or
+// created, of two at once the greater name). A newer run takes the Lease
+// over from an older one still running: the older run's pods leave the
+// selector, and a holder no longer selected loses its tenure at once.
+// Jobs are the CronJob's when it is their controller; with no Job yet,
+// the selector matches no pod.
 func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]member, error) {
 	var jobs batchv1.JobList
 	if err := c.List(ctx, &jobs, client.InNamespace(cj.Namespace)); err != nil {
 		return nil, err
 	}
 	var newest *batchv1.Job
+	order := ""
 	for i := range jobs.Items {
 		j := &jobs.Items[i]
 		if ref := metav1.GetControllerOf(j); ref == nil || ref.UID != cj.UID {
 			continue
 		}
-		if newest == nil || j.CreationTimestamp.After(newest.CreationTimestamp.Time) ||
-			(j.CreationTimestamp.Equal(&newest.CreationTimestamp) && j.Name > newest.Name) {
-			newest = j
+		if o := runOrder(j); newest == nil || o > order {
+			newest, order = j, o
 		}
 	}
 	// No pod carries a CronJob's UID as its controller's: the selector of
@@ -148,5 +152,19 @@ func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]mem
 	if newest != nil {
 		uid, run = string(newest.UID), newest.Name
 	}
-	return []member{{name: cj.Name, run: run, selector: metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: uid}}}}, nil
+	return []member{{name: cj.Name, run: run, runOrder: order, selector: metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: uid}}}}, nil
+}
+
+// cronJobScheduled is the annotation a CronJob's Jobs carry with the time
+// they were scheduled for.
+const cronJobScheduled = "batch.kubernetes.io/cronjob-scheduled-timestamp"
+
+// runOrder orders a CronJob's Jobs as strings: the scheduled time (or,
+// for a Job made by hand, its creation), then the name.
+func runOrder(j *batchv1.Job) string {
+	at := j.CreationTimestamp.Time
+	if t, err := time.Parse(time.RFC3339, j.Annotations[cronJobScheduled]); err == nil {
+		at = t
+	}
+	return fmt.Sprintf("%020d/%s", at.Unix(), j.Name)
 }

@@ -43,7 +43,26 @@ func TestIndexesOfAnIndexedJobOnly(t *testing.T) {
 	if err != nil || len(ms) != 3 || ms[2].name != "shard-2" {
 		t.Fatalf("members %+v, %v", ms, err)
 	}
-	if got := ms[2].selector.MatchLabels; got[jobControllerUID] != "u1" || got[jobCompletionIndex] != "2" {
-		t.Fatalf("shard-2's selector %v: this Job's UID and index 2", got)
+	if got := ms[2].selector.MatchLabels; got[jobName] != "shard" || got[jobCompletionIndex] != "2" || got[jobControllerUID] != "" {
+		t.Fatalf("shard-2's selector %v: index 2 of every Job named shard (a re-created Job's pods wait for the old one's)", got)
+	}
+}
+
+func TestRunOrderPrefersTheScheduledTime(t *testing.T) {
+	at := func(created int64, scheduled, name string) *batchv1.Job {
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.Unix(created, 0)}}
+		if scheduled != "" {
+			j.Annotations = map[string]string{cronJobScheduled: scheduled}
+		}
+		return j
+	}
+	// Created later, scheduled earlier: a late start of an older run.
+	late := at(2000, "2026-12-02T03:00:00Z", "nightly-a")
+	newer := at(1000, "2026-12-03T03:00:00Z", "nightly-b")
+	if runOrder(late) >= runOrder(newer) {
+		t.Fatalf("%s ordered after %s", runOrder(late), runOrder(newer))
+	}
+	if runOrder(at(5, "", "b")) <= runOrder(at(5, "", "a")) || runOrder(at(10, "", "a")) <= runOrder(at(9, "", "z")) {
+		t.Fatal("by creation, then by name")
 	}
 }

@@ -257,7 +257,7 @@ func TestDefaultRendering(t *testing.T) {
 			t.Errorf("CRD %s is not kept on uninstall", crd.GetName())
 		}
 	}
-	if n := len(find(objs, "CustomResourceDefinition")); n != 2 {
+	if n := len(find(objs, "CustomResourceDefinition")); n != 3 { // Lease, IDRange, WorkloadLease
 		t.Errorf("%d CRDs rendered", n)
 	}
 	// One etcd member fits a one-node cluster; a PDB for it would only block drains.
@@ -443,7 +443,7 @@ func TestValuesAreStrict(t *testing.T) {
 func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx := context.Background()
 	tool(t, "helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--create-namespace")
-	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/leases.fencer.io", "crd/idranges.fencer.io")
+	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/leases.fencer.io", "crd/idranges.fencer.io", "crd/workloadleases.fencer.io")
 	tool(t, "kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing")
 	tool(t, "kubectl", "get", "clusterrole", "fencer-manager")
 	tool(t, "kubectl", "get", "clusterrolebinding", "fencer-manager")
@@ -489,7 +489,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
-	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io")
+	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io", "workloadleases.fencer.io")
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), &fencerv1.Lease{}); err != nil {
 		t.Fatalf("the Lease did not survive uninstall: %v", err)
 	}

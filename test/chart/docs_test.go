@@ -129,7 +129,7 @@ func TestInstallDocCommands(t *testing.T) {
 		}
 	}
 	// What the page promises after the last command, uninstall.
-	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io")
+	tool(t, "kubectl", "get", "crd", "leases.fencer.io", "idranges.fencer.io", "workloadleases.fencer.io")
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {
 		t.Fatal("the webhook configuration survived `helm uninstall`")
 	}

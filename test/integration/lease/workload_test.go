@@ -162,7 +162,19 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		return nil
 	})
 
-	// Scale down: the Lease of ordinal 1 goes; the hand-written web-2 stays.
+	// The hand-written web-2 deleted, the member gets its own.
+	if err := k8s.Delete(ctx, getLease(t, ns, "web-2")); err != nil {
+		t.Fatal(err)
+	}
+	memberLeases(t, ns, wl, "web-0", "web-1", "web-2")
+	eventually(t, 30*time.Second, "Ready True once the name is free", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+
+	// Scale down: the Leases of ordinals 1 and 2 go.
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +183,6 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	memberLeases(t, ns, wl, "web-0")
-	getLease(t, ns, "web-2")
 
 	// Another target: web's member Leases go, db's come.
 	create(t, statefulSet(ns, "db", 1))
@@ -256,7 +267,7 @@ func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
 	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
 	create(t, wl)
 	memberLeases(t, ns, wl, "shard-0", "shard-1")
-	labels := map[string]string{"batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+	labels := map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
 	old := memberPod(t, ns, "shard-0-a", labels, true)
 	first := heldBy(t, ns, "shard-0")
 	if err := k8s.Delete(ctx, old); err != nil { // terminating, kept by its finalizer
@@ -325,5 +336,14 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	}
 	if r := second.History[1].EndReason; r != fencerv1.TenureHolderNotSelected {
 		t.Fatalf("the older run's tenure ended %s, want HolderNotSelected", r)
+	}
+	// The newer run's Job deleted (a history limit, a user) while its pod
+	// still runs: the Lease stays with it, never back to the older run.
+	if err := k8s.Delete(context.Background(), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly-2", Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if st := getLease(t, ns, "nightly").Status; st.HolderUID != p2.UID || st.Token != second.Token {
+		t.Fatalf("after the newer run's Job was deleted: held by %s under %d, want the newer run's pod under %d", st.Holder, st.Token, second.Token)
 	}
 }
