@@ -123,6 +123,7 @@ const (
 // +kubebuilder:printcolumn:name="Held",type=integer,JSONPath=`.status.held`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="WorkloadLease names are limited to 63 characters: each member Lease carries the name in its label fencer.io/workloadlease"
 type WorkloadLease struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -212,6 +212,38 @@ func TestIDRangeUpdateRules(t *testing.T) {
 }
 
 // TestExamplesAreAccepted creates every fencer object in examples/.
+func TestWorkloadLeaseRules(t *testing.T) {
+	ctx := context.Background()
+	wl := func(name string) *fencerv1.WorkloadLease {
+		return &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadStatefulSet, Name: "web"}}}
+	}
+	ok := wl("defaults")
+	if err := cl.Create(ctx, ok); err != nil {
+		t.Fatal(err)
+	}
+	if ok.Spec.TTLSeconds != 15 || ok.Spec.Renewal != fencerv1.RenewalPodReady || ok.Spec.Policy != fencerv1.PolicyCurrent {
+		t.Fatalf("defaults not applied: %+v", ok.Spec)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*fencerv1.WorkloadLease)
+		want   string
+	}{
+		{"name of 64 characters", func(w *fencerv1.WorkloadLease) { w.Name = strings.Repeat("w", 64) }, "WorkloadLease names are limited to 63 characters"},
+		{"unknown kind", func(w *fencerv1.WorkloadLease) { w.Spec.Workload.Kind = "Deployment" }, `spec.workload.kind: Unsupported value: "Deployment"`},
+		{"no workload name", func(w *fencerv1.WorkloadLease) { w.Spec.Workload.Name = "" }, "spec.workload.name in body should be at least 1 chars long"},
+		{"ttl too long", func(w *fencerv1.WorkloadLease) { w.Spec.TTLSeconds = 3601 }, "spec.ttlSeconds in body should be less than or equal to 3600"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := wl(fmt.Sprintf("refused-%d", i))
+			tc.mutate(w)
+			mustBeRefused(t, cl.Create(ctx, w), tc.want)
+		})
+	}
+}
+
 func TestExamplesAreAccepted(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
