@@ -312,9 +312,10 @@ func TestKubectlExplain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for resource, fields := range map[string][]string{
-		"leases.fencer.io.spec":   {"ttlSeconds", "holderSelector", "renewal", "policy", "bindIdentity", "suspend"},
-		"idranges.fencer.io.spec": {"mode", "min", "max", "blockSize", "podSelector", "slotTTLSeconds"},
-		"leases.fencer.io.status": {"holder", "holderUID", "token", "leaseID", "acquireTime", "renewTime", "expireTime", "transitions", "history", "observedGeneration", "conditions"},
+		"leases.fencer.io.spec":         {"ttlSeconds", "holderSelector", "renewal", "policy", "bindIdentity", "suspend", "soleCandidate"},
+		"workloadleases.fencer.io.spec": {"workload", "ttlSeconds", "renewal", "policy", "bindIdentity", "suspend"},
+		"idranges.fencer.io.spec":       {"mode", "min", "max", "blockSize", "podSelector", "slotTTLSeconds"},
+		"leases.fencer.io.status":       {"holder", "holderUID", "token", "leaseID", "acquireTime", "renewTime", "expireTime", "transitions", "history", "observedGeneration", "conditions"},
 	} {
 		out, stderr, err := kubectl.Run("explain", resource)
 		if err != nil {
