@@ -91,10 +91,27 @@ func (r request) write(ctx context.Context, tx *sql.Tx) error {
 // copying the file's bytes to object storage.
 func work() { time.Sleep(800 * time.Millisecond) }
 
-func count(ctx context.Context, db *sql.DB, dir string) (int, error) {
-	var n int
-	err := db.QueryRowContext(ctx, `SELECT count(*) FROM entries WHERE dir = $1`, dir).Scan(&n)
-	return n, err
+// check counts the request's target directory's entries and says
+// whether there is room for one more.
+func check(ctx context.Context, db *sql.DB, r request) (n int, room bool, err error) {
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM entries WHERE dir = $1`, r.to).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	story.Say(story.Pod(), "%s: checked: %s has %d of %d entries", r.op, r.to, n, limit)
+	if n >= limit {
+		story.Say(story.Pod(), "%s: refused: %s is full", r.op, r.to)
+	}
+	return n, n < limit, nil
+}
+
+// answered answers a retry of an operation already committed from its
+// idempotency record, and says whether it did.
+func answered(ctx context.Context, db *sql.DB, table dbfence.Table, res dbfence.Resource, op string) (bool, error) {
+	result, found, err := table.Lookup(ctx, db, res, op)
+	if found {
+		story.Say(story.Pod(), "%s: a retry: answered from its idempotency record: %s", op, result)
+	}
+	return found, err
 }
 
 func serve(ctx context.Context, mode string, r request) error {
@@ -136,14 +153,9 @@ func serveNaive(ctx context.Context, db *sql.DB, r request) error {
 		defer mutex(d).Unlock()
 	}
 	story.Say(me, "%s: locked %v (a mutex in this replica)", r.op, r.dirs())
-	n, err := count(ctx, db, r.to)
-	if err != nil {
+	n, room, err := check(ctx, db, r)
+	if err != nil || !room {
 		return err
-	}
-	story.Say(me, "%s: checked: %s has %d of %d entries", r.op, r.to, n, limit)
-	if n >= limit {
-		story.Say(me, "%s: refused: %s is full", r.op, r.to)
-		return nil
 	}
 	work()
 	tx, err := db.BeginTx(ctx, nil)
@@ -177,10 +189,7 @@ func serveFenced(ctx context.Context, db *sql.DB, r request) error {
 	}
 	var table dbfence.Table
 	resource := func(dir string) dbfence.Resource { return dbfence.Lock(install, story.Namespace, dir) }
-	if result, found, err := table.Lookup(ctx, db, resource(r.to), r.op); err != nil || found {
-		if found {
-			story.Say(me, "%s: a retry: answered from its idempotency record: %s", r.op, result)
-		}
+	if done, err := answered(ctx, db, table, resource(r.to), r.op); err != nil || done {
 		return err
 	}
 	uid, err := story.PodUID(ctx, env.K8s)
@@ -204,20 +213,11 @@ func serveFenced(ctx context.Context, db *sql.DB, r request) error {
 	story.Say(me, "%s: locked %v with tokens %v", r.op, r.dirs(), tokens)
 	// A retry that waited for the lock while the first attempt ran: the
 	// first committed before it unlocked.
-	if result, found, err := table.Lookup(ctx, db, resource(r.to), r.op); err != nil || found {
-		if found {
-			story.Say(me, "%s: a retry: answered from its idempotency record: %s", r.op, result)
-		}
+	if done, err := answered(ctx, db, table, resource(r.to), r.op); err != nil || done {
 		return err
 	}
-	n, err := count(ctx, db, r.to)
-	if err != nil {
+	if _, room, err := check(ctx, db, r); err != nil || !room {
 		return err
-	}
-	story.Say(me, "%s: checked: %s has %d of %d entries", r.op, r.to, n, limit)
-	if n >= limit {
-		story.Say(me, "%s: refused: %s is full", r.op, r.to)
-		return nil
 	}
 	work()
 	result, err := commitFenced(ctx, db, table, r, lk, resource)
