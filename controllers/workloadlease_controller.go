@@ -145,16 +145,7 @@ func (r *WorkloadLeaseReconciler) forJob(ctx context.Context, obj client.Object)
 
 // inNamespace maps an object to every WorkloadLease of its namespace.
 func (r *WorkloadLeaseReconciler) inNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
-	var wls fencerv1.WorkloadLeaseList
-	if err := r.List(ctx, &wls, client.InNamespace(obj.GetNamespace())); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing WorkloadLeases")
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(wls.Items))
-	for _, wl := range wls.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&wl)})
-	}
-	return reqs
+	return r.requests(ctx, client.InNamespace(obj.GetNamespace()))
 }
 
 // createOrDelete passes only creations and deletions.
@@ -164,9 +155,14 @@ var createOrDelete = predicate.Funcs{
 }
 
 func (r *WorkloadLeaseReconciler) naming(ctx context.Context, namespace string, kind fencerv1.WorkloadKind, name string) []reconcile.Request {
+	return r.requests(ctx, client.InNamespace(namespace), client.MatchingFields{indexWorkload: string(kind) + "/" + name})
+}
+
+// requests lists the WorkloadLeases opts select, as requests to reconcile.
+func (r *WorkloadLeaseReconciler) requests(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
 	var wls fencerv1.WorkloadLeaseList
-	if err := r.List(ctx, &wls, client.InNamespace(namespace), client.MatchingFields{indexWorkload: string(kind) + "/" + name}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing WorkloadLeases", "workload", name)
+	if err := r.List(ctx, &wls, opts...); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing WorkloadLeases")
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(wls.Items))
