@@ -5,8 +5,10 @@
 // from a broken one, a holder pod's token reaches a running container
 // through its Downward API file (and how fast the kubelet refreshes that
 // file), an IDRange consumer survives a real container restart without
-// repeating an ID, and the node is torn down to the machine's previous
-// state.
+// repeating an ID, a workload member cut off by a real partition (its
+// kubelet frozen, its pod force-deleted, its replacement elsewhere) keeps
+// writing and is refused by fencer at every fence, and the node is torn
+// down to the machine's previous state.
 package realnode
 
 import (
@@ -159,7 +161,9 @@ func realNodeRun(t *testing.T, run int) {
 	if run == 1 {
 		bridge := bridgeAddress(t)
 		measureDownwardAPI(t, c, file)
+		startLocalFencer(t, c, root)
 		storiesAsPods(t, c, root)
+		partitionMembers(t, c, root)
 		// Dozens of pods came and went: the gateway's MAC, in every pod's
 		// ARP cache, must not have moved with them.
 		if after := bridgeAddress(t); after != bridge {

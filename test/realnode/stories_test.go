@@ -20,22 +20,6 @@ import (
 // anomaly without fencer and none with it.
 func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
 	ctx := context.Background()
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallCRDs(ctx, filepath.Join(root, "config", "crd", "bases")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartManager(ctx, filepath.Join(bin, "fencer")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallStatusGuard(ctx, filepath.Join(root, "config", "guard", "status-guard.yaml")); err != nil {
-		t.Fatal(err)
-	}
 	shared := filepath.Join(t.TempDir(), "shared")
 	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"} {
 		t.Run(name, func(t *testing.T) {
@@ -60,5 +44,27 @@ func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
 				t.Fatalf("%s: the demo could not signal a container's process", name)
 			}
 		})
+	}
+}
+
+// startLocalFencer runs fencer's manager as a local process, as `make dev`
+// does, with its CRDs, webhook and status guard installed.
+func startLocalFencer(t *testing.T, c *devcluster.Cluster, root string) {
+	ctx := context.Background()
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallCRDs(ctx, filepath.Join(root, "config", "crd", "bases")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartManager(ctx, filepath.Join(bin, "fencer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallStatusGuard(ctx, filepath.Join(root, "config", "guard", "status-guard.yaml")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,11 +2,13 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
 )
 
 // There are no workload controllers in envtest: the tests create the
@@ -337,6 +341,8 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	if r := second.History[1].EndReason; r != fencerv1.TenureHolderNotSelected {
 		t.Fatalf("the older run's tenure ended %s, want HolderNotSelected", r)
 	}
+	// From then on the older run's writes are refused, and the newer's pass.
+	olderRefused(t, ns, "nightly", first.Token, second.Token)
 	// The newer run's Job deleted (a history limit, a user) while its pod
 	// still runs: the Lease stays with it, never back to the older run.
 	if err := k8s.Delete(context.Background(), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly-2", Namespace: ns}}); err != nil {
@@ -345,5 +351,29 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	if st := getLease(t, ns, "nightly").Status; st.HolderUID != p2.UID || st.Token != second.Token {
 		t.Fatalf("after the newer run's Job was deleted: held by %s under %d, want the newer run's pod under %d", st.Holder, st.Token, second.Token)
+	}
+}
+
+// olderRefused writes a fenced etcd key under the older run's token, which
+// must be refused, and under the newer run's, which must pass.
+func olderRefused(t *testing.T, ns, lease string, older, newer int64) {
+	t.Helper()
+	cli, err := fx.ConnectEtcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	key := etcdkeys.DataPrefix(prefix, ns) + "report"
+	write := func(tok int64) error {
+		_, err := fence.NewTxn(cli, prefix, ns, fence.Token{Lease: lease, Value: tok}).
+			Then(clientv3.OpPut(key, strconv.FormatInt(tok, 10))).Commit(context.Background())
+		return err
+	}
+	var fenced *fence.FencedError
+	if err := write(older); !errors.As(err, &fenced) || fenced.Current != newer {
+		t.Fatalf("a write under the older run's token %d: %v, want it fenced off by the newer run's %d", older, err, newer)
+	}
+	if err := write(newer); err != nil {
+		t.Fatalf("a write under the newer run's token %d: %v", newer, err)
 	}
 }

@@ -308,7 +308,11 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		// every pod on them, not Ready after its 50 s grace period.
 		"--node-lease-duration-seconds=40",
 	}
-	for _, s := range c.opts.KwokStages {
+	stages, err := keepRunningStages(c.opts.KwokStages, c.Path("kwok-stages"))
+	if err != nil {
+		return err
+	}
+	for _, s := range stages {
 		args = append(args, "--config="+s)
 	}
 	_, err = c.run("kwok", args...)

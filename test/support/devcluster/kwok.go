@@ -65,3 +65,52 @@ func kustomizeFiles(dir string) ([]string, error) {
 	}
 	return files, nil
 }
+
+// KeepRunningAnnotation keeps a kwok pod Running: kwok completes a Job's
+// pods the moment they run, and a test that needs a Job pod to hold its
+// member's Lease (the real node's partition test) annotates the Job's pod
+// template with it.
+const KeepRunningAnnotation = "fencer.test/kwok-keep-running"
+
+// keepRunningStages copies kwok's stages to dir, with pod-complete
+// skipping pods annotated KeepRunningAnnotation.
+func keepRunningStages(files []string, dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, f := range files {
+		if filepath.Base(f) != "pod-complete.yaml" {
+			out = append(out, f)
+			continue
+		}
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var stage map[string]any
+		if err := yaml.Unmarshal(raw, &stage); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		spec, _ := stage["spec"].(map[string]any)
+		sel, _ := spec["selector"].(map[string]any)
+		exprs, ok := sel["matchExpressions"].([]any)
+		if !ok {
+			return nil, fmt.Errorf("%s: no spec.selector.matchExpressions to add to; has kwok's pod-complete stage changed?", f)
+		}
+		sel["matchExpressions"] = append(exprs, map[string]any{
+			"key":      fmt.Sprintf(".metadata.annotations[%q]", KeepRunningAnnotation),
+			"operator": "DoesNotExist",
+		})
+		patched, err := yaml.Marshal(stage)
+		if err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, "pod-complete.yaml")
+		if err := os.WriteFile(path, patched, 0o644); err != nil {
+			return nil, err
+		}
+		out = append(out, path)
+	}
+	return out, nil
+}

@@ -460,3 +460,24 @@ func run(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// PauseKubelet freezes the real node's kubelet (SIGSTOP), as a partition
+// would cut it off: its containers keep running in containerd, nothing
+// reports on them, and nothing refreshes their Downward API files. Call
+// the returned function to let it go on (SIGCONT); it is safe to call
+// twice, and the cluster's teardown kills a frozen kubelet as well.
+func (c *Cluster) PauseKubelet() (resume func() error, err error) {
+	if c.real == nil {
+		return nil, errors.New("no real node: start the cluster with RealNode")
+	}
+	for _, p := range c.real.procs {
+		if p.name != "kubelet" {
+			continue
+		}
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return nil, fmt.Errorf("freezing the kubelet: %w", err)
+		}
+		return func() error { return p.cmd.Process.Signal(syscall.SIGCONT) }, nil
+	}
+	return nil, errors.New("the real node runs no kubelet")
+}
