@@ -106,11 +106,11 @@ test-image: image ## make image, then read the tarball back, run its binary, and
 test-dev-smoke: tools build ## Bring up the make-dev cluster, run a 3-pod Deployment to Ready, stop it, check no process is left.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -timeout 10m ./test/smoke/...
 
-STORIES := scheduled-job index-publisher attempt-ids unique-ids directory-moves
+STORIES := scheduled-job index-publisher attempt-ids unique-ids directory-moves statefulset-zombie
 STORY_IMAGE = fencer.example/story-$(STORY):dev
 
 .PHONY: demo
-demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids|directory-moves (as root: it runs PostgreSQL). NODE=real runs its pods on the real node of `make dev NODE=real`.
+demo: ## Play an example story against `make dev` (in another terminal): STORY=scheduled-job|index-publisher|attempt-ids|unique-ids|directory-moves (as root: it runs PostgreSQL)|statefulset-zombie. NODE=real runs its pods on the real node of `make dev NODE=real`.
 	@if [ -z "$(filter $(STORY),$(STORIES))" ]; then echo "make demo STORY=<name>, one of: $(STORIES)"; exit 2; fi
 	CGO_ENABLED=0 go build -o $(BIN)/story-$(STORY) ./examples/$(STORY)
 ifeq ($(NODE),real)

@@ -12,7 +12,7 @@ import (
 
 // Stories are the runnable examples under examples/: each plays its
 // problem without fencer, then with it, and prints one RESULT line per run.
-var stories = []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids", "directory-moves"}
+var stories = []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids", "directory-moves", "statefulset-zombie"}
 
 // needsDatabase are the stories that run PostgreSQL: they play only under
 // `make test-db` (root), which runs this test for them alone.

@@ -1,0 +1,238 @@
+// Command statefulset-zombie is the story of a StatefulSet pod that was
+// force-deleted while its node was only cut off (README.md). ledger-0 is
+// the primary of a small ledger and keeps its head record in etcd. Its
+// node stops answering; the operator force-deletes the pod, as the
+// Kubernetes docs describe for a lost node, and the StatefulSet starts a
+// new ledger-0 elsewhere, which takes over and writes the head. The old
+// container was never stopped: it wakes and writes its last head over its
+// successor's. With fencer, a WorkloadLease gives each ordinal a Lease: the
+// new ledger-0 holds a greater token, and the old one's write is refused.
+//
+//	go run ./examples/statefulset-zombie demo   # make demo STORY=statefulset-zombie
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/examples/internal/story"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+// The StatefulSet's one member, and its Lease: the WorkloadLease names a
+// StatefulSet member's Lease after its pod.
+const member = "ledger-0"
+
+func main() {
+	story.Main("statefulset-zombie", map[string]story.Role{
+		"demo":    {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
+		"primary": {Args: "plain|fenced [ENTRIES]", NArgs: 1, Run: func(ctx context.Context, args []string) error { return primary(ctx, args[0], args[1:]) }},
+	})
+}
+
+// headKey is the ledger's head record, below the namespace's data prefix.
+func headKey(prefix string) string {
+	return path.Join(etcdkeys.DataPrefix(etcdkeys.OrDefault(prefix), story.Namespace), "ledger", "head")
+}
+
+// primary is ledger-0's program: it appends to the ledger and moves its
+// head, once a second (ENTRIES times, then it only serves). Plain, it puts
+// the head; fenced, it writes it in a transaction that holds only under
+// its token, which it reads once, when it starts, as the token of this pod
+// (its UID), never of a successor.
+func primary(ctx context.Context, mode string, entries []string) error {
+	limit := -1
+	if len(entries) > 0 {
+		n, err := strconv.Atoi(entries[0])
+		if err != nil || n < 1 {
+			return fmt.Errorf("ENTRIES is a count of entries to write, not %q", entries[0])
+		}
+		limit = n
+	}
+	env, err := story.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	me, key := story.Pod(), headKey(env.Prefix)
+	uid, err := story.PodUID(ctx, env.K8s)
+	if err != nil {
+		return err
+	}
+	who := fmt.Sprintf("%s (uid %.8s)", me, uid)
+	write := func(ctx context.Context, value string) error {
+		_, err := env.Etcd.Put(ctx, key, value)
+		return err
+	}
+	if mode == "fenced" {
+		tok, err := waitToken(ctx, env.K8s, uid)
+		if err != nil {
+			return err
+		}
+		story.Say(who, "holds Lease %s, token %d", member, tok.Value)
+		write = func(ctx context.Context, value string) error {
+			_, err := fence.NewTxn(env.Etcd, env.Prefix, story.Namespace, tok).Then(clientv3.OpPut(key, value)).Commit(ctx)
+			return err
+		}
+	}
+	for written := 0; written != limit; written++ {
+		head, err := readHead(ctx, env.Etcd, key)
+		if err != nil {
+			return err
+		}
+		var n int
+		_, _ = fmt.Sscanf(head, "entry %d", &n)
+		n++
+		story.Say(who, "about to write head: entry %d", n)
+		time.Sleep(time.Second) // appending the entry
+		err = write(ctx, fmt.Sprintf("entry %d by %s", n, who))
+		var fenced *fence.FencedError
+		switch {
+		case errors.As(err, &fenced):
+			story.Say(who, "head write REFUSED: %v", err)
+			<-ctx.Done()
+			return nil
+		case err != nil:
+			return err
+		}
+		story.Say(who, "wrote head: entry %d", n)
+	}
+	story.Say(who, "serving reads")
+	<-ctx.Done()
+	return nil
+}
+
+func readHead(ctx context.Context, etcd *clientv3.Client, key string) (string, error) {
+	resp, err := etcd.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return "", err
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+func demo(ctx context.Context) error {
+	if story.OnRealNode() {
+		return errors.New("this story runs ledger-0 as a local process and freezes it in place of its node: run it without NODE=real (the real node's partition, a frozen kubelet, is played by `make test-real-node`)")
+	}
+	k, err := story.Setup(ctx, "statefulset-zombie")
+	if err != nil {
+		return err
+	}
+	etcd, prefix, err := story.Etcd(ctx, k)
+	if err != nil {
+		return err
+	}
+	for _, mode := range []struct{ role, title string }{
+		{"plain", "without fencer: ledger-0 writes the head with a plain put"},
+		{"fenced", "with fencer: WorkloadLease ledger, Lease ledger-0"},
+	} {
+		story.Section(mode.title)
+		if err := play(ctx, k, etcd, headKey(prefix), mode.role); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// play runs ledger-0, cuts it off in the middle of a write, force-deletes
+// its pod, lets its replacement write, and wakes the old one.
+func play(ctx context.Context, k client.Client, etcd *clientv3.Client, key, mode string) error {
+	if _, err := etcd.Delete(ctx, key); err != nil {
+		return err
+	}
+	old, err := readyMember(ctx, k, "")
+	if err != nil {
+		return err
+	}
+	zombie, err := story.Start("primary", member, mode)
+	if err != nil {
+		return err
+	}
+	defer zombie.Kill()
+	if err := zombie.WaitForCount(ctx, "about to write head: entry 2", 1, 60*time.Second); err != nil {
+		return err
+	}
+	zombie.Pause()
+	story.Say("demo", "%s's node stops answering; the operator force-deletes the pod", member)
+	if err := k.Delete(ctx, old, client.GracePeriodSeconds(0)); err != nil {
+		return err
+	}
+	next, err := readyMember(ctx, k, old.UID)
+	if err != nil {
+		return err
+	}
+	story.Say("demo", "the StatefulSet started a new %s (uid %.8s) on %s", member, next.UID, next.Spec.NodeName)
+	// The new primary writes the next entry, then serves.
+	successor, err := story.Start("primary", member, mode, "1")
+	if err != nil {
+		return err
+	}
+	defer successor.Kill()
+	if err := successor.WaitForCount(ctx, "serving reads", 1, 60*time.Second); err != nil {
+		return err
+	}
+	zombie.Resume()
+	for deadline := time.Now().Add(10 * time.Second); zombie.Count("wrote head") < 2 && !zombie.Printed("REFUSED"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the old %s neither wrote nor was refused within 10 s of waking", member)
+		}
+	}
+	head, err := readHead(ctx, etcd, key)
+	if err != nil {
+		return err
+	}
+	story.Say("demo", "the ledger's head: %s", head)
+	anomaly := ""
+	if !strings.Contains(head, fmt.Sprintf("uid %.8s", next.UID)) {
+		anomaly = fmt.Sprintf("the old %s's late write replaced its successor's head: the entry the new primary wrote is lost", member)
+	}
+	verdict := "without fencer"
+	if mode == "fenced" {
+		verdict = "with fencer"
+	}
+	story.Verdict(verdict, anomaly)
+	return nil
+}
+
+// readyMember waits for the StatefulSet's pod, other than the one with
+// UID not, to be Ready, and returns it.
+func readyMember(ctx context.Context, k client.Client, not types.UID) (*corev1.Pod, error) {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		p := &corev1.Pod{}
+		if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: member}, p); err == nil && p.UID != not && ready(p) {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no Ready pod %s within 60 s: is `make dev` running?", member)
+}
+
+func ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
+		}
+	}
+	return false
+}
+
+// waitToken waits until this pod, by its UID, holds the member's Lease,
+// and reads its token through the API.
+func waitToken(ctx context.Context, k client.Client, uid types.UID) (fence.Token, error) {
+	src := fence.PodSource{Client: k, Namespace: story.Namespace, Pod: story.Pod(), UID: uid, Lease: member}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if t, err := src.Token(ctx); err == nil {
+			return t, nil
+		}
+	}
+	return fence.Token{}, fmt.Errorf("%s did not hold Lease %s within 60 s (kubectl get flease %s)", story.Pod(), member, member)
+}
