@@ -21,6 +21,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -121,9 +122,6 @@ func readHead(ctx context.Context, etcd *clientv3.Client, key string) (string, e
 }
 
 func demo(ctx context.Context) error {
-	if story.OnRealNode() {
-		return errors.New("this story runs ledger-0 as a local process and freezes it in place of its node: run it without NODE=real (the real node's partition, a frozen kubelet, is played by `make test-real-node`)")
-	}
 	k, err := story.Setup(ctx, "statefulset-zombie")
 	if err != nil {
 		return err
@@ -131,6 +129,10 @@ func demo(ctx context.Context) error {
 	etcd, prefix, err := story.Etcd(ctx, k)
 	if err != nil {
 		return err
+	}
+	if story.OnRealNode() {
+		// Every node schedulable again at the end, whatever happened.
+		defer func() { _ = schedule(ctx, k, false); _ = story.Cordon(ctx, k, story.RealNode, false) }()
 	}
 	for _, mode := range []struct{ role, title string }{
 		{"plain", "without fencer: ledger-0 writes the head with a plain put"},
@@ -150,11 +152,7 @@ func play(ctx context.Context, k client.Client, etcd *clientv3.Client, key, mode
 	if _, err := etcd.Delete(ctx, key); err != nil {
 		return err
 	}
-	old, err := readyMember(ctx, k, "")
-	if err != nil {
-		return err
-	}
-	zombie, err := story.Start("primary", member, mode)
+	old, zombie, err := startMember(ctx, k, mode)
 	if err != nil {
 		return err
 	}
@@ -163,7 +161,21 @@ func play(ctx context.Context, k client.Client, etcd *clientv3.Client, key, mode
 		return err
 	}
 	zombie.Pause()
-	story.Say("demo", "%s's node stops answering; the operator force-deletes the pod", member)
+	if story.OnRealNode() {
+		// The node itself stops answering, and its pods go elsewhere.
+		resume, err := story.FreezeKubelet()
+		if err != nil {
+			return err
+		}
+		defer resume()
+		if err := schedule(ctx, k, false); err != nil {
+			return err
+		}
+	}
+	if !story.OnRealNode() {
+		story.Say("demo", "%s's node stops answering (here: its process stays frozen)", member)
+	}
+	story.Say("demo", "the operator force-deletes %s, as for a lost node", member)
 	if err := k.Delete(ctx, old, client.GracePeriodSeconds(0)); err != nil {
 		return err
 	}
@@ -173,7 +185,7 @@ func play(ctx context.Context, k client.Client, etcd *clientv3.Client, key, mode
 	}
 	story.Say("demo", "the StatefulSet started a new %s (uid %.8s) on %s", member, next.UID, next.Spec.NodeName)
 	// The new primary writes the next entry, then serves.
-	successor, err := story.Start("primary", member, mode, "1")
+	successor, err := story.StartLocal("primary", member, mode, "1")
 	if err != nil {
 		return err
 	}
@@ -202,6 +214,61 @@ func play(ctx context.Context, k client.Client, etcd *clientv3.Client, key, mode
 	}
 	story.Verdict(verdict, anomaly)
 	return nil
+}
+
+// startMember starts ledger-0's program. On kwok it is a local process
+// standing in for the pod. On the real node it is the pod itself: the
+// StatefulSet's template is set to run the story's image, with the
+// simulated nodes cordoned, and its new pod is followed through its log.
+func startMember(ctx context.Context, k client.Client, mode string) (*corev1.Pod, *story.Actor, error) {
+	if !story.OnRealNode() {
+		p, err := readyMember(ctx, k, "")
+		if err != nil {
+			return nil, nil, err
+		}
+		a, err := story.Start("primary", member, mode)
+		return p, a, err
+	}
+	if err := schedule(ctx, k, true); err != nil {
+		return nil, nil, err
+	}
+	sts := &appsv1.StatefulSet{}
+	if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: "ledger"}, sts); err != nil {
+		return nil, nil, err
+	}
+	patch := client.MergeFrom(sts.DeepCopy())
+	spec := story.ActorPodSpec("primary", mode)
+	sts.Spec.Template.Spec.Containers, sts.Spec.Template.Spec.Volumes = spec.Containers, spec.Volumes
+	sts.Spec.Template.Labels[story.EtcdClientLabel] = "true"
+	if err := k.Patch(ctx, sts, patch); err != nil {
+		return nil, nil, err
+	}
+	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		p := &corev1.Pod{}
+		err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: member}, p)
+		if err == nil && ready(p) && p.Spec.NodeName == story.RealNode && p.Spec.Containers[0].Image == spec.Containers[0].Image &&
+			strings.Join(p.Spec.Containers[0].Args, " ") == strings.Join(spec.Containers[0].Args, " ") {
+			story.Say("demo", "%s (uid %.8s) runs on %s", member, p.UID, p.Spec.NodeName)
+			a, err := story.Attach(ctx, p)
+			return p, a, err
+		}
+	}
+	return nil, nil, fmt.Errorf("%s did not run the story on %s within 90 s", member, story.RealNode)
+}
+
+// schedule sends new pods to the real node (onReal) or to the simulated
+// ones, by cordoning the others.
+func schedule(ctx context.Context, k client.Client, onReal bool) error {
+	simulated, err := story.SimulatedNodes(ctx, k)
+	if err != nil {
+		return err
+	}
+	for _, n := range simulated {
+		if err := story.Cordon(ctx, k, n, onReal); err != nil {
+			return err
+		}
+	}
+	return story.Cordon(ctx, k, story.RealNode, !onReal)
 }
 
 // readyMember waits for the StatefulSet's pod, other than the one with

@@ -21,7 +21,7 @@ import (
 func storiesAsPods(t *testing.T, c *devcluster.Cluster, root string) {
 	ctx := context.Background()
 	shared := filepath.Join(t.TempDir(), "shared")
-	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids"} {
+	for _, name := range []string{"scheduled-job", "index-publisher", "attempt-ids", "unique-ids", "statefulset-zombie"} {
 		t.Run(name, func(t *testing.T) {
 			image := "fencer.example/story-" + name + ":dev"
 			binary := buildImage(t, c, root, "./examples/"+name, image, "story")

@@ -15,12 +15,16 @@ import (
 
 // Actor is a process the driver started, standing in for one pod.
 type Actor struct {
-	Pod  string
-	cmd  *exec.Cmd // a local process, or
-	uid  string    // a pod on the real node
-	mu   sync.Mutex
-	seen []string
-	done chan struct{}
+	Pod string
+	cmd *exec.Cmd // a local process, or
+	uid string    // a pod on the real node
+	// attached: a pod the story did not create (Attach); stop ends its
+	// following.
+	attached bool
+	stop     chan struct{}
+	mu       sync.Mutex
+	seen     []string
+	done     chan struct{}
 }
 
 // Start runs this binary again in role for pod: as a local process, or on
@@ -30,6 +34,13 @@ func Start(role, pod string, args ...string) (*Actor, error) {
 	if OnRealNode() {
 		return startPod(role, pod, args)
 	}
+	return StartLocal(role, pod, args...)
+}
+
+// StartLocal runs this binary again in role as a local process standing
+// in for pod, even on the real node: for a pod on a kwok node, which runs
+// no process of its own.
+func StartLocal(role, pod string, args ...string) (*Actor, error) {
 	cmd := exec.Command(os.Args[0], append([]string{role}, args...)...)
 	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "STORY_T0="+strconv.FormatInt(t0.UnixNano(), 10))
 	cmd.Stderr = os.Stderr
@@ -108,7 +119,7 @@ func (a *Actor) WaitForCount(ctx context.Context, s string, n int, timeout time.
 // test/support/devcluster.)
 func (a *Actor) notPrinted(ctx context.Context, s string, n int, timeout time.Duration) error {
 	err := fmt.Errorf("%s did not print %q %d times within %s", a.Pod, s, n, timeout)
-	if a.cmd != nil {
+	if a.cmd != nil || a.attached {
 		return err
 	}
 	log, logErr := a.podLog(ctx)
@@ -172,6 +183,11 @@ func (a *Actor) Resume() {
 
 // Kill ends the process and waits for it.
 func (a *Actor) Kill() {
+	if a.attached {
+		close(a.stop)
+		<-a.done
+		return
+	}
 	if a.cmd == nil {
 		a.deletePod()
 		return

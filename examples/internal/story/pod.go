@@ -66,35 +66,12 @@ func startPod(role, name string, args []string) (*Actor, error) {
 	if err != nil {
 		return nil, err
 	}
-	env := []corev1.EnvVar{
-		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
-		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}},
-		{Name: "STORY_T0", Value: strconv.FormatInt(t0.UnixNano(), 10)},
-		{Name: "STORY_SHARED", Value: SharedDir()},
-	}
-	if v := os.Getenv("CLOCK_OFFSET"); v != "" {
-		env = append(env, corev1.EnvVar{Name: "CLOCK_OFFSET", Value: v})
-	}
-	hostPath := corev1.HostPathDirectoryOrCreate
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
-		Spec: corev1.PodSpec{
-			NodeName:      realNode,
-			RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{
-				Name: "story", Image: os.Getenv("STORY_IMAGE"), ImagePullPolicy: corev1.PullNever,
-				Args: append([]string{role}, args...), Env: env,
-				VolumeMounts: []corev1.VolumeMount{
-					{Name: "etcd", MountPath: "/var/run/fencer/etcd", ReadOnly: true},
-					{Name: "shared", MountPath: SharedDir()},
-				},
-			}},
-			Volumes: []corev1.Volume{
-				{Name: "etcd", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "fencer-etcd-client"}}},
-				{Name: "shared", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: SharedDir(), Type: &hostPath}}},
-			},
-		},
+		Spec:       ActorPodSpec(role, args...),
 	}
+	pod.Spec.NodeName = realNode
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	created, err := cs.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
@@ -118,6 +95,41 @@ func startPod(role, name string, args []string) (*Actor, error) {
 	return a, nil
 }
 
+// ActorPodSpec runs role of the story's image ($STORY_IMAGE) in a pod, as
+// an actor: with the pod's name and UID from the Downward API, the
+// namespace's etcd credentials mounted at /var/run/fencer/etcd, and the
+// story's shared directory from the node. A pod that runs it needs the
+// label EtcdClientLabel where a NetworkPolicy guards etcd.
+func ActorPodSpec(role string, args ...string) corev1.PodSpec {
+	env := []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}},
+		{Name: "STORY_T0", Value: strconv.FormatInt(t0.UnixNano(), 10)},
+		{Name: "STORY_SHARED", Value: SharedDir()},
+	}
+	if v := os.Getenv("CLOCK_OFFSET"); v != "" {
+		env = append(env, corev1.EnvVar{Name: "CLOCK_OFFSET", Value: v})
+	}
+	hostPath := corev1.HostPathDirectoryOrCreate
+	return corev1.PodSpec{
+		Containers: []corev1.Container{{
+			Name: "story", Image: os.Getenv("STORY_IMAGE"), ImagePullPolicy: corev1.PullNever,
+			Args: append([]string{role}, args...), Env: env,
+			VolumeMounts: []corev1.VolumeMount{
+				{Name: "etcd", MountPath: "/var/run/fencer/etcd", ReadOnly: true},
+				{Name: "shared", MountPath: SharedDir()},
+			},
+		}},
+		Volumes: []corev1.Volume{
+			{Name: "etcd", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "fencer-etcd-client"}}},
+			{Name: "shared", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: SharedDir(), Type: &hostPath}}},
+		},
+	}
+}
+
+// EtcdClientLabel is the label the chart's NetworkPolicy lets reach etcd.
+const EtcdClientLabel = "fencer.io/etcd-client"
+
 // replacePod deletes the pod of that name (an earlier actor) and returns
 // the labels the story's manifests give it, which the actor pod keeps: the
 // Lease and IDRanges select it by them.
@@ -129,7 +141,7 @@ func replacePod(ctx context.Context, cs kubernetes.Interface, name string) (map[
 	case !apierrors.IsNotFound(err):
 		return nil, err
 	}
-	labels := map[string]string{"fencer.io/etcd-client": "true"}
+	labels := map[string]string{EtcdClientLabel: "true"}
 	for k, v := range podLabels[name] {
 		labels[k] = v
 	}
