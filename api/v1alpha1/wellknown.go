@@ -92,4 +92,8 @@ const (
 	// DenialRegressed: etcd's live grant is below a token the Lease already
 	// issued (etcd restored from an old snapshot).
 	DenialRegressed DenialReason = "EtcdRevisionRegressed"
+	// DenialSuperseded: under policy Current, the token is below one the
+	// Lease's status records as issued since, so it is stale whoever holds
+	// the lease now; refused without reading etcd.
+	DenialSuperseded DenialReason = "SupersededToken"
 )

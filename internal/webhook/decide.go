@@ -151,6 +151,40 @@ func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	return nil
 }
 
+// refuseWithoutEtcd decides the refusals that need no etcd read, before
+// the live-token lookup: a token that is missing or malformed, below the
+// object's record, or, under policy Current, below a token the Lease's
+// status records as issued. Tokens only grow, so such a token is refused
+// by decide whatever etcd holds now: below a newer grant's, with no holder,
+// or below an issued token after etcd regressed. The status comes from the
+// informer cache, a prefix of what the controller wrote: a lagging cache
+// only refuses less here, and decide sees the rest. (Under Monotonic, a
+// token below the last issued one passes while nobody holds the lease, so
+// only etcd can tell.) Tokenless writes are left to decide: under
+// bindIdentity they need the live holder. nil means: ask etcd.
+func refuseWithoutEtcd(w write, lease *fencerv1.Lease) *Denial {
+	if w.tokenless != "" {
+		return nil
+	}
+	f := facts{w: w}
+	// The current token and holder, as the status has them: these refusals
+	// do not read etcd.
+	if lease.Status.Holder != "" {
+		f.live.Grant = &etcdstore.Grant{Token: lease.Status.Token, GrantValue: etcdstore.GrantValue{Holder: lease.Status.Holder}}
+	}
+	offered, d := parseOffer(f, lease)
+	if d != nil {
+		return d
+	}
+	if d := checkRecord(f, offered); d != nil {
+		return d
+	}
+	if top := lease.Status.HighestToken(); lease.Spec.Policy != fencerv1.PolicyMonotonic && offered < top {
+		return f.deny(fencerv1.DenialSuperseded, "stale token %d for lease %s: token %d has been issued since, as the Lease's status records", offered, w.leaseRef, top)
+	}
+	return nil
+}
+
 // parseOffer reads the token the write sent: present, plain decimal, and
 // positive (an absent etcd key's CreateRevision is 0: no grant has token 0).
 func parseOffer(f facts, lease *fencerv1.Lease) (int64, *Denial) {

@@ -1,6 +1,8 @@
 package webhook
 
 import (
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -124,5 +126,109 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("got %s %d %q\nwant %s %d containing %q", d.Reason, d.Code, d.Message, tc.reason, code, tc.msg)
 			}
 		})
+	}
+}
+
+// preCheckCase builds one decision's inputs from fuzzed bytes: the write,
+// the Lease (policy, bindIdentity, status) and a live state etcd might hold.
+func preCheckCase(b []byte) (write, *fencerv1.Lease, etcdstore.Live) {
+	at := func(i int) int {
+		if i < len(b) {
+			return int(b[i])
+		}
+		return 0
+	}
+	tokenText := func(v int) string {
+		switch v % 16 {
+		case 13:
+			return ""
+		case 14:
+			return "x1"
+		case 15:
+			return "-3"
+		}
+		return strconv.Itoa(v % 16)
+	}
+	w := write{leaseRef: "default/report", offered: tokenText(at(0)), fencing: at(1)%2 == 1}
+	if r := at(2) % 3; r > 0 {
+		w.hasRecord, w.recorded = true, tokenText(at(3))
+	}
+	if at(4)%4 == 0 {
+		w.tokenless = "a DELETE"
+	}
+	w.user = podUser([]string{"reporter-a", "reporter-b"}[at(5)%2], []string{"uid-a", "uid-b"}[at(6)%2])
+	lease := testLease([]fencerv1.FencingPolicy{fencerv1.PolicyCurrent, fencerv1.PolicyMonotonic}[at(7)%2], at(8)%2 == 1)
+	lease.Status.Token = int64(at(9) % 13)
+	if lease.Status.Token > 0 {
+		lease.Status.Holder = "reporter-b"
+	}
+	for i := range at(10) % 3 {
+		lease.Status.History = append(lease.Status.History, fencerv1.Tenure{Token: int64(at(11+i) % 13)})
+	}
+	live := etcdstore.Live{Revision: 100}
+	if tok := int64(at(14) % 14); tok > 0 {
+		live = held(tok, 100)
+	}
+	return w, lease, live
+}
+
+// checkPreCheck: a refusal made before the etcd read is one decide makes
+// too, with whatever etcd holds (any live state: a newer grant, none, one
+// restored below the status's tokens).
+func checkPreCheck(t *testing.T, b []byte) {
+	w, lease, _ := preCheckCase(b)
+	pre := refuseWithoutEtcd(w, lease)
+	if pre == nil {
+		return
+	}
+	for tok := int64(0); tok <= 14; tok++ {
+		live := etcdstore.Live{Revision: 100}
+		if tok > 0 {
+			live = held(tok, 100)
+		}
+		if d := decide(w, lease, live); d == nil {
+			t.Fatalf("refused before the etcd read (%s: %s), but decide allows it with live token %d: write %+v, lease %+v",
+				pre.Reason, pre.Message, tok, w, lease)
+		}
+	}
+}
+
+func TestRefuseWithoutEtcdOnlyWhatDecideRefuses(t *testing.T) {
+	r := rand.New(rand.NewPCG(20261202, 33))
+	refused := map[Reason]int{}
+	for range 50000 {
+		b := make([]byte, 16)
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+		}
+		checkPreCheck(t, b)
+		w, lease, _ := preCheckCase(b)
+		if d := refuseWithoutEtcd(w, lease); d != nil {
+			refused[d.Reason]++
+		}
+	}
+	// The test must reach every refusal it guards.
+	for _, want := range []Reason{fencerv1.DenialSuperseded, fencerv1.DenialBelowObject, fencerv1.DenialMissingToken, fencerv1.DenialMalformed} {
+		if refused[want] == 0 {
+			t.Errorf("no case refused %s before the etcd read: %v", want, refused)
+		}
+	}
+}
+
+func FuzzRefuseWithoutEtcd(f *testing.F) {
+	f.Add([]byte{3, 0, 0, 0, 1, 1, 1, 0, 0, 7, 1, 7, 0, 0, 7})
+	f.Fuzz(func(t *testing.T, b []byte) { checkPreCheck(t, b) })
+}
+
+func TestSupersededNamesTheStatus(t *testing.T) {
+	l := leaseIssued(fencerv1.PolicyCurrent, 42)
+	l.Status.Token, l.Status.Holder = 42, "reporter-b"
+	d := refuseWithoutEtcd(write{leaseRef: "default/report", offered: "41"}, l)
+	want := `fencer: stale token 41 for lease default/report: token 42 has been issued since, as the Lease's status records [lease default/report; offered token "41"; recorded token none; current token 42; holder reporter-b]`
+	if d == nil || d.Reason != fencerv1.DenialSuperseded || d.Message != want || d.Current != 42 || d.Holder != "reporter-b" {
+		t.Fatalf("got %+v\nwant %s", d, want)
+	}
+	if d := refuseWithoutEtcd(write{leaseRef: "default/report", offered: "41"}, leaseIssued(fencerv1.PolicyMonotonic, 42)); d != nil {
+		t.Fatalf("refused under Monotonic without etcd: %v (with no holder, 41 passes the policy)", d)
 	}
 }

@@ -162,6 +162,9 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 	if d != nil {
 		return d.Reason, denied(d)
 	}
+	if d := refuseWithoutEtcd(w, lease); d != nil && !brokenForTests {
+		return d.Reason, denied(d)
+	}
 	live, err := f.Live.Lookup(ctx, req.Namespace, leaseName)
 	if err != nil {
 		log().Error(err, "live token lookup failed")

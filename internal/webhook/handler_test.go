@@ -301,3 +301,50 @@ func FuzzServeHTTP(f *testing.F) {
 		}
 	})
 }
+
+// countingLive counts the live-token lookups, which are etcd reads.
+type countingLive struct {
+	fakeLive
+	n *int
+}
+
+func (c countingLive) Lookup(ctx context.Context, ns, name string) (etcdstore.Live, error) {
+	*c.n++
+	return c.fakeLive.Lookup(ctx, ns, name)
+}
+
+// A refusal costs no etcd read when the review alone, the object's record
+// or the Lease's status proves the token stale; a write that may pass is
+// always checked against etcd.
+func TestRefusalsWithoutAnEtcdRead(t *testing.T) {
+	l := leaseIssued(fencerv1.PolicyCurrent, 42)
+	l.Status.Token, l.Status.Holder = 42, "reporter-b"
+	cases := []struct {
+		name  string
+		req   admission.Request
+		reads int
+		msg   string // "" means allowed
+	}{
+		{"below the status's token", request(admissionv1.Update, obj("report", "41"), stored("report", "", "41")), 0, "token 42 has been issued since"},
+		{"below the object's record", request(admissionv1.Update, obj("report", "40"), stored("report", "", "41")), 0, "last written under token 41"},
+		{"no token", request(admissionv1.Update, stored("report", "", "41"), stored("report", "", "41")), 0, "sends no fencing token"},
+		{"malformed", request(admissionv1.Create, obj("report", "4x"), nil), 0, "malformed fencing token"},
+		{"the status's token: etcd decides", request(admissionv1.Update, obj("report", "42"), stored("report", "", "41")), 1, ""},
+		{"above the status's token: etcd decides (a forgery, or a grant the cache has not seen)", request(admissionv1.Update, obj("report", "43"), stored("report", "", "41")), 1, "forged token 43"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reads := 0
+			f := &Checker{Leases: leaseClient(l), Live: countingLive{fakeLive{live: held(42, 50)}, &reads}, Exempt: NewExempt(DefaultExemptUsers, nil)}
+			resp := f.Record(context.Background(), tc.req)
+			if tc.msg == "" {
+				check(t, resp, 0, "")
+			} else if resp.Allowed || !strings.Contains(resp.Result.Message, tc.msg) {
+				t.Fatalf("got allowed=%v %+v, want a refusal containing %q", resp.Allowed, resp.Result, tc.msg)
+			}
+			if reads != tc.reads {
+				t.Fatalf("%d etcd reads, want %d", reads, tc.reads)
+			}
+		})
+	}
+}

@@ -46,9 +46,12 @@ type StaleTokenError struct {
 	Offered int64
 	// Recorded is the token of the object's last accepted write, 0 if none.
 	Recorded int64
-	// Current is the live token, 0 when the lease has no holder.
+	// Current is the live token, 0 when the lease has no holder. For a
+	// refusal the webhook decided without reading etcd (SupersededToken,
+	// BelowObjectToken, MissingToken, MalformedToken) it is the token the
+	// Lease's status records, which may lag etcd by a moment.
 	Current int64
-	// Holder is the live holder pod, "" when none.
+	// Holder is the live holder pod, "" when none; as Current.
 	Holder string
 	// Message is the webhook's full denial, for people.
 	Message string

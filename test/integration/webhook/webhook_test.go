@@ -162,8 +162,11 @@ func TestLiveTokenPassesStaleIsRefusedAfterFailover(t *testing.T) {
 	if tok2 <= tok {
 		t.Fatalf("token did not grow: %d -> %d", tok, tok2)
 	}
+	// The Lease's status already records tok2, so the webhook refuses
+	// without reading etcd.
 	refused(t, write(fx.Client, ns, tok, "stale"),
-		fmt.Sprintf("fencer: stale token %d for lease %s/report: current token is %d (holder %s)", tok, ns, tok2, next))
+		fmt.Sprintf("fencer: stale token %d for lease %s/report: token %d has been issued since, as the Lease's status records [lease %s/report; offered token \"%d\"; recorded token \"%d\"; current token %d; holder %s]",
+			tok, ns, tok2, ns, tok, tok, tok2, next))
 	if err := write(fx.Client, ns, tok2, "b"); err != nil {
 		t.Fatalf("update with the new live token: %v", err)
 	}
