@@ -118,10 +118,22 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	return true, nil
 }
 
+// owned lists the Leases of wl's namespace, to be filtered by their
+// controller reference: not by the label memberOfLabel, which anyone who
+// may edit a Lease can remove (a member Lease without it would outlive
+// its member's scale-down).
+func (r *WorkloadLeaseReconciler) owned(ctx context.Context, wl *fencerv1.WorkloadLease) (*fencerv1.LeaseList, error) {
+	var all fencerv1.LeaseList
+	if err := r.List(ctx, &all, client.InNamespace(wl.Namespace)); err != nil {
+		return nil, err
+	}
+	return &all, nil
+}
+
 // countHeld is how many of wl's Leases are held.
 func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.WorkloadLease) (int32, error) {
-	var owned fencerv1.LeaseList
-	if err := r.List(ctx, &owned, client.InNamespace(wl.Namespace), client.MatchingLabels{memberOfLabel: wl.Name}); err != nil {
+	owned, err := r.owned(ctx, wl)
+	if err != nil {
 		return 0, err
 	}
 	var held int32
@@ -146,7 +158,8 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
-	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Annotations[runAnnotation] == m.runOrder {
+	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Annotations[runAnnotation] == m.runOrder &&
+		l.Labels[memberOfLabel] == wl.Name {
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -164,6 +177,10 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[parentGenerationAnnotation] = gen
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[memberOfLabel] = wl.Name
 	if m.runOrder != "" {
 		l.Annotations[runAnnotation] = m.runOrder
 	}
@@ -177,8 +194,8 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 // the StatefulSet scaled down, the Job's completions lowered, another
 // workload named.
 func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.WorkloadLease, wanted map[string]bool) error {
-	var owned fencerv1.LeaseList
-	if err := r.List(ctx, &owned, client.InNamespace(wl.Namespace), client.MatchingLabels{memberOfLabel: wl.Name}); err != nil {
+	owned, err := r.owned(ctx, wl)
+	if err != nil {
 		return err
 	}
 	for i := range owned.Items {

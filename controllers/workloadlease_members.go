@@ -60,7 +60,7 @@ func members(ctx context.Context, c client.Reader, wl *fencerv1.WorkloadLease) (
 		if err := c.Get(ctx, key, &sts); err != nil {
 			return nil, notFound(err)
 		}
-		return ordinals(&sts), nil
+		return ordinals(&sts)
 	case fencerv1.WorkloadJob:
 		var job batchv1.Job
 		if err := c.Get(ctx, key, &job); err != nil {
@@ -79,17 +79,21 @@ func members(ctx context.Context, c client.Reader, wl *fencerv1.WorkloadLease) (
 
 // ordinals are a StatefulSet's members: a Lease per ordinal, named as its
 // pod, selecting the pod of that name among the StatefulSet's pods.
-func ordinals(sts *appsv1.StatefulSet) []member {
-	replicas, start := int32(1), int32(0)
+func ordinals(sts *appsv1.StatefulSet) ([]member, error) {
+	// int64: start+replicas may overflow int32 (the API bounds neither).
+	replicas, start := int64(1), int64(0)
 	if sts.Spec.Replicas != nil {
-		replicas = *sts.Spec.Replicas
+		replicas = int64(*sts.Spec.Replicas)
 	}
 	if sts.Spec.Ordinals != nil {
-		start = sts.Spec.Ordinals.Start
+		start = int64(sts.Spec.Ordinals.Start)
 	}
-	out := make([]member, 0, replicas)
+	if err := tooMany("StatefulSet", sts.Name, "replicas", replicas); err != nil {
+		return nil, err
+	}
+	out := make([]member, 0, max(replicas, 0))
 	for i := start; i < start+replicas; i++ {
-		name := sts.Name + "-" + strconv.Itoa(int(i))
+		name := sts.Name + "-" + strconv.FormatInt(i, 10)
 		sel := metav1.LabelSelector{MatchLabels: map[string]string{statefulSetPodName: name}}
 		if sts.Spec.Selector != nil {
 			maps.Copy(sel.MatchLabels, sts.Spec.Selector.MatchLabels)
@@ -98,7 +102,19 @@ func ordinals(sts *appsv1.StatefulSet) []member {
 		sel.MatchLabels[statefulSetPodName] = name
 		out = append(out, member{name: name, selector: sel})
 	}
-	return out
+	return out, nil
+}
+
+// tooMany refuses a workload of more than MaxWorkloadMembers members
+// before anything is allocated for them: the API bounds neither replicas
+// nor completions, and a Lease per member of a huge workload would exhaust
+// the manager's memory.
+func tooMany(kind, name, field string, n int64) error {
+	if n <= fencerv1.MaxWorkloadMembers {
+		return nil
+	}
+	return &noMembers{fencerv1.ReasonTooManyMembers, fmt.Sprintf("%s %s has %s %d: a WorkloadLease leases at most %d members; the Leases of its members so far are kept",
+		kind, name, field, n, fencerv1.MaxWorkloadMembers)}
 }
 
 // indexes are an Indexed Job's members: a Lease per completion index,
@@ -113,7 +129,10 @@ func indexes(job *batchv1.Job) ([]member, error) {
 	if job.Spec.Completions != nil {
 		completions = *job.Spec.Completions
 	}
-	out := make([]member, 0, completions)
+	if err := tooMany("Job", job.Name, "completions", int64(completions)); err != nil {
+		return nil, err
+	}
+	out := make([]member, 0, max(completions, 0))
 	for i := range completions {
 		idx := strconv.Itoa(int(i))
 		out = append(out, member{name: job.Name + "-" + idx, selector: metav1.LabelSelector{MatchLabels: map[string]string{

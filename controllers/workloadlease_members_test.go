@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"errors"
+	"math"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,8 +19,8 @@ func TestOrdinalsFollowTheStatefulSet(t *testing.T) {
 		Replicas: ptr.To[int32](2), Ordinals: &appsv1.StatefulSetOrdinals{Start: 5},
 		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db", statefulSetPodName: "wrong"}},
 	}}
-	ms := ordinals(sts)
-	if len(ms) != 2 || ms[0].name != "db-5" || ms[1].name != "db-6" {
+	ms, err := ordinals(sts)
+	if err != nil || len(ms) != 2 || ms[0].name != "db-5" || ms[1].name != "db-6" {
 		t.Fatalf("members %+v, want db-5 and db-6 (spec.ordinals.start)", ms)
 	}
 	if got := ms[1].selector.MatchLabels; got["app"] != "db" || got[statefulSetPodName] != "db-6" {
@@ -27,7 +29,7 @@ func TestOrdinalsFollowTheStatefulSet(t *testing.T) {
 	if sts.Spec.Selector.MatchLabels[statefulSetPodName] != "wrong" {
 		t.Fatal("the StatefulSet's own selector was changed")
 	}
-	if ms := ordinals(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "one"}}); len(ms) != 1 || ms[0].name != "one-0" {
+	if ms, _ := ordinals(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "one"}}); len(ms) != 1 || ms[0].name != "one-0" {
 		t.Fatalf("no replicas set: %+v, want one-0", ms)
 	}
 }
@@ -64,5 +66,30 @@ func TestRunOrderPrefersTheScheduledTime(t *testing.T) {
 	}
 	if runOrder(at(5, "", "b")) <= runOrder(at(5, "", "a")) || runOrder(at(10, "", "a")) <= runOrder(at(9, "", "z")) {
 		t.Fatal("by creation, then by name")
+	}
+}
+
+// A workload of more members than a WorkloadLease leases is refused before
+// anything is allocated for them (the API bounds neither replicas nor
+// completions), and ordinals near the int32 limit do not overflow.
+func TestTooManyMembers(t *testing.T) {
+	var none *noMembers
+	huge := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](math.MaxInt32)}}
+	if _, err := ordinals(huge); !errors.As(err, &none) || none.reason != fencerv1.ReasonTooManyMembers || !strings.Contains(none.message, "at most 10000 members") {
+		t.Fatalf("a StatefulSet of 2^31-1 replicas: %v, want TooManyMembers", err)
+	}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "shard"}, Spec: batchv1.JobSpec{Completions: ptr.To[int32](math.MaxInt32), CompletionMode: ptr.To(batchv1.IndexedCompletion)}}
+	if _, err := indexes(job); !errors.As(err, &none) || none.reason != fencerv1.ReasonTooManyMembers {
+		t.Fatalf("an Indexed Job of 2^31-1 completions: %v, want TooManyMembers", err)
+	}
+	edge := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: appsv1.StatefulSetSpec{
+		Replicas: ptr.To[int32](2), Ordinals: &appsv1.StatefulSetOrdinals{Start: math.MaxInt32 - 1}}}
+	ms, err := ordinals(edge)
+	if err != nil || len(ms) != 2 || ms[1].name != "db-2147483647" {
+		t.Fatalf("ordinals from 2^31-2: %+v, %v", ms, err)
+	}
+	at := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](fencerv1.MaxWorkloadMembers)}}
+	if ms, err := ordinals(at); err != nil || len(ms) != fencerv1.MaxWorkloadMembers {
+		t.Fatalf("exactly the limit: %d members, %v", len(ms), err)
 	}
 }

@@ -87,6 +87,11 @@ type WorkloadLeaseStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
+// MaxWorkloadMembers bounds the members of one WorkloadLease: a Lease (an
+// object, an etcd key and a reconcile) per member of a larger workload
+// would cost the manager more than one WorkloadLease should.
+const MaxWorkloadMembers = 10000
+
 // Reasons of a WorkloadLease's Ready condition, and of its Events.
 const (
 	// ReasonMembersLeased: every member has its Lease.
@@ -96,6 +101,9 @@ const (
 	// ReasonNotIndexed: a Job without completionMode Indexed has no
 	// members to tell apart.
 	ReasonNotIndexed = "NotIndexed"
+	// ReasonTooManyMembers: the workload has more than MaxWorkloadMembers
+	// members; the Leases of its members so far are kept.
+	ReasonTooManyMembers = "TooManyMembers"
 	// ReasonNameTaken: a member's Lease name is taken by a Lease the
 	// WorkloadLease does not own; that member gets none.
 	ReasonNameTaken = "NameTaken"

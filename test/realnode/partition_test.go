@@ -199,6 +199,9 @@ func partitionMember(t *testing.T, c *devcluster.Cluster, m member, s *postgres.
 	k("uncordon", kwokNode)
 	k("cordon", devcluster.RealNodeName)
 	defer k("uncordon", devcluster.RealNodeName)
+	if m.kind == "Job" {
+		waitForTheTerminatingPod(t, c, m, zombie)
+	}
 	// The operator force-deletes the lost node's pod.
 	k("delete", "pod", zombie.Name, "--grace-period=0", "--force")
 	deleted := time.Now()
@@ -263,19 +266,49 @@ func partitionMember(t *testing.T, c *devcluster.Cluster, m member, s *postgres.
 	}
 	// The zombie writes on, for ten more rounds.
 	waitRounds(t, logFile, 30*time.Second, "ten zombie rounds after the replacement's writes", roundsAfter(10, allWritten))
-	for _, a := range as.WriteAll(ctx, t2, next.Name) {
-		if !a.OK {
-			t.Errorf("the replacement's write after the zombie's rounds did not pass: %+v", a)
-		}
-	}
 	t.Logf("%s timeline: kubelet frozen at 0; pod force-deleted +%s; replacement %s on %s +%s; Lease granted to it (token %d > %d) +%s; its first accepted write +%s, all three +%s: %s from the force-delete to its first accepted write",
 		m.name, deleted.Sub(paused).Round(time.Millisecond), next.Name, kwokNode, placed.Sub(paused).Round(time.Millisecond), t2.Value, t1,
 		granted.Sub(paused).Round(time.Millisecond), firstWrite.Sub(paused).Round(time.Millisecond), allWritten.Sub(paused).Round(time.Millisecond),
 		firstWrite.Sub(deleted).Round(time.Millisecond))
 
 	checkZombie(t, readRounds(t, logFile), t1, t2.Value, paused, granted, allWritten)
+	// What the replacement wrote before the zombie's ten rounds is still
+	// there: a zombie write that landed (even one started in the moment
+	// between the grant and the test seeing it) would show here.
 	watch.check(t, t2.Value)
 	checkFinalState(t, as, s, m.lease(), t2.Value)
+	for _, a := range as.WriteAll(ctx, t2, next.Name) {
+		if !a.OK {
+			t.Errorf("the replacement's write after the zombie's rounds did not pass: %+v", a)
+		}
+	}
+}
+
+// waitForTheTerminatingPod deletes the zombie's pod gracefully, as a
+// drain or a taint eviction would: with its kubelet frozen it stays
+// terminating, and the Job starts a replacement beside it
+// (podReplacementPolicy TerminatingOrFailed). The member Lease must not be
+// granted to the replacement while the old pod object exists
+// (soleCandidate): Held False, OtherPodsRemain, for longer than a TTL.
+func waitForTheTerminatingPod(t *testing.T, c *devcluster.Cluster, m member, zombie *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	kubectlFor(t, c)("delete", "pod", zombie.Name, "--wait=false")
+	next := waitMemberPod(t, c, m, zombie.UID, "kwok-node-0")
+	waitFor(t, 30*time.Second, "member Lease "+m.lease()+" Held=False, OtherPodsRemain", func() (bool, error) {
+		out, err := c.Kubectl(ctx, "get", "flease", m.lease(), "-o", `jsonpath={.status.conditions[?(@.type=="Held")].reason}`)
+		return strings.TrimSpace(out) == fencerv1.ReasonOtherPodsRemain, err
+	})
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		uid, err := c.Kubectl(ctx, "get", "flease", m.lease(), "-o", "jsonpath={.status.holderUID}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(uid) == string(next.UID) {
+			t.Fatalf("member Lease %s granted to the replacement %s while the old pod %s was still terminating", m.lease(), next.Name, zombie.Name)
+		}
+	}
+	t.Logf("%s: the old pod %s terminating on the frozen node, its replacement %s Running on kwok-node-0: the Lease waited (OtherPodsRemain) for 8 s", m.name, zombie.Name, next.Name)
 }
 
 // memberManifest is m's WorkloadLease and workload: one member, on a
@@ -600,6 +633,13 @@ func removeMember(t *testing.T, c *devcluster.Cluster, m member, zombie *corev1.
 	}
 	waitFor(t, 90*time.Second, "the zombie's container gone from the real node", func() (bool, error) {
 		return !memberRunning(zombie), nil
+	})
+	// The member Lease is the WorkloadLease's: the garbage collector deletes
+	// it with its parent (envtest, which runs no garbage collector, checks
+	// only the owner reference).
+	waitFor(t, 60*time.Second, "member Lease "+m.lease()+" deleted with its WorkloadLease", func() (bool, error) {
+		_, err := c.Kubectl(ctx, "get", "flease", m.lease())
+		return err != nil && strings.Contains(err.Error(), "NotFound"), nil
 	})
 }
 

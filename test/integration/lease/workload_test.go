@@ -178,7 +178,27 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		return nil
 	})
 
-	// Scale down: the Leases of ordinals 1 and 2 go.
+	// A member Lease's label removed (by anyone who may edit Leases): the
+	// WorkloadLease still finds it by its controller reference, and puts
+	// the label back.
+	l2 := getLease(t, ns, "web-2")
+	delete(l2.Labels, "fencer.io/workloadlease")
+	if err := k8s.Update(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web-2's label put back", func() error {
+		if v := getLease(t, ns, "web-2").Labels["fencer.io/workloadlease"]; v != "web" {
+			return fmt.Errorf("label %q", v)
+		}
+		return nil
+	})
+	l2 = getLease(t, ns, "web-2")
+	delete(l2.Labels, "fencer.io/workloadlease")
+	if err := k8s.Update(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+
+	// Scale down: the Leases of ordinals 1 and 2 go, web-2's whatever its label.
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
 		t.Fatal(err)
 	}
