@@ -356,6 +356,13 @@ func floorCalls(t *testing.T, addr string) (allow, patch int) {
 // startFloor builds and runs test/bench/floorwebhook as its own process,
 // serving with the envtest serving certificate, and returns its address.
 func startFloor(t *testing.T) string {
+	addr, _ := startFloorProcess(t)
+	return addr
+}
+
+// startFloorProcess is startFloor, also returning the floor's process ID,
+// whose CPU time the bench reads.
+func startFloorProcess(t *testing.T) (string, int) {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -386,5 +393,5 @@ func startFloor(t *testing.T) string {
 		conn.Close()
 		return 1, nil
 	}, 1)
-	return addr
+	return addr, cmd.Process.Pid
 }
