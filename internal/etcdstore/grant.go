@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
@@ -119,8 +120,15 @@ func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, 
 		return nil, 0, err
 	}
 	keys, markers := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	g, err := grantOf(keys, markers)
+	return g, resp.Header.Revision, err
+}
+
+// grantOf is the grant a lease key's read shows, given the key's and its
+// grant marker's KeyValues (none or one each); nil if the key is absent.
+func grantOf(keys, markers []*mvccpb.KeyValue) (*Grant, error) {
 	if len(keys) == 0 {
-		return nil, resp.Header.Revision, nil
+		return nil, nil
 	}
 	kv := keys[0]
 	// A grant is written once, by the transaction that also writes the
@@ -130,10 +138,9 @@ func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, 
 	// lease, is no grant.
 	if len(markers) == 0 || markers[0].ModRevision != kv.CreateRevision || kv.Version != 1 {
 		// Whatever it holds, even garbage, it is to be deleted, not decoded.
-		return &Grant{Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease), Unissued: true}, resp.Header.Revision, nil
+		return &Grant{Token: kv.CreateRevision, LeaseID: clientv3.LeaseID(kv.Lease), Unissued: true}, nil
 	}
-	g, err := decodeGrant(kv.Key, kv.Value, kv.CreateRevision, kv.Lease)
-	return g, resp.Header.Revision, err
+	return decodeGrant(kv.Key, kv.Value, kv.CreateRevision, kv.Lease)
 }
 
 func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {
@@ -301,16 +308,12 @@ func (s *Store) LeaseAlive(ctx context.Context, id clientv3.LeaseID) (alive bool
 	return resp.TTL >= 0, nil
 }
 
-// readLive is one linearizable read of a lease key and etcd's revision. A
-// key the controller did not create is no grant: its token is refused.
-func (s *Store) readLive(ctx context.Context, namespace, name string) (Live, error) {
-	g, rev, err := s.readGrant(ctx, namespace, name)
-	if err != nil {
-		return Live{}, err
-	}
+// liveOf is the webhook's view of a grant read at revision rev. A key the
+// controller did not create is no grant: its token is refused.
+func liveOf(g *Grant, rev int64) Live {
 	live := Live{Revision: rev, Grant: g}
 	if g != nil && g.Unissued {
 		live.Grant, live.Unissued = nil, g.Token
 	}
-	return live, nil
+	return live
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -20,25 +22,43 @@ type Live struct {
 	Unissued int64
 }
 
+// MaxReadsInFlight bounds the live-token reads a LiveReader has in flight
+// at once. Below it every question starts a read at once; at it, questions
+// wait together for the next free read, which serves all of them.
+const MaxReadsInFlight = 4
+
+// leasesPerTxn bounds the leases one etcd transaction reads: two
+// operations each, under etcd's default --max-txn-ops of 128.
+const leasesPerTxn = 64
+
 // LiveReader answers "what is the live token of this lease?" authoritatively
 // and cheaply under load. Each answer comes from a linearizable read that
 // started after the question was asked, so it can never miss a grant that
-// happened before; concurrent questions about one key share reads. While a
-// read is in flight, new callers wait for the next read, which starts when
-// the current one ends and serves all of them.
+// happened before.
+//
+// Reads are shared across Leases and pipelined: a question joins the batch
+// of questions that no read has taken yet, whatever its Lease, and a batch
+// is read as soon as fewer than MaxReadsInFlight reads are in flight, in
+// one etcd transaction for all its Leases. So one question alone waits for
+// one read, not for the one before it; many questions share a few reads;
+// and etcd sees at most MaxReadsInFlight of them at once.
 type LiveReader struct {
 	store *Store
 	// observe, if set, records each etcd read's latency.
 	observe func(d time.Duration, err error)
 
-	mu   sync.Mutex
-	keys map[string]*readState
+	mu       sync.Mutex
+	inflight int
+	pending  *batch // taken by no read yet; collects questions
 }
 
-type readState struct {
-	inflight *liveRead // started; callers that arrived before it began are on it
-	next     *liveRead // not started yet; collects callers that arrive meanwhile
+// batch is the questions one read answers: one result per Lease.
+type batch struct {
+	reads map[leaseRef]*liveRead
+	order []leaseRef
 }
+
+type leaseRef struct{ namespace, name string }
 
 type liveRead struct {
 	done chan struct{}
@@ -48,33 +68,33 @@ type liveRead struct {
 
 // NewLiveReader reads through store; observe may be nil.
 func NewLiveReader(store *Store, observe func(d time.Duration, err error)) *LiveReader {
-	return &LiveReader{store: store, observe: observe, keys: map[string]*readState{}}
+	return &LiveReader{store: store, observe: observe}
 }
 
 // Lookup returns the live state of namespace/name.
 func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, error) {
-	key := etcdkeys.LeaseKey(r.store.prefix, namespace, name)
+	ref := leaseRef{namespace, name}
 	r.mu.Lock()
-	st := r.keys[key]
-	if st == nil {
-		st = &readState{}
-		r.keys[key] = st
+	if r.pending == nil {
+		r.pending = &batch{reads: map[leaseRef]*liveRead{}}
 	}
-	var rd *liveRead
-	start := false
-	switch {
-	case st.inflight == nil:
+	b := r.pending
+	rd := b.reads[ref]
+	if rd == nil {
 		rd = &liveRead{done: make(chan struct{})}
-		st.inflight, start = rd, true
-	case st.next != nil:
-		rd = st.next
-	default:
-		rd = &liveRead{done: make(chan struct{})}
-		st.next = rd
+		b.reads[ref] = rd
+		b.order = append(b.order, ref)
+	}
+	// Taken under the lock: no question joins a batch once a read has
+	// taken it, so every read starts after each of its questions arrived.
+	start := r.inflight < MaxReadsInFlight
+	if start {
+		r.pending = nil
+		r.inflight++
 	}
 	r.mu.Unlock()
 	if start {
-		go r.run(key, namespace, name, rd)
+		go r.run(b)
 	}
 	select {
 	case <-rd.done:
@@ -84,26 +104,72 @@ func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, 
 	}
 }
 
-// run serves rd, then whatever read queued behind it, until none is left.
-func (r *LiveReader) run(key, namespace, name string, rd *liveRead) {
-	for rd != nil {
-		// Not a caller's context: the read serves every caller on it.
-		ctx, cancel := r.store.bound(context.Background())
-		start := time.Now()
-		rd.live, rd.err = r.store.readLive(ctx, namespace, name)
-		cancel()
-		if r.observe != nil {
-			r.observe(time.Since(start), rd.err)
-		}
-		close(rd.done)
-
+// run reads b, then whatever batch collected while every read was in
+// flight, until none is left.
+func (r *LiveReader) run(b *batch) {
+	for b != nil {
+		r.read(b)
 		r.mu.Lock()
-		st := r.keys[key]
-		st.inflight, st.next = st.next, nil
-		rd = st.inflight
-		if rd == nil {
-			delete(r.keys, key)
+		b, r.pending = r.pending, nil
+		if b == nil {
+			r.inflight--
 		}
 		r.mu.Unlock()
 	}
+}
+
+// read answers every question of b from linearizable reads started now:
+// one transaction per leasesPerTxn Leases, all at once.
+func (r *LiveReader) read(b *batch) {
+	// Not a caller's context: the read serves every caller on it.
+	ctx, cancel := r.store.bound(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for from := 0; from < len(b.order); from += leasesPerTxn {
+		chunk := b.order[from:min(from+leasesPerTxn, len(b.order))]
+		wg.Go(func() {
+			start := time.Now()
+			lives, err := r.store.readLives(ctx, chunk)
+			if r.observe != nil {
+				r.observe(time.Since(start), err)
+			}
+			for i, ref := range chunk {
+				rd := b.reads[ref]
+				if err != nil {
+					rd.err = err
+				} else {
+					rd.live, rd.err = lives[i].live, lives[i].err
+				}
+				close(rd.done)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// liveResult is one Lease's answer: a key that holds malformed JSON is an
+// error for that Lease alone.
+type liveResult struct {
+	live Live
+	err  error
+}
+
+// readLives reads the lease keys and grant markers of refs in one
+// linearizable transaction.
+func (s *Store) readLives(ctx context.Context, refs []leaseRef) ([]liveResult, error) {
+	ops := make([]clientv3.Op, 0, 2*len(refs))
+	for _, ref := range refs {
+		ops = append(ops, clientv3.OpGet(etcdkeys.LeaseKey(s.prefix, ref.namespace, ref.name)),
+			clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, ref.namespace, ref.name)))
+	}
+	resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]liveResult, len(refs))
+	for i := range refs {
+		g, err := grantOf(resp.Responses[2*i].GetResponseRange().Kvs, resp.Responses[2*i+1].GetResponseRange().Kvs)
+		out[i] = liveResult{live: liveOf(g, resp.Header.Revision), err: err}
+	}
+	return out, nil
 }

@@ -191,7 +191,7 @@ func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
 	if err != nil || got == nil || !got.Unissued {
 		t.Fatalf("a re-created key: %+v, %v; want Unissued", got, err)
 	}
-	live, err := s.readLive(ctx, "ns", "job")
+	live, err := NewLiveReader(s, nil).Lookup(ctx, "ns", "job")
 	if err != nil || live.Grant != nil || live.Unissued != got.Token {
 		t.Fatalf("the webhook's view of a re-created key: %+v, %v; want no grant", live, err)
 	}
