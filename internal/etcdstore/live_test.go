@@ -115,7 +115,7 @@ func TestLiveReaderSharesReadsAcrossLeases(t *testing.T) {
 		wg.Go(func() {
 			if i%50 == 0 {
 				if _, err := r.Lookup(ctx, "ns", "bad"); err == nil || !strings.Contains(err.Error(), "malformed JSON") {
-					errs <- fmt.Errorf("the malformed key: %v, want its decoding error", err)
+					errs <- fmt.Errorf("the malformed key: %w, want its decoding error", err)
 				}
 			}
 			name := fmt.Sprintf("l%d", i%leases)
