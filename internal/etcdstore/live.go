@@ -22,9 +22,10 @@ type Live struct {
 	Unissued int64
 }
 
-// MaxReadsInFlight bounds the live-token reads a LiveReader has in flight
-// at once. Below it every question starts a read at once; at it, questions
-// wait together for the next free read, which serves all of them.
+// MaxReadsInFlight bounds the batches a LiveReader reads at once. Below it
+// every question starts a read at once; at it, questions wait together for
+// the next free slot, whose read serves all of them. (A batch of more than
+// leasesPerTxn Leases is several transactions, sent together.)
 const MaxReadsInFlight = 4
 
 // leasesPerTxn bounds the leases one etcd transaction reads: two
@@ -39,9 +40,9 @@ const leasesPerTxn = 64
 // Reads are shared across Leases and pipelined: a question joins the batch
 // of questions that no read has taken yet, whatever its Lease, and a batch
 // is read as soon as fewer than MaxReadsInFlight reads are in flight, in
-// one etcd transaction for all its Leases. So one question alone waits for
-// one read, not for the one before it; many questions share a few reads;
-// and etcd sees at most MaxReadsInFlight of them at once.
+// one etcd transaction per leasesPerTxn Leases. So one question alone
+// waits for one read, not for the one before it; many questions share a
+// few reads; and etcd sees at most MaxReadsInFlight batches at once.
 type LiveReader struct {
 	store *Store
 	// observe, if set, records each etcd read's latency.
@@ -50,6 +51,9 @@ type LiveReader struct {
 	mu       sync.Mutex
 	inflight int
 	pending  *batch // taken by no read yet; collects questions
+
+	// beforeRead, in tests, runs as a read takes its batch.
+	beforeRead func(b *batch)
 }
 
 // batch is the questions one read answers: one result per Lease.
@@ -122,6 +126,9 @@ func (r *LiveReader) run(b *batch) {
 // one transaction per leasesPerTxn Leases, all at once.
 func (r *LiveReader) read(b *batch) {
 	// Not a caller's context: the read serves every caller on it.
+	if r.beforeRead != nil {
+		r.beforeRead(b)
+	}
 	ctx, cancel := r.store.bound(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup

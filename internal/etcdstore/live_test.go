@@ -145,3 +145,96 @@ func TestLiveReaderSharesReadsAcrossLeases(t *testing.T) {
 		t.Errorf("%d transactions for %d lookups: no read was shared", reads.Load(), callers)
 	}
 }
+
+// The reader's schedule, step by step, with reads held in a hook: a
+// question that arrives while a read is in flight starts a read of its
+// own (it is never answered by the read already taken, nor made to wait
+// for it), up to MaxReadsInFlight; beyond that, questions about any Lease
+// wait together, and one read serves them all.
+func TestLiveReaderPipelinesThenBatches(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+	tokens := map[string]int64{}
+	for i := range 10 {
+		name := fmt.Sprintf("l%d", i)
+		g, err := s.GrantLease(ctx, "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = g.Token
+	}
+	r := NewLiveReader(s, nil)
+	started := make(chan []leaseRef, 20)
+	release := make(chan struct{})
+	r.beforeRead = func(b *batch) {
+		started <- append([]leaseRef(nil), b.order...)
+		<-release
+	}
+	errs := make(chan error, 20)
+	ask := func(name string) {
+		go func() {
+			live, err := r.Lookup(ctx, "ns", name)
+			switch {
+			case err != nil:
+				errs <- err
+			case live.Grant == nil || live.Grant.Token != tokens[name]:
+				errs <- fmt.Errorf("%s: %+v, want token %d", name, live.Grant, tokens[name])
+			default:
+				errs <- nil
+			}
+		}()
+	}
+	next := func(what string) []leaseRef {
+		t.Helper()
+		select {
+		case b := <-started:
+			return b
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no read started: %s", what)
+			return nil
+		}
+	}
+	// The same Lease twice, while the first read is held: a second read.
+	ask("l0")
+	next("the first question")
+	ask("l0")
+	if b := next("a question while a read of its Lease is in flight"); len(b) != 1 || b[0].name != "l0" {
+		t.Fatalf("second read took %v", b)
+	}
+	ask("l1")
+	next("the third question")
+	ask("l2")
+	next("the fourth question")
+	// Four reads in flight: the next questions, of six Leases, wait.
+	for i := 3; i < 9; i++ {
+		ask(fmt.Sprintf("l%d", i))
+	}
+	select {
+	case b := <-started:
+		t.Fatalf("a fifth read started with four in flight: %v", b)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	if b := next("the waiting questions, once a read is free"); len(b) != 6 {
+		t.Fatalf("the waiting questions were read as %v, want one read of all six Leases", b)
+	}
+	for range 10 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	// Each read gives its slot back just after it answers.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r.mu.Lock()
+		inflight, pending := r.inflight, r.pending
+		r.mu.Unlock()
+		if inflight == 0 && pending == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after every answer: %d reads in flight, pending %v", inflight, pending)
+		}
+	}
+}

@@ -241,7 +241,10 @@ func TestDevCluster(t *testing.T) {
 			return path
 		}
 		out, err = exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", filepath.Join(state, "kubeconfig"), "apply", "-f", cm(tok-1)).CombinedOutput()
-		want := fmt.Sprintf("fencer: stale token %d for lease default/report: current token is %d (holder %s)", tok-1, tok, holder)
+		// The Lease's status records tok, so the webhook refuses without
+		// reading etcd, and says so.
+		want := fmt.Sprintf("fencer: stale token %d for lease default/report: token %d has been issued since, as the Lease's status records [lease default/report; offered token \"%d\"; recorded token none; current token %d; holder %s]",
+			tok-1, tok, tok-1, tok, holder)
 		if err == nil || !strings.Contains(string(out), want) {
 			t.Fatalf("stale write: err=%v, output:\n%s\nwant it refused with %q", err, out, want)
 		}
