@@ -13,8 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -160,28 +158,7 @@ func TestAdmissionThroughput(t *testing.T) {
 // load posts body to url from c goroutines for 3 s and returns the sorted
 // latencies and the rate.
 func load(t *testing.T, hc *http.Client, url string, body []byte, c int) ([]time.Duration, float64) {
-	var mu sync.Mutex
-	var lat []time.Duration
-	var count atomic.Int64
-	end := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range c {
-		wg.Go(func() {
-			var mine []time.Duration
-			for time.Now().Before(end) {
-				s := time.Now()
-				post(t, hc, url, body)
-				mine = append(mine, time.Since(s))
-			}
-			count.Add(int64(len(mine)))
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return sorted(lat), float64(count.Load()) / time.Since(start).Seconds()
+	return during(t, c, func(int) error { post(t, hc, url, body); return nil })
 }
 
 func post(t *testing.T, hc *http.Client, url string, body []byte) {
