@@ -76,9 +76,11 @@ func primary(ctx context.Context, mode string, entries []string) error {
 		return err
 	}
 	if mode == "fenced" {
-		tok, err := waitToken(ctx, env.K8s, uid)
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		tok, err := story.WaitToken(wctx, env.K8s, member)
+		cancel()
 		if err != nil {
-			return err
+			return fmt.Errorf("%s did not hold Lease %s within 60 s (kubectl get flease %s): %w", me, member, member, err)
 		}
 		story.Say(who, "holds Lease %s, token %d", member, tok.Value)
 		write = func(ctx context.Context, value string) error {
@@ -246,7 +248,7 @@ func startMember(ctx context.Context, k client.Client, mode string) (*corev1.Pod
 	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		p := &corev1.Pod{}
 		err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: member}, p)
-		if err == nil && ready(p) && p.Spec.NodeName == story.RealNode && p.Spec.Containers[0].Image == spec.Containers[0].Image &&
+		if err == nil && live(p) && p.Spec.NodeName == story.RealNode && p.Spec.Containers[0].Image == spec.Containers[0].Image &&
 			strings.Join(p.Spec.Containers[0].Args, " ") == strings.Join(spec.Containers[0].Args, " ") {
 			story.Say("demo", "%s (uid %.8s) runs on %s", member, p.UID, p.Spec.NodeName)
 			a, err := story.Attach(ctx, p)
@@ -271,35 +273,17 @@ func schedule(ctx context.Context, k client.Client, onReal bool) error {
 	return story.Cordon(ctx, k, story.RealNode, !onReal)
 }
 
+// live is a Ready pod not being deleted.
+func live(p *corev1.Pod) bool { return p.DeletionTimestamp == nil && story.PodReady(p) }
+
 // readyMember waits for the StatefulSet's pod, other than the one with
 // UID not, to be Ready, and returns it.
 func readyMember(ctx context.Context, k client.Client, not types.UID) (*corev1.Pod, error) {
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		p := &corev1.Pod{}
-		if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: member}, p); err == nil && p.UID != not && ready(p) {
+		if err := k.Get(ctx, client.ObjectKey{Namespace: story.Namespace, Name: member}, p); err == nil && p.UID != not && live(p) {
 			return p, nil
 		}
 	}
 	return nil, fmt.Errorf("no Ready pod %s within 60 s: is `make dev` running?", member)
-}
-
-func ready(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
-		}
-	}
-	return false
-}
-
-// waitToken waits until this pod, by its UID, holds the member's Lease,
-// and reads its token through the API.
-func waitToken(ctx context.Context, k client.Client, uid types.UID) (fence.Token, error) {
-	src := fence.PodSource{Client: k, Namespace: story.Namespace, Pod: story.Pod(), UID: uid, Lease: member}
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if t, err := src.Token(ctx); err == nil {
-			return t, nil
-		}
-	}
-	return fence.Token{}, fmt.Errorf("%s did not hold Lease %s within 60 s (kubectl get flease %s)", story.Pod(), member, member)
 }

@@ -632,7 +632,8 @@ func removeMember(t *testing.T, c *devcluster.Cluster, m member, zombie *corev1.
 		}
 	}
 	waitFor(t, 90*time.Second, "the zombie's container gone from the real node", func() (bool, error) {
-		return !memberRunning(zombie), nil
+		_, running := podProcess(zombie, "member")
+		return !running, nil
 	})
 	// The member Lease is the WorkloadLease's: the garbage collector deletes
 	// it with its parent (envtest, which runs no garbage collector, checks
@@ -641,22 +642,4 @@ func removeMember(t *testing.T, c *devcluster.Cluster, m member, zombie *corev1.
 		_, err := c.Kubectl(ctx, "get", "flease", m.lease())
 		return err != nil && strings.Contains(err.Error(), "NotFound"), nil
 	})
-}
-
-// memberRunning reports whether a process named member runs in pod p's
-// cgroup.
-func memberRunning(p *corev1.Pod) bool {
-	uid := strings.ReplaceAll(string(p.UID), "-", "_")
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		name, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(name)) != "member" {
-			continue
-		}
-		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if strings.Contains(string(cg), string(p.UID)) || strings.Contains(string(cg), uid) {
-			return true
-		}
-	}
-	return false
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fencer-io/fencer/test/support/devcluster"
@@ -199,6 +200,19 @@ func killProcess(t *testing.T, c *devcluster.Cluster, pod, comm string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid, ok := podProcess(p, comm)
+	if !ok {
+		t.Fatalf("no %s process of pod %s found", comm, pod)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s's %s process %d", pod, comm, pid)
+}
+
+// podProcess finds the process named comm on this machine in pod p's
+// cgroup.
+func podProcess(p *corev1.Pod, comm string) (int, bool) {
 	uid := strings.ReplaceAll(string(p.UID), "-", "_")
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -207,17 +221,12 @@ func killProcess(t *testing.T, c *devcluster.Cluster, pod, comm string) {
 			continue
 		}
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if !strings.Contains(string(cg), string(p.UID)) && !strings.Contains(string(cg), uid) {
-			continue
+		if strings.Contains(string(cg), string(p.UID)) || strings.Contains(string(cg), uid) {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid, true
 		}
-		pid, _ := strconv.Atoi(e.Name())
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("killed %s's %s process %d", pod, comm, pid)
-		return
 	}
-	t.Fatalf("no %s process of pod %s found", comm, pod)
+	return 0, false
 }
 
 func mustInt(t *testing.T, s string) int64 {

@@ -48,7 +48,7 @@ func waitReady(ctx context.Context, k client.Client, pods ...string) error {
 		for {
 			var p corev1.Pod
 			err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, &p)
-			if err == nil && podReady(&p) {
+			if err == nil && PodReady(&p) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -63,7 +63,8 @@ func waitReady(ctx context.Context, k client.Client, pods ...string) error {
 	return nil
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady tells whether p is Ready.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue

@@ -165,9 +165,9 @@ func PodUID(ctx context.Context, k client.Client) (types.UID, error) {
 	return pod.UID, nil
 }
 
-// waitToken waits until this pod holds lease, reading its token through
-// the API.
-func waitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
+// WaitToken waits until this pod (by its UID) holds lease, reading its
+// token through the API, until ctx ends.
+func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
 	uid, err := PodUID(ctx, k)
 	if err != nil {
 		return fence.Token{}, err
@@ -192,7 +192,7 @@ func waitToken(ctx context.Context, k client.Client, lease string) (fence.Token,
 func Acquire(ctx context.Context, env *Env, lease string) (fence.Token, context.Context, error) {
 	var stale int64
 	for {
-		t, err := waitToken(ctx, env.K8s, lease)
+		t, err := WaitToken(ctx, env.K8s, lease)
 		if err != nil {
 			return fence.Token{}, nil, err
 		}
