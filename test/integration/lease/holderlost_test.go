@@ -183,10 +183,18 @@ func TestLeaseDeletedWithoutItsFinalizerIsReleased(t *testing.T) {
 	if err != nil || ttl.TTL > 0 {
 		t.Fatalf("the grant's etcd lease is still alive: %+v %v", ttl, err)
 	}
-	resp, err := fx.EtcdCli.Get(context.Background(), etcdkeys.GrantMarkerKey(prefix, ns, "job"))
-	if err != nil || len(resp.Kvs) != 0 {
-		t.Fatalf("the grant marker is left: %v %v", resp, err)
-	}
+	// The marker goes in a transaction after the grant's, so it is waited
+	// for, not read once the key is gone.
+	eventually(t, 30*time.Second, "the grant marker deleted", func() error {
+		resp, err := fx.EtcdCli.Get(context.Background(), etcdkeys.GrantMarkerKey(prefix, ns, "job"))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 0 {
+			return fmt.Errorf("the grant marker is left at revision %d", resp.Kvs[0].ModRevision)
+		}
+		return nil
+	})
 	noAnnotation(t, ns, st.Holder, "job")
 }
 
