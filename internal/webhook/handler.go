@@ -67,6 +67,10 @@ type objectMeta struct {
 	Metadata struct {
 		Labels      map[string]string `json:"labels"`
 		Annotations map[string]string `json:"annotations"`
+		// DeletionTimestamp is only tested for presence: whether a write
+		// may be a finalizer release (finalizersReleased), which needs a
+		// full decode of both objects that most writes can skip.
+		DeletionTimestamp any `json:"deletionTimestamp"`
 	} `json:"metadata"`
 }
 
@@ -106,7 +110,7 @@ func (f *Checker) record(ctx context.Context, req admission.Request) (Reason, ad
 		// no token and must not erase the record either.
 		record, ok := recordOf(old, leaseName)
 		switch {
-		case finalizersReleased(req):
+		case beingDeleted(old) && finalizersReleased(req):
 			// Whoever owns a finalizer (pvc-protection, say, which is no
 			// exempt identity) must be able to remove it, or the object
 			// hangs in deletion forever. The object is going away, and
@@ -450,6 +454,12 @@ func decodeMeta(raw []byte) (*objectMeta, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// beingDeleted says whether m carries a deletionTimestamp (a CREATE has no
+// old object, so is not).
+func beingDeleted(m *objectMeta) bool {
+	return m != nil && m.Metadata.DeletionTimestamp != nil
 }
 
 func labelOf(m *objectMeta) string {
