@@ -48,8 +48,8 @@ type LiveLookup interface {
 // Checker judges writes to fenced objects: Record is the mutating webhook,
 // Validate the validating one.
 type Checker struct {
-	// Leases reads Lease objects (the manager's cache).
-	Leases client.Reader
+	// Leases reads Lease objects (a LeaseView of the manager's cache).
+	Leases LeaseReader
 	// APIReader double-checks a Lease the cache has not seen yet.
 	APIReader client.Reader
 	Live      LiveLookup
@@ -184,11 +184,12 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 // lease fetches the fencing Lease, from the cache or, if the cache has not
 // seen it, from the apiserver.
 func (f *Checker) lease(ctx context.Context, namespace, name string, w write) (*fencerv1.Lease, *Denial) {
-	lease := &fencerv1.Lease{}
-	key := client.ObjectKey{Namespace: namespace, Name: name}
-	err := f.Leases.Get(ctx, key, lease)
+	lease, err := f.Leases.Lease(ctx, namespace, name)
+	if err == nil {
+		return lease, nil // the hot path: no error to classify
+	}
 	if apierrors.IsNotFound(err) && f.APIReader != nil {
-		err = f.APIReader.Get(ctx, key, lease)
+		lease, err = ReaderLeases{f.APIReader}.Lease(ctx, namespace, name)
 	}
 	switch {
 	case apierrors.IsNotFound(err):
@@ -494,25 +495,33 @@ func recordPatch(obj *objectMeta, record string, keep bool) []jsonpatch.JsonPatc
 	ann := obj.Metadata.Annotations
 	var ops []jsonpatch.JsonPatchOperation
 	if _, ok := ann[fencerv1.TokenAnnotation]; ok {
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(fencerv1.TokenAnnotation)})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: offerPath})
 	}
 	cur, has := ann[fencerv1.WrittenTokenAnnotation]
 	switch {
 	case !keep && has:
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: annotationPath(fencerv1.WrittenTokenAnnotation)})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: recordPath})
 	case keep && ann == nil:
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{fencerv1.WrittenTokenAnnotation: record}})
 	case keep && (!has || cur != record):
 		// "add" replaces an existing member (RFC 6902).
-		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: annotationPath(fencerv1.WrittenTokenAnnotation), Value: record})
+		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: recordPath, Value: record})
 	}
 	return ops
 }
 
 // annotationPath is the JSON pointer of an annotation (RFC 6901 escapes).
 func annotationPath(key string) string {
-	return "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	return "/metadata/annotations/" + pointerEscaper.Replace(key)
 }
+
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
+
+// The paths every accepted write's patch names, escaped once.
+var (
+	offerPath  = annotationPath(fencerv1.TokenAnnotation)
+	recordPath = annotationPath(fencerv1.WrittenTokenAnnotation)
+)
 
 var statusReasons = map[int32]metav1.StatusReason{
 	http.StatusConflict:           metav1.StatusReasonConflict,

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -224,10 +223,10 @@ func as(r admission.Request, user string) admission.Request {
 	return r
 }
 
-func leaseClient(l *fencerv1.Lease) client.Reader {
+func leaseClient(l *fencerv1.Lease) LeaseReader {
 	s := runtime.NewScheme()
 	utilruntime.Must(fencerv1.AddToScheme(s))
-	return fake.NewClientBuilder().WithScheme(s).WithObjects(l).Build()
+	return ReaderLeases{fake.NewClientBuilder().WithScheme(s).WithObjects(l).Build()}
 }
 
 // check asserts resp is allowed (code 0) or refused with code and msg.
@@ -254,7 +253,7 @@ func TestLookupFailureRefusesWith503(t *testing.T) {
 
 // serve posts body to the webhook over HTTP, as the apiserver would.
 func serve(t testing.TB, f *Checker, body []byte) *httptest.ResponseRecorder {
-	wh := &admission.Webhook{Handler: admission.HandlerFunc(f.Record)}
+	wh := &Review{Handler: admission.HandlerFunc(f.Record)}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -293,7 +292,7 @@ func FuzzServeHTTP(f *testing.F) {
 	fence := &Checker{Live: fakeLive{live: held(42, 50)}}
 	s := runtime.NewScheme()
 	utilruntime.Must(fencerv1.AddToScheme(s))
-	fence.Leases = fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(fencerv1.PolicyCurrent, false)).Build()
+	fence.Leases = ReaderLeases{fake.NewClientBuilder().WithScheme(s).WithObjects(testLease(fencerv1.PolicyCurrent, false)).Build()}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := serve(t, fence, body)
 		if rec.Code == 0 {

@@ -20,17 +20,21 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	if err != nil {
 		return err
 	}
+	leases, err := WatchLeases(ctx, mgr.GetCache())
+	if err != nil {
+		return err
+	}
 	f := &Checker{
-		Leases:    mgr.GetClient(),
+		Leases:    leases,
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
 		Exempt:    exempt,
-		Refusals:  &Refusals{Recorder: mgr.GetEventRecorder("fencer-webhook"), Leases: mgr.GetClient()},
+		Refusals:  &Refusals{Recorder: mgr.GetEventRecorder("fencer-webhook"), Leases: leases},
 	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(RecordPath, &admission.Webhook{Handler: admission.HandlerFunc(f.Record)})
-	srv.Register(Path, &admission.Webhook{Handler: admission.HandlerFunc(f.Validate)})
-	srv.Register(ParentPath, &admission.Webhook{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
-	srv.Register(LeaseStatusPath, &admission.Webhook{Handler: &LeaseStatusGuard{Controller: me}})
+	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
+	srv.Register(Path, &Review{Handler: admission.HandlerFunc(f.Validate)})
+	srv.Register(ParentPath, &Review{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
+	srv.Register(LeaseStatusPath, &Review{Handler: &LeaseStatusGuard{Controller: me}})
 	return nil
 }

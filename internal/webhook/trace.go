@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -37,7 +36,7 @@ type Refusals struct {
 	// Recorder emits the Events; nil emits none.
 	Recorder events.EventRecorder
 	// Leases reads the Lease an Event goes on (the manager's cache).
-	Leases client.Reader
+	Leases LeaseReader
 
 	mu   sync.Mutex
 	last map[string]time.Time // Lease namespace/name -> last Event
@@ -65,10 +64,10 @@ func (r *Refusals) report(ctx context.Context, req admission.Request, reason Rea
 	groups := append([]string(nil), req.UserInfo.Groups...)
 	sort.Strings(groups)
 	dryRun := req.DryRun != nil && *req.DryRun
-	// controller-runtime's admission logger already names the user, the
-	// object, its namespace and resource, and the request ID.
+	// The fields are built here, for refusals only: most writes pass.
 	ctrl.LoggerFrom(ctx).Info("refused a write to a fenced object",
-		"reason", reason, "groups", groups, "pod", pod, "dryRun", dryRun,
+		"reason", reason, "user", requester, "groups", groups, "pod", pod, "dryRun", dryRun, "uid", req.UID,
+		"namespace", req.Namespace, "name", req.Name, "resource", req.Resource.Resource,
 		"operation", req.Operation, "kind", req.Kind.Kind, "subresource", req.SubResource,
 		"lease", f[fencerv1.CauseLease], "offeredToken", f[fencerv1.CauseOfferedToken],
 		"recordedToken", f[fencerv1.CauseRecordedToken], "currentToken", f[fencerv1.CauseCurrentToken],
@@ -99,10 +98,12 @@ func (r *Refusals) event(ctx context.Context, req admission.Request, reason Reas
 	if r == nil || r.Recorder == nil || !ok || !r.allow(leaseRef) {
 		return
 	}
-	lease := &fencerv1.Lease{}
-	if err := r.Leases.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, lease); err != nil {
+	shared, err := r.Leases.Lease(ctx, ns, name)
+	if err != nil {
 		return // an unknown Lease: the log line and the metric remain
 	}
+	// The Event names the Lease; the shared object itself is not handed on.
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: shared.UID, ResourceVersion: shared.ResourceVersion}}
 	who := requester
 	if pod != "" {
 		who += " (pod " + pod + ")"

@@ -1,0 +1,226 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
+)
+
+// MaxReviewBytes bounds an AdmissionReview's body: two objects of at most
+// 3 MiB each (twice etcd's default request limit, as JSON) and the rest.
+// It is the bound controller-runtime's own webhook applies.
+const MaxReviewBytes = 7 << 20
+
+// Review serves one admission webhook over HTTP. It does what
+// controller-runtime's admission.Webhook does, leaner, because every fenced
+// write in the cluster passes through it:
+//   - the body is read into a pooled buffer;
+//   - the AdmissionReview is decoded, case-sensitively as the apiserver
+//     decodes it, into only the fields a decision reads, and the objects
+//     are not copied out of the body;
+//   - the response is encoded without reflection (appendReview).
+//
+// FuzzReviewDecode holds that it reads what the apiserver's own decoder
+// reads.
+type Review struct {
+	Handler admission.Handler
+}
+
+// reviewIn is the part of an AdmissionReview that fencer reads.
+type reviewIn struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Request    *requestIn `json:"request"`
+}
+
+// requestIn is the part of an AdmissionRequest that fencer reads.
+type requestIn struct {
+	UID         types.UID                   `json:"uid"`
+	Kind        metav1.GroupVersionKind     `json:"kind"`
+	Resource    metav1.GroupVersionResource `json:"resource"`
+	SubResource string                      `json:"subResource"`
+	Name        string                      `json:"name"`
+	Namespace   string                      `json:"namespace"`
+	Operation   admissionv1.Operation       `json:"operation"`
+	UserInfo    authenticationv1.UserInfo   `json:"userInfo"`
+	Object      bodySlice                   `json:"object"`
+	OldObject   bodySlice                   `json:"oldObject"`
+	DryRun      *bool                       `json:"dryRun"`
+}
+
+// bodySlice keeps a JSON value as the bytes of the body it came from, not a
+// copy: the body outlives the review's handling (ServeHTTP returns its
+// buffer to the pool only after the response is written). A JSON null is
+// no object, as runtime.RawExtension reads it.
+type bodySlice []byte
+
+func (b *bodySlice) UnmarshalJSON(data []byte) error {
+	if string(data) != "null" {
+		*b = data
+	}
+	return nil
+}
+
+// bodies recycles the buffers reviews are read into. Buffers that grew
+// past pooledBodyBytes (a review of large objects) are dropped, so one
+// large review does not pin its memory.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const pooledBodyBytes = 256 << 10
+
+func (v *Review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	buf := bodies.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= pooledBodyBytes {
+			bodies.Put(buf)
+		}
+	}()
+	req, code, err := readReview(r, buf)
+	if err != nil {
+		ctrl.LoggerFrom(r.Context()).Error(err, "refused an admission request that is not an AdmissionReview", "path", r.URL.Path)
+		writeReview(w, errored(code, err, ""))
+		return
+	}
+	writeReview(w, v.handle(r.Context(), req))
+}
+
+// readReview reads an AdmissionReview from r's body into buf. code is the
+// HTTP status of the error, if any.
+func readReview(r *http.Request, buf *bytes.Buffer) (req admission.Request, code int32, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return req, http.StatusBadRequest, fmt.Errorf("the request body is empty: send an AdmissionReview")
+	}
+	defer r.Body.Close()
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		return req, http.StatusBadRequest, fmt.Errorf("content type %q: an AdmissionReview is sent as application/json", ct)
+	}
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, MaxReviewBytes+1)); err != nil {
+		return req, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
+	}
+	if buf.Len() > MaxReviewBytes {
+		return req, http.StatusRequestEntityTooLarge, fmt.Errorf("the AdmissionReview is over %d bytes", MaxReviewBytes)
+	}
+	in, err := decodeReview(buf.Bytes())
+	if err != nil {
+		return req, http.StatusBadRequest, err
+	}
+	return in.request(), 0, nil
+}
+
+// decodeReview decodes body as the apiserver's decoder does: keys match
+// case-sensitively, numbers are kept as written, unknown fields are
+// ignored, and a missing apiVersion or kind reads as the AdmissionReview's.
+// fencer's webhook configurations ask for admission.k8s.io/v1 only, so a
+// review that names another version or kind is refused, not guessed at.
+func decodeReview(body []byte) (*reviewIn, error) {
+	in := &reviewIn{}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(body, in); err != nil {
+		return nil, fmt.Errorf("cannot decode the AdmissionReview: %w", err)
+	}
+	if !oneOf(in.APIVersion, "", reviewAPIVersion) || !oneOf(in.Kind, "", "AdmissionReview") {
+		return nil, fmt.Errorf("got apiVersion %q kind %q: fencer answers %s AdmissionReviews only (admissionReviewVersions: [v1] in the webhook configuration)",
+			in.APIVersion, in.Kind, reviewAPIVersion)
+	}
+	if in.Request == nil {
+		return nil, fmt.Errorf("the AdmissionReview has no request")
+	}
+	return in, nil
+}
+
+var reviewAPIVersion = admissionv1.SchemeGroupVersion.String()
+
+func oneOf(s string, allowed ...string) bool { return slices.Contains(allowed, s) }
+
+// request is in as the admission.Request the handlers take.
+func (in *reviewIn) request() admission.Request {
+	r := in.Request
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: r.UID, Kind: r.Kind, Resource: r.Resource, SubResource: r.SubResource,
+		Name: r.Name, Namespace: r.Namespace, Operation: r.Operation, UserInfo: r.UserInfo,
+		Object: rawOf(r.Object), OldObject: rawOf(r.OldObject), DryRun: r.DryRun,
+	}}
+}
+
+// handle runs the handler, completes its response as the apiserver expects
+// it (the request's UID, a status code, the patch encoded), and turns a
+// panic into a refusal: the webhooks fail closed.
+func (v *Review) handle(ctx context.Context, req admission.Request) (resp admission.Response) {
+	defer func() {
+		if p := recover(); p != nil {
+			ctrl.LoggerFrom(ctx).Error(fmt.Errorf("%v", p), "the admission handler panicked; the write is refused", "uid", req.UID)
+			resp = errored(http.StatusInternalServerError, fmt.Errorf("fencer: internal error (%v); the write is refused, retry", p), req.UID)
+		}
+	}()
+	resp = v.Handler.Handle(ctx, req)
+	if err := complete(&resp, req.UID); err != nil {
+		return errored(http.StatusInternalServerError, err, req.UID)
+	}
+	return resp
+}
+
+// complete is admission.Response.Complete, with the patch encoded by
+// appendPatch.
+func complete(resp *admission.Response, uid types.UID) error {
+	resp.UID = uid
+	if resp.Result == nil {
+		resp.Result = &metav1.Status{}
+	}
+	if resp.Result.Code == 0 {
+		resp.Result.Code = http.StatusOK
+	}
+	if len(resp.Patches) == 0 {
+		return nil
+	}
+	patch, err := appendPatch(nil, resp.Patches)
+	if err != nil {
+		return err
+	}
+	resp.Patch = patch
+	pt := admissionv1.PatchTypeJSONPatch
+	resp.PatchType = &pt
+	return nil
+}
+
+func errored(code int32, err error, uid types.UID) admission.Response {
+	resp := admission.Errored(code, err)
+	resp.UID = uid
+	return resp
+}
+
+// writeReview writes resp in an admission.k8s.io/v1 AdmissionReview.
+func writeReview(w http.ResponseWriter, resp admission.Response) {
+	out := appendReview(make([]byte, 0, 512), &resp.AdmissionResponse)
+	w.Header().Set("Content-Type", "application/json")
+	if _, err := w.Write(out); err != nil {
+		// The connection is gone: the apiserver times out and applies
+		// the webhook's failurePolicy (Fail).
+		return
+	}
+}
+
+// reviewJSON is the AdmissionReview written when appendReview cannot
+// write a response itself.
+func reviewJSON(resp *admissionv1.AdmissionResponse) []byte {
+	out, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: reviewAPIVersion, Kind: "AdmissionReview"},
+		Response: resp,
+	})
+	if err != nil { // every field of an AdmissionResponse encodes
+		panic(err)
+	}
+	return out
+}
