@@ -35,6 +35,11 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
 	srv.Register(Path, &Review{Handler: admission.HandlerFunc(f.Validate)})
 	srv.Register(ParentPath, &Review{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
+	// The Lease status guard is now the chart's ValidatingAdmissionPolicy.
+	// Its webhook path is still served for the webhook configurations of
+	// earlier versions (an install upgraded with kubectl apply, which
+	// does not prune the old webhook), whose status writes would
+	// otherwise fail closed against a path that is gone.
 	srv.Register(LeaseStatusPath, &Review{Handler: &LeaseStatusGuard{Controller: me}})
 	return nil
 }

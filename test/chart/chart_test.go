@@ -245,7 +245,7 @@ func TestDefaultRendering(t *testing.T) {
 		if !strings.Contains(excluded, "kube-system") {
 			t.Errorf("%s: namespaceSelector excludes %s; want kube-system", name, excluded)
 		}
-		if release := strings.Contains(excluded, "fencer-system"); release != (name == "parent.fencer.io" || name == "leasestatus.fencer.io") {
+		if release := strings.Contains(excluded, "fencer-system"); release != (name == "parent.fencer.io") {
 			t.Errorf("%s: excludes the release namespace: %v", name, release)
 		}
 	}

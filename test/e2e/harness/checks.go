@@ -149,8 +149,8 @@ func (h *Harness) statusForgeryRefused(ctx context.Context) error {
 	if err == nil {
 		return fmt.Errorf("worker %s rewrote Lease alpha's status", h.pods[0].Name)
 	}
-	if !strings.Contains(err.Error(), "fencer") {
-		return fmt.Errorf("worker %s's status write was refused, but not by fencer's webhook (RBAC allows it): %w", h.pods[0].Name, err)
+	if !strings.Contains(err.Error(), "only the fencer manager") {
+		return fmt.Errorf("worker %s's status write was refused, but not by fencer's status guard (RBAC allows it): %w", h.pods[0].Name, err)
 	}
 	return nil
 }

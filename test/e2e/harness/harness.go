@@ -418,7 +418,8 @@ func (h *Harness) startWorkload(ctx context.Context) error {
 
 // workerRBAC gives the workers' service account what a careless operator
 // might: ConfigMaps, their own pods, and Leases with their status. Only the
-// webhook stands between a worker and a forged Lease status.
+// status guard (a ValidatingAdmissionPolicy) stands between a worker and a
+// forged Lease status.
 func (h *Harness) workerRBAC(ctx context.Context) error {
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "worker", Namespace: Namespace}, Rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},

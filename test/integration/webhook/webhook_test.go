@@ -378,7 +378,8 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 			break
 		}
 	}
-	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "fencer: only the fencer controller") {
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the fencer manager") ||
+		!strings.Contains(err.Error(), "rogue") || !strings.Contains(err.Error(), "workloads read their fencing tokens") {
 		t.Fatalf("a workload wrote Lease status: %v", err)
 	}
 }
