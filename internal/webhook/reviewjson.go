@@ -79,7 +79,7 @@ func leanEncodable(resp *admissionv1.AdmissionResponse) bool {
 	if s == nil {
 		return true
 	}
-	if s.TypeMeta != (metav1.TypeMeta{}) || s.ListMeta.SelfLink != "" || s.ResourceVersion != "" || s.Continue != "" || s.RemainingItemCount != nil {
+	if s.TypeMeta != (metav1.TypeMeta{}) || s.ListMeta != (metav1.ListMeta{}) {
 		return false
 	}
 	d := s.Details
