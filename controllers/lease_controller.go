@@ -73,11 +73,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		}
 		return ctrl.Result{}, err
 	}
-	// No finalizer is added: a deleted Lease is released when the
-	// reconciler finds it gone (gone), so a grant costs no finalizer write.
-	// A Lease that carries fencer.io/release (the opt-in policy's, or one
-	// from an earlier version) is still finalized before it goes.
-	return runPass(ctx, r.Client, r.Recorder, lease, "",
+	return runPass(ctx, r.Client, r.Recorder, lease, fencerv1.LeaseFinalizer,
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, lease) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileGrant(ctx, lease) })
 }

@@ -30,11 +30,11 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 }
 
 // gone releases what a Lease that no longer exists left behind (releaseAll).
-// finalize does this for a Lease deleted with fencer's finalizer (the
-// opt-in policy sets it); every other deleted Lease comes here, from its
-// delete event or, if no manager ran when it went, from the resync that
-// lists etcd's grants. The cache may not have seen a Lease just created, so
-// the apiserver confirms the Lease is gone before anything is released.
+// finalize does this for a Lease deleted with fencer's finalizer; a Lease
+// whose finalizer was removed by hand (as docs/install.md says to do after
+// an uninstall), or deleted while no manager ran, comes here. The cache may
+// not have seen a Lease just created, so the apiserver confirms the Lease
+// is gone before anything is released.
 func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (ctrl.Result, error) {
 	if r.APIReader != nil {
 		err := r.APIReader.Get(ctx, name, &fencerv1.Lease{})

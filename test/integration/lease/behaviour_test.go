@@ -52,10 +52,8 @@ func TestGrantPublishesCreateRevisionAsToken(t *testing.T) {
 	if got := annotation(t, ns, "w-1", "job"); got != "" {
 		t.Fatalf("non-holder w-1 carries the token annotation %q", got)
 	}
-	// No finalizer write: a deleted Lease is released when it is found
-	// gone (TestLeaseDeletedWhileHeldIsReleased).
-	if l := getLease(t, ns, "job"); len(l.Finalizers) != 0 {
-		t.Fatalf("finalizers %v, want none", l.Finalizers)
+	if l := getLease(t, ns, "job"); len(l.Finalizers) != 1 || l.Finalizers[0] != "fencer.io/release" {
+		t.Fatalf("finalizers %v", l.Finalizers)
 	}
 }
 
