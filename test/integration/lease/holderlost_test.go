@@ -213,6 +213,31 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 	noAnnotation(t, ns, st.Holder, "job")
 }
 
+// A held Lease deleted and created again at once under the same name (what
+// kubectl replace --force does) never carries the old grant on: the old
+// Lease stays until its grant is released (its finalizer), so the new one
+// grants afresh, with a greater token. Without the finalizer the new Lease
+// found the old grant in etcd and kept it, token and all.
+func TestLeaseReplacedAtOnceGrantsAGreaterToken(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 30))
+	st := heldBy(t, ns, "job")
+	if err := k8s.Delete(context.Background(), getLease(t, ns, "job")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the Lease created again", func() error {
+		return k8s.Create(context.Background(), newLease(ns, "job", "w", 30)) // AlreadyExists while it terminates
+	})
+	if etcd := etcdToken(t, ns, "job"); etcd == st.Token {
+		t.Fatalf("the new Lease's etcd key is the old grant (token %d)", etcd)
+	}
+	if again := heldBy(t, ns, "job"); again.Token <= st.Token {
+		t.Fatalf("the Lease created again holds token %d, not above the old Lease's %d", again.Token, st.Token)
+	}
+}
+
 // deleteWithoutFinalizer removes the Lease's finalizers and deletes it, as
 // the install docs say to do after an uninstall.
 func deleteWithoutFinalizer(t *testing.T, ns, name string) {
