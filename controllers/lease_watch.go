@@ -22,8 +22,8 @@ import (
 )
 
 // notStatusOnly drops Lease updates that changed nothing but the status.
-// Only the controller writes Lease status (the webhook refuses anyone
-// else), so such an update is its own write coming back: reconciling it
+// Only the controller writes Lease status (the chart's status guard refuses
+// anyone else), so such an update is its own write coming back: reconciling it
 // again costs a read of etcd and the pods, per Lease, per status write.
 var notStatusOnly = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 	o, n := e.ObjectOld, e.ObjectNew

@@ -205,11 +205,9 @@ func errored(code int32, err error, uid types.UID) admission.Response {
 func writeReview(w http.ResponseWriter, resp admission.Response) {
 	out := appendReview(make([]byte, 0, 512), &resp.AdmissionResponse)
 	w.Header().Set("Content-Type", "application/json")
-	if _, err := w.Write(out); err != nil {
-		// The connection is gone: the apiserver times out and applies
-		// the webhook's failurePolicy (Fail).
-		return
-	}
+	// A failed write means the connection is gone: the apiserver times
+	// out and applies the webhook's failurePolicy (Fail).
+	_, _ = w.Write(out)
 }
 
 // reviewJSON is the AdmissionReview written when appendReview cannot
