@@ -179,10 +179,17 @@ func TestLeaseDeletedWithoutItsFinalizerIsReleased(t *testing.T) {
 	}
 	startController(t, "c2")
 	grantReleased(t, ns, "job")
-	ttl, err := fx.EtcdCli.TimeToLive(context.Background(), clientv3.LeaseID(st.LeaseID))
-	if err != nil || ttl.TTL > 0 {
-		t.Fatalf("the grant's etcd lease is still alive: %+v %v", ttl, err)
-	}
+	// The revoke follows the key's deletion, in its own call: waited for.
+	eventually(t, 30*time.Second, "the grant's etcd lease revoked", func() error {
+		ttl, err := fx.EtcdCli.TimeToLive(context.Background(), clientv3.LeaseID(st.LeaseID))
+		if err != nil {
+			return err
+		}
+		if ttl.TTL > 0 {
+			return fmt.Errorf("the grant's etcd lease is still alive, %d s left", ttl.TTL)
+		}
+		return nil
+	})
 	// The marker goes in a transaction after the grant's, so it is waited
 	// for, not read once the key is gone.
 	eventually(t, 30*time.Second, "the grant marker deleted", func() error {
