@@ -13,6 +13,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -131,7 +132,7 @@ func decodeReview(body []byte) (*reviewIn, error) {
 	if err := kjson.UnmarshalCaseSensitivePreserveInts(body, in); err != nil {
 		return nil, fmt.Errorf("cannot decode the AdmissionReview: %w", err)
 	}
-	if !oneOf(in.APIVersion, "", reviewAPIVersion) || !oneOf(in.Kind, "", "AdmissionReview") {
+	if !slices.Contains([]string{"", reviewAPIVersion}, in.APIVersion) || !slices.Contains([]string{"", "AdmissionReview"}, in.Kind) {
 		return nil, fmt.Errorf("got apiVersion %q kind %q: fencer answers %s AdmissionReviews only (admissionReviewVersions: [v1] in the webhook configuration)",
 			in.APIVersion, in.Kind, reviewAPIVersion)
 	}
@@ -143,15 +144,13 @@ func decodeReview(body []byte) (*reviewIn, error) {
 
 var reviewAPIVersion = admissionv1.SchemeGroupVersion.String()
 
-func oneOf(s string, allowed ...string) bool { return slices.Contains(allowed, s) }
-
 // request is in as the admission.Request the handlers take.
 func (in *reviewIn) request() admission.Request {
 	r := in.Request
 	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: r.UID, Kind: r.Kind, Resource: r.Resource, SubResource: r.SubResource,
 		Name: r.Name, Namespace: r.Namespace, Operation: r.Operation, UserInfo: r.UserInfo,
-		Object: rawOf(r.Object), OldObject: rawOf(r.OldObject), DryRun: r.DryRun,
+		Object: runtime.RawExtension{Raw: r.Object}, OldObject: runtime.RawExtension{Raw: r.OldObject}, DryRun: r.DryRun,
 	}}
 }
 

@@ -145,14 +145,7 @@ func TestReviewRefusesWhatIsNotAV1AdmissionReview(t *testing.T) {
 			if tc.body != "" {
 				body = strings.NewReader(tc.body)
 			}
-			req := httptest.NewRequest(http.MethodPost, RecordPath, body)
-			req.Header.Set("Content-Type", tc.contentType)
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
-			var out admissionv1.AdmissionReview
-			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || out.Response == nil || out.Response.Result == nil {
-				t.Fatalf("no AdmissionReview back: %v %s", err, rec.Body.String())
-			}
+			out := postReview(t, h, tc.contentType, body)
 			if out.Response.Allowed || out.Response.Result.Code != tc.code || !strings.Contains(out.Response.Result.Message, tc.msg) {
 				t.Fatalf("response %+v, want code %d and %q", out.Response, tc.code, tc.msg)
 			}
@@ -166,17 +159,25 @@ func TestReviewRefusesWhenTheHandlerPanics(t *testing.T) {
 	h := &Review{Handler: admission.HandlerFunc(func(_ context.Context, _ admission.Request) admission.Response {
 		panic("boom")
 	})}
-	req := httptest.NewRequest(http.MethodPost, RecordPath, bytes.NewReader(reviewBody(t, admissionv1.AdmissionRequest{UID: "u-1"})))
-	req.Header.Set("Content-Type", "application/json")
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	var out admissionv1.AdmissionReview
-	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || out.Response == nil {
-		t.Fatalf("no AdmissionReview back: %v %s", err, rec.Body.String())
-	}
+	out := postReview(t, h, "application/json", bytes.NewReader(reviewBody(t, admissionv1.AdmissionRequest{UID: "u-1"})))
 	if out.Response.Allowed || out.Response.UID != "u-1" || out.Response.Result.Code != 500 || !strings.Contains(out.Response.Result.Message, "boom") {
 		t.Fatalf("response %+v", out.Response)
 	}
+}
+
+// postReview posts body to h and decodes the AdmissionReview it answers,
+// which must carry a response with a status.
+func postReview(t *testing.T, h http.Handler, contentType string, body io.Reader) admissionv1.AdmissionReview {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, RecordPath, body)
+	req.Header.Set("Content-Type", contentType)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var out admissionv1.AdmissionReview
+	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || out.Response == nil || out.Response.Result == nil {
+		t.Fatalf("no AdmissionReview back: %v %s", err, rec.Body.String())
+	}
+	return out
 }
 
 // sameAsEncodingJSON fails when appendReview writes other bytes than

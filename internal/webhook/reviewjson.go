@@ -10,14 +10,11 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // The encoders below write what encoding/json writes for the same values,
 // byte for byte (TestAppendReviewIsEncodingJSON and FuzzAppendReview hold
 // it), without reflection: a response is written for every fenced write.
-
-func rawOf(b bodySlice) runtime.RawExtension { return runtime.RawExtension{Raw: b} }
 
 // appendReview appends the admission.k8s.io/v1 AdmissionReview that
 // carries resp. A response with a field it does not write (none of
