@@ -31,11 +31,12 @@ const lease = "index-publisher"
 func main() {
 	story.Main("index-publisher", map[string]story.Role{
 		"demo": {Run: func(ctx context.Context, _ []string) error { return demo(ctx) }},
-		"publisher": {Args: "[--fenced]", Run: func(ctx context.Context, args []string) error {
+		"publisher": {Args: "[--fenced] [--epoch=<unix ms>]", Run: func(ctx context.Context, args []string) error {
 			fs := flag.NewFlagSet("publisher", flag.ExitOnError)
 			fenced := fs.Bool("fenced", false, "publish to the fenced ConfigMap, sending the token")
+			epoch := fs.Int64("epoch", 0, "versions count milliseconds from this Unix time in milliseconds (the run's start)")
 			_ = fs.Parse(args)
-			return publisher(ctx, *fenced)
+			return publisher(ctx, *fenced, *epoch)
 		}},
 	})
 }
@@ -50,7 +51,7 @@ func indexName(fenced bool) string {
 
 // publisher is one pod's program: while it holds the lease, build an
 // index, then publish it.
-func publisher(ctx context.Context, fenced bool) error {
+func publisher(ctx context.Context, fenced bool, epoch int64) error {
 	env, err := story.Connect(ctx)
 	if err != nil {
 		return err
@@ -65,8 +66,10 @@ func publisher(ctx context.Context, fenced bool) error {
 			}
 			story.Say(me, "elected publisher, token %d", tok.Value)
 		}
-		// Building takes a while; the version is when it started.
-		version := time.Now().UnixMilli() % 1_000_000
+		// Building takes a while; the version is when it started, in
+		// milliseconds since the run began. Both publishers share the epoch,
+		// so versions compare across them and never wrap within a run.
+		version := time.Now().UnixMilli() - epoch
 		time.Sleep(300 * time.Millisecond)
 		story.Say(me, "built index v%d", version)
 		time.Sleep(1200 * time.Millisecond) // uploading
@@ -122,11 +125,12 @@ func run(ctx context.Context, k client.Client, fenced bool) error {
 		mode = "with fencer"
 	}
 	story.Section(fmt.Sprintf("%s: ConfigMap %s", mode, indexName(fenced)))
-	a, err := story.Start("publisher", "publisher-0", fmt.Sprintf("--fenced=%v", fenced))
+	flags := []string{fmt.Sprintf("--fenced=%v", fenced), fmt.Sprintf("--epoch=%d", time.Now().UnixMilli())}
+	a, err := story.Start("publisher", "publisher-0", flags...)
 	if err != nil {
 		return err
 	}
-	b, err := story.Start("publisher", "publisher-1", fmt.Sprintf("--fenced=%v", fenced))
+	b, err := story.Start("publisher", "publisher-1", flags...)
 	if err != nil {
 		return err
 	}
@@ -146,6 +150,9 @@ func run(ctx context.Context, k client.Client, fenced bool) error {
 		return err
 	}
 	refusedOrPublished := old.Count("published index") + old.Count("REFUSED")
+	// Freeze the new publisher too, so that the ConfigMap read below shows
+	// the old one's write, not a newer index published after it.
+	next.Pause()
 	old.Resume()
 	if err := waitEither(ctx, old, refusedOrPublished); err != nil {
 		return err
