@@ -38,6 +38,10 @@ const (
 	ReasonFinalizersReleased Reason = "FinalizersReleased"
 	ReasonLookupFailed       Reason = "LookupFailed"
 	ReasonBadRequest         Reason = "BadRequest"
+	// ReasonHandlerPanicked: the handler panicked and the write was
+	// refused (the webhooks fail closed). Counted, so a bug that refuses
+	// writes shows in the metrics, not only in the log.
+	ReasonHandlerPanicked Reason = "HandlerPanicked"
 )
 
 // Denial is a refused write: an HTTP code, a message a person can act on,

@@ -18,6 +18,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kjson "sigs.k8s.io/json"
+
+	"github.com/fencer-io/fencer/internal/metrics"
 )
 
 // MaxReviewBytes bounds an AdmissionReview's body: two objects of at most
@@ -161,6 +163,7 @@ func (v *Review) handle(ctx context.Context, req admission.Request) (resp admiss
 	defer func() {
 		if p := recover(); p != nil {
 			ctrl.LoggerFrom(ctx).Error(fmt.Errorf("%v", p), "the admission handler panicked; the write is refused", "uid", req.UID)
+			metrics.AdmissionDecisions.WithLabelValues(string(req.Operation), "refused", string(ReasonHandlerPanicked)).Inc()
 			resp = errored(http.StatusInternalServerError, fmt.Errorf("fencer: internal error (%v); the write is refused, retry", p), req.UID)
 		}
 	}()

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -24,6 +25,7 @@ import (
 	kjson "sigs.k8s.io/json"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/metrics"
 )
 
 // apiserverCodecs decode an AdmissionReview as Kubernetes' own code does:
@@ -153,15 +155,20 @@ func TestReviewRefusesWhatIsNotAV1AdmissionReview(t *testing.T) {
 	}
 }
 
-// A handler that panics refuses the write (the webhooks fail closed), and
-// the response still names the request.
+// A handler that panics refuses the write (the webhooks fail closed), the
+// response still names the request, and the refusal is counted.
 func TestReviewRefusesWhenTheHandlerPanics(t *testing.T) {
 	h := &Review{Handler: admission.HandlerFunc(func(_ context.Context, _ admission.Request) admission.Response {
 		panic("boom")
 	})}
-	out := postReview(t, h, "application/json", bytes.NewReader(reviewBody(t, admissionv1.AdmissionRequest{UID: "u-1"})))
+	panics := metrics.AdmissionDecisions.WithLabelValues("UPDATE", "refused", string(ReasonHandlerPanicked))
+	before := testutil.ToFloat64(panics)
+	out := postReview(t, h, "application/json", bytes.NewReader(reviewBody(t, admissionv1.AdmissionRequest{UID: "u-1", Operation: admissionv1.Update})))
 	if out.Response.Allowed || out.Response.UID != "u-1" || out.Response.Result.Code != 500 || !strings.Contains(out.Response.Result.Message, "boom") {
 		t.Fatalf("response %+v", out.Response)
+	}
+	if got := testutil.ToFloat64(panics) - before; got != 1 {
+		t.Fatalf("fencer_admission_decisions_total{reason=HandlerPanicked} rose by %v, want 1", got)
 	}
 }
 
