@@ -2,9 +2,12 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -29,7 +32,10 @@ type Live struct {
 const MaxReadsInFlight = 4
 
 // leasesPerTxn bounds the leases one etcd transaction reads: two
-// operations each, under etcd's default --max-txn-ops of 128.
+// operations each, under etcd's default --max-txn-ops of 128. An etcd run
+// with a lower limit refuses such a transaction (ErrTooManyOps); the
+// reader then halves its chunks until etcd takes them, and keeps the
+// smaller size.
 const leasesPerTxn = 64
 
 // LiveReader answers "what is the live token of this lease?" authoritatively
@@ -47,6 +53,10 @@ type LiveReader struct {
 	store *Store
 	// observe, if set, records each etcd read's latency.
 	observe func(d time.Duration, err error)
+
+	// perTxn is how many Leases one transaction reads: leasesPerTxn,
+	// less once etcd refused that many operations.
+	perTxn atomic.Int64
 
 	mu       sync.Mutex
 	inflight int
@@ -72,7 +82,9 @@ type liveRead struct {
 
 // NewLiveReader reads through store; observe may be nil.
 func NewLiveReader(store *Store, observe func(d time.Duration, err error)) *LiveReader {
-	return &LiveReader{store: store, observe: observe}
+	r := &LiveReader{store: store, observe: observe}
+	r.perTxn.Store(leasesPerTxn)
+	return r
 }
 
 // Lookup returns the live state of namespace/name.
@@ -123,7 +135,7 @@ func (r *LiveReader) run(b *batch) {
 }
 
 // read answers every question of b from linearizable reads started now:
-// one transaction per leasesPerTxn Leases, all at once.
+// one transaction per perTxn Leases, all at once.
 func (r *LiveReader) read(b *batch) {
 	// Not a caller's context: the read serves every caller on it.
 	if r.beforeRead != nil {
@@ -132,14 +144,11 @@ func (r *LiveReader) read(b *batch) {
 	ctx, cancel := r.store.bound(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
-	for from := 0; from < len(b.order); from += leasesPerTxn {
-		chunk := b.order[from:min(from+leasesPerTxn, len(b.order))]
+	per := int(r.perTxn.Load())
+	for from := 0; from < len(b.order); from += per {
+		chunk := b.order[from:min(from+per, len(b.order))]
 		wg.Go(func() {
-			start := time.Now()
-			lives, err := r.store.readLives(ctx, chunk)
-			if r.observe != nil {
-				r.observe(time.Since(start), err)
-			}
+			lives, err := r.readChunk(ctx, chunk)
 			for i, ref := range chunk {
 				rd := b.reads[ref]
 				if err != nil {
@@ -152,6 +161,37 @@ func (r *LiveReader) read(b *batch) {
 		})
 	}
 	wg.Wait()
+}
+
+// readChunk reads refs in one transaction, or, when etcd refuses that many
+// operations in one (a --max-txn-ops below 2*leasesPerTxn), in two halves,
+// each a linearizable read that started after every question arrived.
+func (r *LiveReader) readChunk(ctx context.Context, refs []leaseRef) ([]liveResult, error) {
+	start := time.Now()
+	lives, err := r.store.readLives(ctx, refs)
+	if r.observe != nil {
+		r.observe(time.Since(start), err)
+	}
+	if !errors.Is(err, rpctypes.ErrTooManyOps) || len(refs) == 1 {
+		return lives, err
+	}
+	half := len(refs) / 2
+	// Later batches start at the size that etcd may take.
+	for {
+		cur := r.perTxn.Load()
+		if cur <= int64(half) || r.perTxn.CompareAndSwap(cur, int64(half)) {
+			break
+		}
+	}
+	first, err := r.readChunk(ctx, refs[:half])
+	if err != nil {
+		return nil, err
+	}
+	second, err := r.readChunk(ctx, refs[half:])
+	if err != nil {
+		return nil, err
+	}
+	return append(first, second...), nil
 }
 
 // liveResult is one Lease's answer: a key that holds malformed JSON is an

@@ -238,3 +238,65 @@ func TestLiveReaderPipelinesThenBatches(t *testing.T) {
 		}
 	}
 }
+
+// An etcd run with a --max-txn-ops below the reader's transaction size
+// refuses its batched reads (ErrTooManyOps). The reader then splits its
+// batches until etcd takes them, answers every question rightly, and keeps
+// the smaller size for later batches.
+func TestLiveReaderSplitsWhatEtcdRefusesAsTooManyOps(t *testing.T) {
+	cli := startEtcd(t, "--max-txn-ops=8") // 4 Leases a transaction
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+	const leases = 30
+	tokens := map[string]int64{}
+	for i := range leases {
+		name := fmt.Sprintf("l%d", i)
+		g, err := s.GrantLease(ctx, "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = g.Token
+	}
+	r := NewLiveReader(s, nil)
+	// Hold every read slot until all the questions have arrived, so that
+	// the next batch holds all 30 Leases.
+	release := make(chan struct{})
+	var held atomic.Int64
+	r.beforeRead = func(*batch) {
+		if held.Add(1) <= MaxReadsInFlight {
+			<-release
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*leases)
+	ask := func(name string) {
+		live, err := r.Lookup(ctx, "ns", name)
+		switch {
+		case err != nil:
+			errs <- fmt.Errorf("%s: %w", name, err)
+		case live.Grant == nil || live.Grant.Token != tokens[name]:
+			errs <- fmt.Errorf("%s's grant %+v, want token %d", name, live.Grant, tokens[name])
+		}
+	}
+	for i := range MaxReadsInFlight {
+		wg.Go(func() { ask(fmt.Sprintf("l%d", i)) })
+		for held.Load() <= int64(i) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range leases {
+		wg.Go(func() { ask(fmt.Sprintf("l%d", i)) })
+	}
+	// The questions beyond the first read wait in batches; let them pile up.
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := r.perTxn.Load(); got > 4 {
+		t.Fatalf("the reader reads %d Leases a transaction after etcd refused more than 4", got)
+	}
+}
