@@ -18,9 +18,11 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -79,7 +81,8 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	// Only the processes started for this run count in its CPU split, not
 	// the shared fixture's idle control plane.
 	before := processCPU(nil)
-	f, err := framework.StartFencer(false)
+	webhooks := os.Getenv("SCALE_WEBHOOKS") != "0"
+	f, err := framework.StartFencer(webhooks)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +113,18 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		return f.Client.Status().Update(ctx, p)
 	})
 
+	bare := bareCreates(t, ctx, f.Client, n)
 	ports, err := devcluster.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	mgr := startManager(t, f, bin, append([]string{"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"}, run.flags...)...)
+	flags := []string{"--metrics-bind-address=" + metricsAddr, "--metrics-secure=false"}
+	if webhooks {
+		wh := f.Env.WebhookInstallOptions
+		flags = append(flags, "--webhook-host="+wh.LocalServingHost, fmt.Sprintf("--webhook-port=%d", wh.LocalServingPort), "--webhook-cert-dir="+wh.LocalServingCertDir)
+	}
+	mgr := startManager(t, f, bin, append(flags, run.flags...)...)
 	mgr.metrics = "http://" + metricsAddr + "/metrics"
 	defer mgr.stop()
 	watching, stopWatching := context.WithCancel(ctx)
@@ -136,6 +145,8 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	<-apiserverProfile
 	burst := processCPU(before).minus(procs0)
 	fmt.Printf("%7s CPU during the burst, of %.0f core-s (%d cores): %s\n", "", float64(runtime.NumCPU())*allHeld.Seconds(), runtime.NumCPU(), burst)
+	fmt.Printf("%7s T_bare (the same %d Lease creates, manager stopped): %s; all held / T_bare = %.2f×; webhooks installed: %v\n", "",
+		n, bare.Round(time.Millisecond), allHeld.Seconds()/bare.Seconds(), webhooks)
 	// The manager's writes per grant: everything written during the burst
 	// but the test's own n Lease creations.
 	writes := apiserverWrites(t, f.Config).minus(writes0)
@@ -202,7 +213,8 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	}
 	fmt.Printf("%7d %-8s %12s %12s %9.3f core %7d MiB %8d MiB %14.0f\n", n, limits, created.Round(time.Millisecond), allHeld.Round(time.Millisecond), cores, rss>>20, hwm>>20, reqs)
 	record(t, fmt.Sprintf("Scale/leases=%d/limits=%s", n, limits), fmt.Sprintf("%.1f", allHeld.Seconds()), "all-held-s",
-		fmt.Sprintf("%.3f", cores), "steady-cores", rss>>20, "rss-MiB", fmt.Sprintf("%.0f", reqs), "etcd-req/s", fmt.Sprintf("%.2f", perGrant), "writes/grant")
+		fmt.Sprintf("%.3f", cores), "steady-cores", rss>>20, "rss-MiB", fmt.Sprintf("%.0f", reqs), "etcd-req/s", fmt.Sprintf("%.2f", perGrant), "writes/grant",
+		fmt.Sprintf("%.1f", bare.Seconds()), "t-bare-s", fmt.Sprintf("%.2f", allHeld.Seconds()/bare.Seconds()), "held/t-bare")
 
 	if n == 1000 && len(run.flags) > 0 {
 		idStart := time.Now()
@@ -228,6 +240,42 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 		fmt.Printf("%7s 1,000 IDRange pods (Blocks): all have a block %s after the IDRange was created\n", "", took.Round(time.Millisecond))
 		record(t, "Scale/idrange-pods=1000", fmt.Sprintf("%.1f", took.Seconds()), "all-annotated-s")
 	}
+}
+
+// bareCreates is T_bare: the time the apiserver takes for n bare Lease
+// creates with no manager running, sent as the run's creates are (the same
+// client, 16 at a time), into a namespace of their own. They are deleted
+// again (nothing put a finalizer on them) before the manager starts, so the
+// run's figures do not include them. Their creates pass the same admission
+// as the run's (the finalizer policy, when installed, included).
+func bareCreates(t *testing.T, ctx context.Context, c client.Client, n int) time.Duration {
+	t.Helper()
+	const ns = "scale-bare"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	parallel(n, 16, func(i int) error {
+		return c.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
+			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
+	})
+	took := time.Since(start)
+	// The finalizer policy, when installed, put fencer's finalizer on them.
+	parallel(n, 16, func(i int) error {
+		l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns}}
+		return c.Patch(ctx, l, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+	})
+	if err := c.DeleteAllOf(ctx, &fencerv1.Lease{}, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, 5*time.Minute, func() (int, error) {
+		var left fencerv1.LeaseList
+		if err := c.List(ctx, &left, client.InNamespace(ns)); err != nil {
+			return 0, err
+		}
+		return n - len(left.Items), nil
+	}, n)
+	return took
 }
 
 // parallel runs fn(0..n-1) on workers goroutines, stopping the test on error.
@@ -353,7 +401,14 @@ func (w writeCounts) String() string {
 
 func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string) *manager {
 	t.Helper()
-	admin, err := f.Env.AddUser(envtest.User{Name: "scale-admin", Groups: []string{"system:masters"}}, nil)
+	// The manager runs under the tests' own user name, the one the status
+	// guard (installed by framework.StartFencer) admits as fencer's manager:
+	// under any other name its status writes are refused.
+	me := &authenticationv1.SelfSubjectReview{}
+	if err := f.Client.Create(context.Background(), me); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := f.Env.AddUser(envtest.User{Name: me.Status.UserInfo.Username, Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
