@@ -12,8 +12,9 @@ import (
 )
 
 // publish makes the pod annotations match the grant: the holder carries its
-// token (and, for Direct renewal, its etcd lease ID), and every other pod
-// carries none: the other candidates, and any pod found carrying the
+// token (and, for Direct renewal, its etcd lease ID) unless the Lease
+// delivers tokens through its status alone, and every other pod carries
+// none: the other candidates, and any pod found carrying the
 // Lease's annotations (a holder relabelled out of the selector, a pod given
 // a copied annotation). Removal is not what the fences rest on (the webhook
 // and the SDK's etcd transactions check tokens against etcd), but pods and
@@ -26,9 +27,10 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 	if err != nil {
 		return err
 	}
+	byAnnotation := lease.Spec.TokenDelivery != fencerv1.DeliveryLeaseStatus
 	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
 		want := map[string]string{}
-		if g != nil && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
+		if g != nil && byAnnotation && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
 			if lease.Spec.Renewal == fencerv1.RenewalDirect {
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)

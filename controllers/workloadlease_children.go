@@ -90,6 +90,7 @@ func memberSpec(spec *fencerv1.LeaseSpec, wl *fencerv1.WorkloadLease, m member) 
 	spec.Policy = wl.Spec.Policy
 	spec.BindIdentity = wl.Spec.BindIdentity
 	spec.Suspend = wl.Spec.Suspend
+	spec.TokenDelivery = wl.Spec.TokenDelivery
 	spec.HolderSelector = *m.selector.DeepCopy()
 	spec.SoleCandidate = true
 }

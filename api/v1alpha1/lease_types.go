@@ -29,6 +29,24 @@ const (
 	PolicyMonotonic FencingPolicy = "Monotonic"
 )
 
+// TokenDelivery says where the controller publishes a grant's token to its
+// holder.
+// +kubebuilder:validation:Enum=PodAnnotations;LeaseStatus
+type TokenDelivery string
+
+const (
+	// DeliveryPodAnnotations: the holder pod's annotations carry its token
+	// (and, under renewal Direct, its etcd lease ID), where the Downward API
+	// and the SDK's FileSource and PodSource read them. The Lease's status
+	// carries them too. One pod patch per grant.
+	DeliveryPodAnnotations TokenDelivery = "PodAnnotations"
+	// DeliveryLeaseStatus: only the Lease's status carries them; the holder
+	// reads them through the API (the SDK's LeaseSource, which matches its
+	// pod's name and UID). A grant costs no pod patch, and the Downward API
+	// shows no token.
+	DeliveryLeaseStatus TokenDelivery = "LeaseStatus"
+)
+
 // LeaseSpec is the desired state of a Lease.
 type LeaseSpec struct {
 	// ttlSeconds is the lifetime of a grant's etcd lease. A holder that stops
@@ -68,6 +86,15 @@ type LeaseSpec struct {
 	// suspend, when true, releases the current holder and grants to no one.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+
+	// tokenDelivery says where the holder finds its token: in its pod's
+	// annotations and the Lease's status (PodAnnotations), or in the
+	// Lease's status alone (LeaseStatus), which saves a pod patch per grant
+	// but shows no token through the Downward API. Changing it to
+	// LeaseStatus removes the annotations from the pods.
+	// +kubebuilder:default=PodAnnotations
+	// +optional
+	TokenDelivery TokenDelivery `json:"tokenDelivery,omitempty"`
 
 	// soleCandidate, when true, grants only while the selector matches
 	// exactly one pod object, terminating ones included: a replacement

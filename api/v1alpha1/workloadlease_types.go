@@ -67,6 +67,11 @@ type WorkloadLeaseSpec struct {
 	// suspend, when true, suspends every member's Lease.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+
+	// tokenDelivery of each member's Lease: PodAnnotations or LeaseStatus.
+	// +kubebuilder:default=PodAnnotations
+	// +optional
+	TokenDelivery TokenDelivery `json:"tokenDelivery,omitempty"`
 }
 
 // WorkloadLeaseStatus is what the controller last saw of the members.

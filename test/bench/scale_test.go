@@ -68,7 +68,8 @@ func scaleRuns() []scaleRun {
 // Leases it also times a Blocks IDRange over the same 1,000 pods.
 func TestScale(t *testing.T) {
 	bin := managerBinary(t)
-	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process; the chart's Lease finalizer policy installed unless SCALE_FINALIZER_POLICY=0 (here: %v)\n", os.Getenv("SCALE_FINALIZER_POLICY") != "0")
+	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process; the chart's Lease finalizer policy installed unless SCALE_FINALIZER_POLICY=0 (here: %v); tokenDelivery %q (SCALE_DELIVERY; empty: the default, PodAnnotations)\n",
+		os.Getenv("SCALE_FINALIZER_POLICY") != "0", os.Getenv("SCALE_DELIVERY"))
 	fmt.Printf("%7s %-8s %12s %12s %14s %10s %12s %14s\n", "leases", "limits", "create", "all held", "steady CPU", "RSS", "max RSS", "etcd req/s")
 	for _, r := range scaleRuns() {
 		scaleOnce(t, bin, r)
@@ -135,8 +136,7 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	apiserverProfile := profileAPIServer(t, f.Config, fmt.Sprintf("scale-%d-apiserver-cpu.pprof", n))
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
-		return f.Client.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
-			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
+		return f.Client.Create(ctx, scaleLease(ns, i))
 	})
 	created := time.Since(start)
 	waitAll(t, 15*time.Minute, func() (int, error) { return held(), nil }, n)
@@ -242,6 +242,15 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	}
 }
 
+// scaleLease is the run's Lease i: ttlSeconds 15, selecting pod i, with
+// the token delivery SCALE_DELIVERY names (LeaseStatus: no pod patch per
+// grant; default PodAnnotations).
+func scaleLease(ns string, i int) *fencerv1.Lease {
+	return &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 15, TokenDelivery: fencerv1.TokenDelivery(os.Getenv("SCALE_DELIVERY")),
+			HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}}
+}
+
 // bareCreates is T_bare: the time the apiserver takes for n bare Lease
 // creates with no manager running, sent as the run's creates are (the same
 // client, 16 at a time), into a namespace of their own. They are deleted
@@ -256,8 +265,7 @@ func bareCreates(t *testing.T, ctx context.Context, c client.Client, n int) time
 	}
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
-		return c.Create(ctx, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns},
-			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"lease": fmt.Sprintf("l%d", i)}}}})
+		return c.Create(ctx, scaleLease(ns, i))
 	})
 	took := time.Since(start)
 	// The finalizer policy, when installed, put fencer's finalizer on them.

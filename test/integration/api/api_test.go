@@ -101,8 +101,8 @@ func TestLeaseDefaults(t *testing.T) {
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	if l.Spec.TTLSeconds != 15 || l.Spec.Renewal != fencerv1.RenewalPodReady || l.Spec.Policy != fencerv1.PolicyCurrent {
-		t.Fatalf("defaults not applied: ttlSeconds=%d renewal=%q policy=%q", l.Spec.TTLSeconds, l.Spec.Renewal, l.Spec.Policy)
+	if l.Spec.TTLSeconds != 15 || l.Spec.Renewal != fencerv1.RenewalPodReady || l.Spec.Policy != fencerv1.PolicyCurrent || l.Spec.TokenDelivery != fencerv1.DeliveryPodAnnotations {
+		t.Fatalf("defaults not applied: ttlSeconds=%d renewal=%q policy=%q tokenDelivery=%q", l.Spec.TTLSeconds, l.Spec.Renewal, l.Spec.Policy, l.Spec.TokenDelivery)
 	}
 	if l.Spec.Suspend || l.Spec.BindIdentity {
 		t.Fatalf("suspend and bindIdentity must default to false")
@@ -121,6 +121,7 @@ func TestLeaseRefusals(t *testing.T) {
 		{"name of 64 characters", func(l *fencerv1.Lease) { l.Name = strings.Repeat("a", 64) }, "Lease names are limited to 63 characters"},
 		{"unknown renewal", func(l *fencerv1.Lease) { l.Spec.Renewal = "Sometimes" }, `spec.renewal: Unsupported value: "Sometimes"`},
 		{"unknown policy", func(l *fencerv1.Lease) { l.Spec.Policy = "Latest" }, `spec.policy: Unsupported value: "Latest"`},
+		{"unknown token delivery", func(l *fencerv1.Lease) { l.Spec.TokenDelivery = "Env" }, `spec.tokenDelivery: Unsupported value: "Env"`},
 		{"bad selector", func(l *fencerv1.Lease) {
 			l.Spec.HolderSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Near"}}}
 		}, "spec.holderSelector.matchExpressions: operator must be one of In, NotIn, Exists, DoesNotExist"},
@@ -222,7 +223,7 @@ func TestWorkloadLeaseRules(t *testing.T) {
 	if err := cl.Create(ctx, ok); err != nil {
 		t.Fatal(err)
 	}
-	if ok.Spec.TTLSeconds != 15 || ok.Spec.Renewal != fencerv1.RenewalPodReady || ok.Spec.Policy != fencerv1.PolicyCurrent {
+	if ok.Spec.TTLSeconds != 15 || ok.Spec.Renewal != fencerv1.RenewalPodReady || ok.Spec.Policy != fencerv1.PolicyCurrent || ok.Spec.TokenDelivery != fencerv1.DeliveryPodAnnotations {
 		t.Fatalf("defaults not applied: %+v", ok.Spec)
 	}
 	cases := []struct {
@@ -312,8 +313,8 @@ func TestKubectlExplain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for resource, fields := range map[string][]string{
-		"leases.fencer.io.spec":         {"ttlSeconds", "holderSelector", "renewal", "policy", "bindIdentity", "suspend", "soleCandidate"},
-		"workloadleases.fencer.io.spec": {"workload", "ttlSeconds", "renewal", "policy", "bindIdentity", "suspend"},
+		"leases.fencer.io.spec":         {"ttlSeconds", "holderSelector", "renewal", "policy", "bindIdentity", "suspend", "tokenDelivery", "soleCandidate"},
+		"workloadleases.fencer.io.spec": {"workload", "ttlSeconds", "renewal", "policy", "bindIdentity", "suspend", "tokenDelivery"},
 		"idranges.fencer.io.spec":       {"mode", "min", "max", "blockSize", "podSelector", "slotTTLSeconds"},
 		"leases.fencer.io.status":       {"holder", "holderUID", "token", "leaseID", "acquireTime", "renewTime", "expireTime", "transitions", "history", "observedGeneration", "conditions"},
 	} {

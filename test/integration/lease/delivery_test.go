@@ -1,0 +1,84 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/fence"
+)
+
+// tokenDelivery: LeaseStatus. A Lease switched to it takes its annotations
+// off the holder, a new holder is never annotated, and the SDK's
+// LeaseSource reads the token and etcd lease ID from the status, for the
+// holder's pod name and UID only. (Renewal PodReady: the controller keeps
+// the grant alive while the test looks.)
+func TestTokenDeliveryThroughTheLeaseStatus(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	w0 := readyPod(t, ns, "w-0", "w")
+	w1 := readyPod(t, ns, "w-1", "w")
+	create(t, newLease(ns, "job", "w", 15))
+	st := heldBy(t, ns, "job")
+	if st.Holder != "w-0" {
+		t.Fatalf("holder %s, want w-0", st.Holder)
+	}
+	eventually(t, 30*time.Second, "w-0's token annotation (the default delivery)", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != itoa(st.Token) {
+			return fmt.Errorf("annotation %q, want %d", got, st.Token)
+		}
+		return nil
+	})
+
+	patch := fmt.Sprintf(`{"spec":{"tokenDelivery":%q}}`, fencerv1.DeliveryLeaseStatus)
+	if err := k8s.Patch(ctx, &fencerv1.Lease{ObjectMeta: metaOf(ns, "job")}, client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	noAnnotation(t, ns, "w-0", "job")
+	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0", UID: w0.UID}
+	tok, err := src.Token(ctx)
+	if err != nil || tok.Value != st.Token || tok.LeaseID != st.LeaseID {
+		t.Fatalf("LeaseSource for w-0: %+v, %v; want token %d, lease ID %d", tok, err, st.Token, st.LeaseID)
+	}
+
+	// The holder goes: w-1 gets the grant, and no annotation, while the
+	// status names it; w-0 reads that it holds nothing.
+	setReady(t, w0, false)
+	next := heldBy(t, ns, "job", "w-0")
+	if next.Holder != "w-1" || next.Token <= st.Token {
+		t.Fatalf("after w-0: %+v", next)
+	}
+	if tok, err := (fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-1", UID: w1.UID}).Token(ctx); err != nil || tok.Value != next.Token {
+		t.Fatalf("LeaseSource for w-1: %+v, %v; want token %d", tok, err, next.Token)
+	}
+	if _, err := src.Token(ctx); err == nil {
+		t.Fatal("LeaseSource for w-0 still reads a token after w-1 was granted")
+	}
+	// The annotation would follow the status write within milliseconds;
+	// watch for one for a while.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if got := annotation(t, ns, "w-1", "job"); got != "" {
+			t.Fatalf("w-1 was annotated with token %q under tokenDelivery LeaseStatus", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A WorkloadLease's tokenDelivery is its members'.
+func TestWorkloadLeaseSetsItsMembersTokenDelivery(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	create(t, statefulSet(ns, "web", 1))
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	wl.Spec.TokenDelivery = fencerv1.DeliveryLeaseStatus
+	create(t, wl)
+	if got := memberLeases(t, ns, wl, "web-0")["web-0"].Spec.TokenDelivery; got != fencerv1.DeliveryLeaseStatus {
+		t.Fatalf("web-0's tokenDelivery %q, want LeaseStatus", got)
+	}
+}
