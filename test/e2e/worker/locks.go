@@ -50,11 +50,18 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 			w.writeRow(ctx, "lock", tok.Key, tok.Value)
 		}
 		time.Sleep(w.interval / 2)
-		if err := lk.Unlock(ctx); errors.Is(err, fence.ErrLockLost) {
+		err = lk.Unlock(ctx)
+		if errors.Is(err, fence.ErrLockLost) {
 			// Lost while held: a retried unlock, as a client library would send it.
 			w.staleUnlock(ctx, lk)
 		}
-		unlocked = append(unlocked[max(len(unlocked)-8, 0):], lk.Tokens()...)
+		if err == nil || errors.Is(err, fence.ErrLockLost) {
+			// Its waiter keys are gone, so a write under its tokens must be
+			// refused. An Unlock etcd did not answer leaves them (until its
+			// background retry, or the session, deletes them): the lock is
+			// still held, and a write under it is no stale write.
+			unlocked = append(unlocked[max(len(unlocked)-8, 0):], lk.Tokens()...)
+		}
 		if i%10 == 9 && len(unlocked) > 0 {
 			old := unlocked[rng.IntN(len(unlocked))]
 			w.writeLocked(ctx, old, "stale-lock-token")
