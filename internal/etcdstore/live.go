@@ -176,10 +176,15 @@ func (r *LiveReader) readChunk(ctx context.Context, refs []leaseRef) ([]liveResu
 		return lives, err
 	}
 	half := len(refs) / 2
-	// Later batches start at the size that etcd may take.
+	// Later batches start at a size etcd may take: half of a full chunk
+	// refused, or less than a shorter (last) chunk refused.
 	for {
 		cur := r.perTxn.Load()
-		if cur <= int64(half) || r.perTxn.CompareAndSwap(cur, int64(half)) {
+		next := int64(len(refs) - 1)
+		if int64(len(refs)) >= cur {
+			next = int64(half)
+		}
+		if cur <= next || r.perTxn.CompareAndSwap(cur, next) {
 			break
 		}
 	}

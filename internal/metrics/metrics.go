@@ -177,7 +177,7 @@ func init() {
 	}
 	// The failures an alert watches for.
 	for _, op := range []string{"CREATE", "UPDATE", "DELETE", "CONNECT"} {
-		for _, reason := range []string{"LookupFailed", "BadRequest"} {
+		for _, reason := range []string{"LookupFailed", "BadRequest", "HandlerPanicked"} {
 			AdmissionDecisions.WithLabelValues(op, "refused", reason)
 		}
 	}

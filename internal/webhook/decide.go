@@ -201,7 +201,7 @@ func parseOffer(f facts, lease *fencerv1.Lease) (int64, *Denial) {
 		err = &fencerv1.MalformedTokenError{Value: f.w.offered, Reason: "a fencing token is positive"}
 	}
 	if err != nil {
-		return 0, f.deny(fencerv1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation",
+		return 0, f.deny(fencerv1.DenialMalformed, "%v for lease %s: the annotation %s must be the decimal token from the holder pod's %s%s annotation (or, under tokenDelivery LeaseStatus, the Lease's status.token)",
 			err, f.w.leaseRef, fencerv1.TokenAnnotation, fencerv1.HolderTokenAnnotationPrefix, lease.Name)
 	}
 	return offered, nil

@@ -195,8 +195,10 @@ func Watch(ctx context.Context, src Source, lease string, interval time.Duration
 
 // LeaseSource reads the token from the fencer Lease's status, for a pod
 // that knows its own name: it holds the lease when status.holder names it.
-// The status is written by the controller only (fencer's webhook refuses
-// anyone else), a little after each grant.
+// The status is written by the controller only (the chart's status guard, a
+// ValidatingAdmissionPolicy, refuses anyone else), a little after each
+// grant. It is the source for a Lease with tokenDelivery LeaseStatus, whose
+// pods carry no token annotation.
 type LeaseSource struct {
 	Client    client.Reader
 	Namespace string
