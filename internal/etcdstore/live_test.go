@@ -91,15 +91,7 @@ func TestLiveReaderSharesReadsAcrossLeases(t *testing.T) {
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
 	const leases = 150 // more than one transaction's worth
-	tokens := map[string]int64{}
-	for i := range leases {
-		name := fmt.Sprintf("l%d", i)
-		g, err := s.GrantLease(ctx, "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tokens[name] = g.Token
-	}
+	tokens := grantMany(t, s, leases)
 	// A key with its grant marker, as a grant writes them, but malformed:
 	// decoding it fails, for that Lease alone.
 	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(etcdkeys.LeaseKey(DefaultPrefix, "ns", "bad"), "{not json"),
@@ -249,15 +241,7 @@ func TestLiveReaderSplitsWhatEtcdRefusesAsTooManyOps(t *testing.T) {
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
 	const leases = 30
-	tokens := map[string]int64{}
-	for i := range leases {
-		name := fmt.Sprintf("l%d", i)
-		g, err := s.GrantLease(ctx, "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tokens[name] = g.Token
-	}
+	tokens := grantMany(t, s, leases)
 	r := NewLiveReader(s, nil)
 	// Hold every read slot until all the questions have arrived, so that
 	// the next batch holds all 30 Leases.
@@ -299,4 +283,20 @@ func TestLiveReaderSplitsWhatEtcdRefusesAsTooManyOps(t *testing.T) {
 	if got := r.perTxn.Load(); got > 4 {
 		t.Fatalf("the reader reads %d Leases a transaction after etcd refused more than 4", got)
 	}
+}
+
+// grantMany grants Leases ns/l0..l<n-1>, each to its own pod, and returns
+// their tokens by name.
+func grantMany(t *testing.T, s *Store, n int) map[string]int64 {
+	t.Helper()
+	tokens := map[string]int64{}
+	for i := range n {
+		name := fmt.Sprintf("l%d", i)
+		g, err := s.GrantLease(context.Background(), "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = g.Token
+	}
+	return tokens
 }
