@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -253,10 +252,10 @@ func scaleLease(ns string, i int) *fencerv1.Lease {
 
 // bareCreates is T_bare: the time the apiserver takes for n bare Lease
 // creates with no manager running, sent as the run's creates are (the same
-// client, 16 at a time), into a namespace of their own. They are deleted
-// again (nothing put a finalizer on them) before the manager starts, so the
-// run's figures do not include them. Their creates pass the same admission
-// as the run's (the finalizer policy, when installed, included).
+// client, 16 at a time), into a namespace of their own. Their creates pass
+// the same admission as the run's (the finalizer policy, when installed,
+// included). They are deleted again, finalizers first, before the manager
+// starts, so the run's figures do not include them.
 func bareCreates(t *testing.T, ctx context.Context, c client.Client, n int) time.Duration {
 	t.Helper()
 	const ns = "scale-bare"
@@ -270,8 +269,7 @@ func bareCreates(t *testing.T, ctx context.Context, c client.Client, n int) time
 	took := time.Since(start)
 	// The finalizer policy, when installed, put fencer's finalizer on them.
 	parallel(n, 16, func(i int) error {
-		l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: ns}}
-		return c.Patch(ctx, l, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+		return c.Patch(ctx, scaleLease(ns, i), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
 	})
 	if err := c.DeleteAllOf(ctx, &fencerv1.Lease{}, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
@@ -412,11 +410,11 @@ func startManager(t *testing.T, f *framework.Fencer, bin string, flags ...string
 	// The manager runs under the tests' own user name, the one the status
 	// guard (installed by framework.StartFencer) admits as fencer's manager:
 	// under any other name its status writes are refused.
-	me := &authenticationv1.SelfSubjectReview{}
-	if err := f.Client.Create(context.Background(), me); err != nil {
+	name, err := testenv.Username(context.Background(), f.Client)
+	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := f.Env.AddUser(envtest.User{Name: me.Status.UserInfo.Username, Groups: []string{"system:masters"}}, nil)
+	admin, err := f.Env.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,14 +58,14 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 		if err == nil || errors.Is(err, fence.ErrLockLost) {
 			// Its waiter keys are gone, so a write under its tokens must be
 			// refused.
-			unlocked = append(unlocked[max(len(unlocked)-8, 0):], lk.Tokens()...)
+			unlocked = recent(unlocked, lk.Tokens())
 		} else {
 			// An Unlock etcd did not answer may have applied, or left the
 			// keys until its background retry or the session deletes them:
 			// the lock may still be held. Writes under it are tried as
 			// ordinary lock writes, which the checker judges against etcd's
 			// history (none may land after a newer holder's token).
-			inDoubt = append(inDoubt[max(len(inDoubt)-8, 0):], lk.Tokens()...)
+			inDoubt = recent(inDoubt, lk.Tokens())
 		}
 		if i%10 == 4 && len(inDoubt) > 0 {
 			tok := inDoubt[rng.IntN(len(inDoubt))]
@@ -81,6 +81,11 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 		}
 		time.Sleep(w.interval)
 	}
+}
+
+// recent appends toks to list, keeping the last 8 tokens before them.
+func recent(list, toks []fence.LockToken) []fence.LockToken {
+	return append(list[max(len(list)-8, 0):], toks...)
 }
 
 // pickKeys is a random set of 1 to 3 of the keys k0..k(n-1).

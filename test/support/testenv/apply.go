@@ -36,6 +36,16 @@ func CreateFromFile(ctx context.Context, c client.Client, path string) ([]*unstr
 	return objs, nil
 }
 
+// Username is the user name c authenticates as, which the apiserver tells
+// (SelfSubjectReview): the name InstallStatusGuard admits when given "".
+func Username(ctx context.Context, c client.Client) (string, error) {
+	me := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, me); err != nil {
+		return "", fmt.Errorf("asking the apiserver who the tests are (SelfSubjectReview): %w", err)
+	}
+	return me.Status.UserInfo.Username, nil
+}
+
 // InstallStatusGuard creates the chart's status guard (manifest.StatusGuard)
 // admitting only the status writes of manager (a username), or, when
 // manager is "", of c's own identity, which the tests' in-process managers
@@ -46,11 +56,9 @@ func InstallStatusGuard(ctx context.Context, c client.Client, manager string) er
 		return err
 	}
 	if manager == "" {
-		me := &authenticationv1.SelfSubjectReview{}
-		if err := c.Create(ctx, me); err != nil {
-			return fmt.Errorf("asking the apiserver who the tests are (SelfSubjectReview): %w", err)
+		if manager, err = Username(ctx, c); err != nil {
+			return err
 		}
-		manager = me.Status.UserInfo.Username
 	}
 	objs, err := manifest.StatusGuard(filepath.Join(root, manifest.StatusGuardFile), manager)
 	if err != nil {
