@@ -13,9 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -169,11 +172,21 @@ func (r *IdentityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("identity").
-		Watches(&fencerv1.Lease{}, toNamespace).
-		Watches(&fencerv1.IDRange{}, toNamespace).
+		Watches(&fencerv1.Lease{}, toNamespace, builder.WithPredicates(specOrDeletion)).
+		Watches(&fencerv1.IDRange{}, toNamespace, builder.WithPredicates(specOrDeletion)).
 		WatchesRawSource(r.wake.source()).
 		Complete(r)
 }
+
+// specOrDeletion passes the object changes a namespace's identity depends
+// on: an object created or deleted, its spec (a Lease's renewal mode)
+// changed, or its deletion begun. A status write, which every grant and
+// every block is, changes none of them: waking the namespace for it cost
+// an etcd auth read and a Secret read per grant.
+var specOrDeletion = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	o, n := e.ObjectOld, e.ObjectNew
+	return o.GetGeneration() != n.GetGeneration() || !o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp())
+}}
 
 // sweep queues every namespace with an etcd user, now and every
 // identityResync, until ctx ends. It runs on the leader only.
