@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -107,6 +109,9 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 			if seen[key] {
 				continue
 			}
+			if pod, ok := obj.(*corev1.Pod); ok && index == indexHolder {
+				r.suspendUnqualified(l, pod)
+			}
 			sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
 			if index == indexHolder || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
 				seen[key] = true
@@ -128,4 +133,21 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 		}
 	}
 	return reqs
+}
+
+// suspendUnqualified stops renewing, the moment the informer shows it, the
+// grant that pod holds under lease when the pod no longer qualifies (not
+// Ready, or being deleted). The reconcile that ends the tenure may wait
+// behind others, and a renewal sent meanwhile would push the tenure's end
+// up to TTL/3 later. Only the renewal is suspended: that reconcile either
+// ends the tenure one TTL after the last renewal (tenureEnd), or, if the
+// pod qualifies again by then, resumes it. The Lease from the cache may be
+// behind etcd; the renewer suspends only the etcd lease its status names,
+// so a status not yet showing a newer grant suspends nothing.
+func (r *LeaseReconciler) suspendUnqualified(lease *fencerv1.Lease, pod *corev1.Pod) {
+	st := lease.Status
+	if lease.Spec.Renewal == fencerv1.RenewalDirect || st.Holder != pod.Name || st.HolderUID != pod.UID || st.LeaseID == 0 || holder.Qualifies(pod) {
+		return
+	}
+	r.Renewer.Suspend(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name), clientv3.LeaseID(st.LeaseID))
 }

@@ -70,6 +70,9 @@ type entry struct {
 	// after the last answer, firstAnswer after it was added.
 	deadline time.Time
 	answered bool
+	// suspended: no keepalive is sent until Ensure resumes it or Stop
+	// ends it, and it is never reaped as lost: the caller decides.
+	suspended bool
 }
 
 // New returns a Renewer; lost may be nil. Its stream runs until cli is
@@ -79,7 +82,8 @@ func New(cli *clientv3.Client, clk clock.Clock, lost func(key string)) *Renewer 
 		goneWake: make(chan struct{}, 1), closed: make(chan struct{}), entries: map[string]*entry{}, byID: map[clientv3.LeaseID]*entry{}}
 }
 
-// Ensure keeps lease id alive for key, unless it already is. since is when
+// Ensure keeps lease id alive for key, unless it already is; a suspended
+// one is resumed, with a keepalive at once. since is when
 // the lease was last known renewed (its grant time for a fresh grant). A
 // lease for another id under the same key is no longer renewed.
 func (r *Renewer) Ensure(key string, id clientv3.LeaseID, since time.Time) {
@@ -90,25 +94,54 @@ func (r *Renewer) Ensure(key string, id clientv3.LeaseID, since time.Time) {
 	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	if e, ok := r.entries[key]; ok {
-		if e.id == id {
+		if e.id != id {
+			r.removeLocked(e)
+		} else if e.suspended {
+			// Resumed: its keepalive goes now, and its deadline is a new
+			// lease's, since no answer was asked for while it was
+			// suspended.
+			e.suspended, e.nextSend, e.deadline = false, now, now.Add(firstAnswer)
+			r.kickLocked()
+			return
+		} else {
 			return
 		}
-		r.removeLocked(e)
 	}
 	if other, ok := r.byID[id]; ok {
 		// One etcd lease renewed for two keys: the older key loses it.
 		r.removeLocked(other)
 		r.goneLocked(other.key)
 	}
-	now := time.Now()
 	e := &entry{key: key, id: id, lastRenew: since, nextSend: now, deadline: now.Add(firstAnswer)}
 	r.entries[key] = e
 	r.byID[id] = e
+	r.kickLocked()
+}
+
+// kickLocked has the stream send what is due now.
+func (r *Renewer) kickLocked() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Suspend stops sending keepalives for key's lease id at once, keeping its
+// last renewal for Stop: the caller heard that the holder stopped
+// qualifying, and no renewal may land between that moment and the
+// reconcile that acts on it. Ensure resumes it; a key renewed under another
+// id is left alone. It reports whether it suspended anything.
+func (r *Renewer) Suspend(key string, id clientv3.LeaseID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[key]
+	if !ok || e.id != id || e.suspended {
+		return false
+	}
+	e.suspended = true
+	return true
 }
 
 func (r *Renewer) removeLocked(e *entry) {
@@ -185,8 +218,8 @@ func (r *Renewer) stream(ctx context.Context) error {
 func (r *Renewer) stillRenewed(id clientv3.LeaseID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.byID[id]
-	return ok
+	e, ok := r.byID[id]
+	return ok && !e.suspended
 }
 
 // due lists the leases whose keepalive is due. Until a lease's answer
@@ -198,7 +231,7 @@ func (r *Renewer) due() []clientv3.LeaseID {
 	defer r.mu.Unlock()
 	var ids []clientv3.LeaseID
 	for id, e := range r.byID {
-		if !e.nextSend.After(now) {
+		if !e.suspended && !e.nextSend.After(now) {
 			ids = append(ids, id)
 			e.nextSend = now.Add(tick)
 		}
@@ -261,7 +294,7 @@ func (r *Renewer) reap() {
 	stalled := false
 	r.mu.Lock()
 	for _, e := range r.byID {
-		if e.deadline.Before(now) {
+		if !e.suspended && e.deadline.Before(now) {
 			stalled = stalled || e.answered
 			r.removeLocked(e)
 			r.goneLocked(e.key)
@@ -340,12 +373,13 @@ func (r *Renewer) Len() int {
 	return len(r.entries)
 }
 
-// Renewing reports whether lease id is being renewed for key.
+// Renewing reports whether lease id is being renewed for key (not
+// suspended).
 func (r *Renewer) Renewing(key string, id clientv3.LeaseID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.entries[key]
-	return ok && e.id == id
+	return ok && e.id == id && !e.suspended
 }
 
 // StopAll stops renewing every lease; they then expire on their own TTLs

@@ -118,6 +118,63 @@ func TestStopLetsTheLeaseExpire(t *testing.T) {
 	}
 }
 
+// TestSuspendSendsNoMoreKeepalives: a suspended lease gets no keepalive,
+// expires on its TTL from the last renewal before the suspension, is not
+// reported lost (the caller ends it), and Stop still tells its last
+// renewal. Suspending another id under the key does nothing.
+func TestSuspendSendsNoMoreKeepalives(t *testing.T) {
+	cli := client(t)
+	var lost lostKeys
+	r := New(cli, clock.RealClock{}, lost.add)
+	id := grant(t, cli, 2)
+	r.Ensure("k", id, time.Now())
+	time.Sleep(1200 * time.Millisecond)
+	if r.Suspend("k", id+1) {
+		t.Fatal("suspended a lease the key is not renewed under")
+	}
+	if !r.Suspend("k", id) || r.Suspend("k", id) {
+		t.Fatal("Suspend: want true once, then false")
+	}
+	suspended := time.Now()
+	if r.Renewing("k", id) {
+		t.Fatal("Renewing after Suspend")
+	}
+	for remaining(t, cli, id) > 0 {
+		if time.Since(suspended) > 2*time.Second+time.Second {
+			t.Fatal("the lease outlived its TTL after Suspend: a keepalive was sent after it")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // past a reap
+	if lost.has("k") {
+		t.Fatal("a suspended lease was reported lost: ending it is the caller's")
+	}
+	last, ok := r.Stop("k")
+	if !ok || last.After(suspended) {
+		t.Fatalf("Stop after Suspend: last renewal %s, suspended %s, ok %v", last, suspended, ok)
+	}
+}
+
+// TestEnsureResumesASuspendedLease: the holder qualified again before the
+// reconcile ended its tenure; renewal resumes at once.
+func TestEnsureResumesASuspendedLease(t *testing.T) {
+	cli := client(t)
+	r := New(cli, clock.RealClock{}, nil)
+	id := grant(t, cli, 2)
+	r.Ensure("k", id, time.Now())
+	time.Sleep(700 * time.Millisecond)
+	r.Suspend("k", id)
+	time.Sleep(700 * time.Millisecond)
+	r.Ensure("k", id, time.Now())
+	if !r.Renewing("k", id) {
+		t.Fatal("not renewing after Ensure resumed it")
+	}
+	time.Sleep(3 * time.Second) // past the TTL of any renewal before the suspension
+	if remaining(t, cli, id) <= 0 {
+		t.Fatal("the resumed lease expired")
+	}
+}
+
 func TestRevokedLeaseIsReportedLost(t *testing.T) {
 	cli := client(t)
 	var lost lostKeys
