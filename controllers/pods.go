@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,20 +41,30 @@ func podByUID(pods []corev1.Pod, uid string) *corev1.Pod {
 	return nil
 }
 
-// annotatePod sets the keys in want and removes the other keys named, with
-// one merge patch, only when something differs.
-func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
-	changed := false
+// annotationsDiffer says whether pod's annotations among keys differ from
+// want (a key absent from want is one the pod must not carry).
+func annotationsDiffer(pod *corev1.Pod, want map[string]string, keys ...string) bool {
 	for _, k := range keys {
 		v, ok := want[k]
 		cur, has := pod.Annotations[k]
 		if (ok && (!has || cur != v)) || (!ok && has) {
-			changed = true
+			return true
 		}
 	}
-	if !changed {
+	return false
+}
+
+// annotatePod sets the keys in want and removes the other keys named, with
+// one merge patch, only when something differs.
+func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
+	if !annotationsDiffer(pod, want, keys...) {
 		return nil
 	}
+	return patchAnnotations(ctx, c, pod, want, keys...)
+}
+
+// patchAnnotations is annotatePod's merge patch.
+func patchAnnotations(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
 	patch := client.MergeFrom(pod.DeepCopy())
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
@@ -68,15 +79,38 @@ func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map
 	return client.IgnoreNotFound(c.Patch(ctx, pod, patch))
 }
 
-// annotateEach gives each pod the annotations want(pod) among keys
-// (annotatePod), trying every pod: one that cannot be patched keeps no
-// other from its annotation.
+// podPatchesAtOnce bounds the pod patches one reconcile sends at once.
+const podPatchesAtOnce = 8
+
+// annotateEach gives each pod the annotations want(pod) among keys, with one
+// merge patch for each pod whose annotations differ, trying every pod: one
+// that cannot be patched keeps no other from its annotation. The patches go
+// out together (up to podPatchesAtOnce): on a handover the old holder's
+// removal and the new holder's token are independent writes, and the new
+// holder should not wait for the old one's round trip.
 func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want func(*corev1.Pod) map[string]string, keys ...string) error {
-	var errs []error
+	type change struct {
+		pod  *corev1.Pod
+		want map[string]string
+	}
+	var changes []change
 	for _, pod := range pods {
-		if err := annotatePod(ctx, c, pod, want(pod), keys...); err != nil {
-			errs = append(errs, fmt.Errorf("annotating pod %s: %w", pod.Name, err))
+		if w := want(pod); annotationsDiffer(pod, w, keys...) {
+			changes = append(changes, change{pod, w})
 		}
 	}
+	errs := make([]error, len(changes))
+	slots := make(chan struct{}, podPatchesAtOnce)
+	var wg sync.WaitGroup
+	for i, ch := range changes {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := patchAnnotations(ctx, c, ch.pod, ch.want, keys...); err != nil {
+				errs[i] = fmt.Errorf("annotating pod %s: %w", ch.pod.Name, err)
+			}
+		})
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }

@@ -10,9 +10,18 @@ import (
 	"github.com/fencer-io/fencer/internal/etcdstore"
 )
 
+// DefaultLeaseWorkers is how many Leases are reconciled at once unless
+// told otherwise. A Lease reconcile is a few network round trips (an etcd
+// transaction, a status write, a pod patch) and little CPU, so workers are
+// cheap, and what they bound is how many failovers proceed at once: when
+// 30 holders lose their pods in the same instant, 16 workers grant them in
+// two rounds, where 4 took eight (docs/performance.md, failover).
+const DefaultLeaseWorkers = 16
+
 // Options tune fencer's controllers.
 type Options struct {
-	// LeaseWorkers is how many Leases are reconciled at once; 0 means 1.
+	// LeaseWorkers is how many Leases are reconciled at once; 0 means
+	// DefaultLeaseWorkers.
 	LeaseWorkers int
 	// Clock is the reconcilers' clock; nil means the real one.
 	Clock clock.Clock
@@ -35,6 +44,9 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	rec := withEventBudget(mgr.GetEventRecorder("fencer"))
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
 	leases.Workers = o.LeaseWorkers
+	if leases.Workers == 0 {
+		leases.Workers = DefaultLeaseWorkers
+	}
 	leases.APIReader = mgr.GetAPIReader()
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/fencer-io/fencer/controllers"
 	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/internal/webhook"
@@ -241,7 +242,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
 	fs.StringVar(&o.namespaces, "namespaces", "", "Comma-separated namespaces whose Leases and IDRanges this install serves; empty serves all. Give each install sharing a cluster its own namespaces (and its webhook configurations the same list).")
-	fs.IntVar(&o.leaseWorkers, "lease-workers", 4, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time.")
+	fs.IntVar(&o.leaseWorkers, "lease-workers", controllers.DefaultLeaseWorkers, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time; they bound how many simultaneous failovers proceed at once.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
 	o.zap.BindFlags(fs)

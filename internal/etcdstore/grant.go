@@ -208,7 +208,8 @@ func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl tim
 
 // Release deletes the lease key only if it still holds the grant with token,
 // and only while this controller leads; then it revokes the grant's etcd
-// lease. A plain delete could remove a newer holder's key.
+// lease, in the background. A plain delete could remove a newer holder's
+// key.
 func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (err error) {
 	defer s.timed("release")(&err)
 	ctx, cancel := s.bound(ctx)
@@ -225,7 +226,10 @@ func (s *Store) Release(ctx context.Context, namespace, name string, g *Grant) (
 	if !ok {
 		return ErrTokenMismatch
 	}
-	s.Revoke(g.LeaseID)
+	// The delete ended the tenure: every fence and watcher goes by the key.
+	// The revoke only frees the etcd lease early, so it runs beside the
+	// next grant instead of before it, one write off a failover.
+	go s.Revoke(g.LeaseID)
 	return nil
 }
 

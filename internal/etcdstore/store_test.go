@@ -79,6 +79,20 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 	if got, err := s.GetGrant(ctx, "ns", "l"); err != nil || got != nil {
 		t.Fatalf("after release: %+v, %v", got, err)
 	}
+	// The revoke runs in the background, after the delete.
+	for try := 0; ; try++ {
+		ttl, err := cli.TimeToLive(ctx, g.LeaseID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl.TTL == -1 {
+			break
+		}
+		if try == 100 {
+			t.Fatalf("the released grant's etcd lease %x was not revoked: TTL %d s", g.LeaseID, ttl.TTL)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	g2, err := s.GrantLease(ctx, "ns", "l", "pod-b", "uid-b", 10*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)

@@ -207,7 +207,7 @@ func TestDefaultRendering(t *testing.T) {
 		t.Errorf("container securityContext %+v", c.SecurityContext)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--kube-api-qps=50", "--kube-api-burst=100", "--lease-workers=4",
+	for _, want := range []string{"--leader-elect=true", "--webhook-cert-rotation", "--kube-api-qps=50", "--kube-api-burst=100", "--lease-workers=16",
 		"--etcd-endpoints=https://fencer-etcd-0.fencer-etcd.fencer-system.svc:2379 ", "--etcd-pki-secret=fencer-etcd-ca", "--etcd-server-secret=fencer-etcd-server",
 		"--etcd-backup-secret=fencer-etcd-backup", "--etcd-enable-auth", "--etcd-credentials-secret=fencer-etcd-client", "--webhook-config-name=fencer-fencing"} {
 		if !strings.Contains(args, want) {
