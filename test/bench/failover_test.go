@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -100,6 +101,11 @@ func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
 		}
 		return held, nil
 	}, n)
+	// The clock stops when the watch delivers the pod update that carries
+	// the larger token. A watch, not a LIST every few milliseconds: polling
+	// 2n pods would take CPU from the controller it times, and add its own
+	// interval to every trial.
+	advanced := watchTokens(t, ns, old)
 	// Let a renewal or two pass, as in steady state.
 	time.Sleep(ttl / 2)
 	stopped := make([]time.Time, n)
@@ -108,31 +114,106 @@ func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
 		fx.SetReady(t, p, false)
 	}
 	took := make([]time.Duration, n)
-	done := 0
-	deadline := time.Now().Add(ttl + time.Minute)
-	for done < n && time.Now().Before(deadline) {
-		var pods corev1.PodList
-		if err := fx.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
+	timeout := time.After(ttl + time.Minute)
+	for done := 0; done < n; done++ {
+		select {
+		case a := <-advanced:
+			took[a.i] = a.at.Sub(stopped[a.i])
+		case <-timeout:
+			t.Fatalf("fencer: %d of %d Leases failed over within TTL + 1m", done, n)
 		}
-		now := time.Now()
-		for _, p := range pods.Items {
+	}
+	printFailoverParts(t, ns, ttl, old, stopped, took)
+	return took
+}
+
+// printFailoverParts splits fencer's failovers in two, from each Lease's
+// history: the old tenure's end after stop + TTL (a renewal that landed
+// before the controller heard the pod went not Ready, and the wait for a
+// worker), and the new holder's annotation seen after that end (the pass
+// that ends one tenure grants the next, at the same instant in the
+// history; then the etcd writes, the status write, the pod patch and the
+// watch).
+func printFailoverParts(t *testing.T, ns string, ttl time.Duration, old []int64, stopped []time.Time, took []time.Duration) {
+	t.Helper()
+	var list fencerv1.LeaseList
+	if err := fx.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var ended, seen []time.Duration
+	for _, l := range list.Items {
+		var i int
+		if _, err := fmt.Sscanf(l.Name, "f%d", &i); err != nil || i >= len(old) {
+			continue
+		}
+		var end time.Time
+		for _, h := range l.Status.History {
+			if h.Token == old[i] && h.End != nil {
+				end = h.End.Time
+			}
+		}
+		if end.IsZero() {
+			continue
+		}
+		ended = append(ended, end.Sub(stopped[i].Add(ttl)))
+		seen = append(seen, stopped[i].Add(took[i]).Sub(end))
+	}
+	fmt.Printf("fencer, TTL %s, the parts of %d failovers:%15s %10s\n", ttl, len(ended), "p50", "p99")
+	for _, part := range []struct {
+		name string
+		d    []time.Duration
+	}{{"old tenure's end - (stop + TTL)", ended}, {"new holder's annotation seen - that end", seen}} {
+		s := sorted(part.d)
+		fmt.Printf("  %-48s %8sms %8sms\n", part.name, ms(quantile(s, 0.5)), ms(quantile(s, 0.99)))
+	}
+}
+
+// advance is trial i's pod b seen with a token larger than the old
+// holder's, at the moment the watch delivered it.
+type advance struct {
+	i  int
+	at time.Time
+}
+
+// watchTokens follows the pods of ns until the test ends, and sends one
+// advance per trial: the first time pod f<i>-b carries a token of Lease
+// f<i> above old[i].
+func watchTokens(t *testing.T, ns string, old []int64) <-chan advance {
+	t.Helper()
+	c, err := client.NewWithWatch(fx.Config, client.Options{Scheme: fx.Env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods corev1.PodList
+	if err := c.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Watch(context.Background(), &corev1.PodList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: pods.ResourceVersion}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	out := make(chan advance, len(old))
+	go func() {
+		seen := make([]bool, len(old))
+		for ev := range w.ResultChan() {
+			at := time.Now()
+			p, ok := ev.Object.(*corev1.Pod)
 			var i int
-			if _, err := fmt.Sscanf(p.Name, "f%d-b", &i); err != nil || took[i] != 0 {
+			if !ok || ev.Type != watch.Modified {
 				continue
 			}
-			tok, _ := strconv.ParseInt(p.Annotations["lease.fencer.io/"+fmt.Sprintf("f%d", i)], 10, 64)
+			if _, err := fmt.Sscanf(p.Name, "f%d-b", &i); err != nil || i >= len(old) || seen[i] {
+				continue
+			}
+			tok, _ := strconv.ParseInt(p.Annotations[fencerv1.HolderTokenAnnotationPrefix+fmt.Sprintf("f%d", i)], 10, 64)
 			if tok > old[i] {
-				took[i] = now.Sub(stopped[i])
-				done++
+				seen[i] = true
+				out <- advance{i, at}
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if done < n {
-		t.Fatalf("fencer: %d of %d Leases failed over within TTL + 1m", done, n)
-	}
-	return took
+	}()
+	return out
 }
 
 // leaderElectionFailovers: client-go leaderelection with LeaseDuration=ttl

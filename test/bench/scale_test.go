@@ -73,7 +73,7 @@ func TestScale(t *testing.T) {
 	for _, r := range scaleRuns() {
 		scaleOnce(t, bin, r)
 	}
-	fmt.Printf("limits: default = --kube-api-qps=50 --kube-api-burst=100 --lease-workers=4; tuned = %s\n", strings.Join(tuned, " "))
+	fmt.Printf("limits: default = --kube-api-qps=50 --kube-api-burst=100 --lease-workers=16; tuned = %s\n", strings.Join(tuned, " "))
 }
 
 func scaleOnce(t *testing.T, bin string, run scaleRun) {
