@@ -76,5 +76,13 @@ func (r *LeaseReconciler) granted(lease *fencerv1.Lease, key string, g *etcdstor
 	if refresh > 0 {
 		out.result.RequeueAfter = refresh
 	}
-	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+	eventGranted(out, g.Holder)
+}
+
+// eventGranted records a grant's Normal Event. Its note names the holder
+// and not the token, which the status carries: so a Lease granted to the
+// same pod again adds to one Event's count instead of posting another
+// (eventkey), while a grant to another pod is an Event of its own.
+func eventGranted(out *outcome, holder string) {
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s", holder)
 }

@@ -29,7 +29,7 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	missed := false
 	defer func() {
 		if missed {
-			out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+			eventGranted(out, g.Holder)
 		}
 	}()
 
@@ -108,15 +108,15 @@ func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease
 			why = fencerv1.TenureReleased
 		}
 	}
-	holder, token := open.Holder, open.Token
+	holder := open.Holder
 	showEnded(lease, nil, nil, now, why)
 	if why == fencerv1.TenureReleased {
 		metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure (token %d)", holder, token)
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "%s released its tenure", holder)
 		return nil
 	}
 	metrics.LeaseExpiries.Inc()
-	out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s (token %d) expired in etcd (%s)", holder, token, why)
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonExpired, "tenure of %s expired in etcd (%s)", holder, why)
 	return nil
 }
 
@@ -197,11 +197,11 @@ func (r *LeaseReconciler) release(ctx context.Context, lease *fencerv1.Lease, g 
 	}
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	if showEnded(lease, g, r.endedHereFor(key), now, why) {
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonGranted, "granted to %s with token %d", g.Holder, g.Token)
+		eventGranted(out, g.Holder)
 	}
 	r.mem.released(key, g.Token, why, r.Clock.Now())
 	metrics.LeaseReleases.WithLabelValues(string(why)).Inc()
-	out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "tenure of %s (token %d) ended: %s", g.Holder, g.Token, why)
+	out.event(corev1.EventTypeNormal, fencerv1.ReasonReleased, "tenure of %s ended: %s", g.Holder, why)
 	return nil
 }
 

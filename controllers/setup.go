@@ -8,6 +8,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/eventkey"
 )
 
 // DefaultLeaseWorkers is how many Leases are reconciled at once unless
@@ -40,8 +41,9 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if err := SetupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	// One budget for both controllers' Normal Events (events.go).
-	rec := withEventBudget(mgr.GetEventRecorder("fencer"))
+	// One budget for both controllers' Normal Events (events.go); only
+	// exact repeats share a series (eventkey).
+	rec := withEventBudget(eventkey.Distinct(mgr.GetEventRecorder("fencer"), mgr.GetScheme()))
 	leases := NewLeaseReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
 	leases.Workers = o.LeaseWorkers
 	if leases.Workers == 0 {

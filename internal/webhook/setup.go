@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/eventkey"
 	"github.com/fencer-io/fencer/internal/metrics"
 )
 
@@ -29,7 +30,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
 		Exempt:    exempt,
-		Refusals:  &Refusals{Recorder: mgr.GetEventRecorder("fencer-webhook"), Leases: leases},
+		Refusals:  &Refusals{Recorder: eventkey.Distinct(mgr.GetEventRecorder("fencer-webhook"), mgr.GetScheme()), Leases: leases},
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
