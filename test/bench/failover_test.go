@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,13 +23,31 @@ import (
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
-// trials is how many failovers each system gets at each TTL. They run at
-// once, each on its own lease, so a TTL of 15 s costs one wait, not 30.
-func trials() int {
-	if n, err := strconv.Atoi(os.Getenv("FAILOVER_TRIALS")); err == nil && n > 0 {
+// trials is how many failovers each system gets at each TTL
+// (FAILOVER_TRIALS, default 30).
+func trials() int { return positiveEnv("FAILOVER_TRIALS", 30) }
+
+// atOnce is how many of them fail over in the same instant, each on its
+// own lease (FAILOVER_AT_ONCE, default 30): the scenario is 30 holders
+// failing over together, repeated in rounds until there are trials()
+// samples. A round at a TTL of 15 s costs one wait, not 30.
+func atOnce() int { return positiveEnv("FAILOVER_AT_ONCE", 30) }
+
+func positiveEnv(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
 		return n
 	}
-	return 30
+	return def
+}
+
+// inRounds has measure time rounds of at most atOnce() simultaneous
+// failovers until n are timed.
+func inRounds(n int, measure func(k int) []time.Duration) []time.Duration {
+	var all []time.Duration
+	for len(all) < n {
+		all = append(all, measure(min(atOnce(), n-len(all)))...)
+	}
+	return all
 }
 
 // TestFailoverAgainstAnchors measures, for TTLs of 2 s and 15 s, the time
@@ -46,13 +65,15 @@ func TestFailoverAgainstAnchors(t *testing.T) {
 		d      []time.Duration
 	}
 	var rows []row
+	parts := map[time.Duration]*failoverParts{}
 	for _, ttl := range []time.Duration{2 * time.Second, 15 * time.Second} {
+		parts[ttl] = &failoverParts{}
 		rows = append(rows,
-			row{"fencer", ttl, fencerFailovers(t, n, ttl)},
-			row{"client-go-leaderelection", ttl, leaderElectionFailovers(t, n, ttl)},
-			row{"etcd-concurrency-election", ttl, etcdElectionFailovers(t, n, ttl)})
+			row{"fencer", ttl, inRounds(n, func(k int) []time.Duration { return fencerFailovers(t, k, ttl, parts[ttl]) })},
+			row{"client-go-leaderelection", ttl, inRounds(n, func(k int) []time.Duration { return leaderElectionFailovers(t, k, ttl) })},
+			row{"etcd-concurrency-election", ttl, inRounds(n, func(k int) []time.Duration { return etcdElectionFailovers(t, k, ttl) })})
 	}
-	fmt.Printf("\nFailover: holder stops renewing -> next holder has its token (%d trials each)\n", n)
+	fmt.Printf("\nFailover: holder stops renewing -> next holder has its token (%d trials each, %d at once)\n", n, min(n, atOnce()))
 	fmt.Printf("%-27s %5s %14s %14s %12s %12s\n", "system", "TTL", "p50 failover", "p99 failover", "p50 - TTL", "p99 - TTL")
 	for _, r := range rows {
 		s := sorted(r.d)
@@ -60,12 +81,15 @@ func TestFailoverAgainstAnchors(t *testing.T) {
 		fmt.Printf("%-27s %5s %12sms %12sms %10sms %10sms\n", r.system, r.ttl, ms(p50), ms(p99), ms(p50-r.ttl), ms(p99-r.ttl))
 		record(t, fmt.Sprintf("Failover/%s/ttl=%s", r.system, r.ttl), ms(p50-r.ttl), "p50-over-ttl-ms", ms(p99-r.ttl), "p99-over-ttl-ms")
 	}
+	for _, ttl := range []time.Duration{2 * time.Second, 15 * time.Second} {
+		parts[ttl].print(ttl)
+	}
 }
 
 // fencerFailovers: n Leases of ttl, each with two candidate pods; the
 // holder of each goes not Ready (its readiness probe fails), and the clock
 // stops when the other pod's annotation carries a larger token.
-func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
+func fencerFailovers(t *testing.T, n int, ttl time.Duration, parts *failoverParts) []time.Duration {
 	ctx := context.Background()
 	ns := fx.Namespace(t)
 	first := make([]*corev1.Pod, n)
@@ -123,24 +147,26 @@ func fencerFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
 			t.Fatalf("fencer: %d of %d Leases failed over within TTL + 1m", done, n)
 		}
 	}
-	printFailoverParts(t, ns, ttl, old, stopped, took)
+	parts.add(t, ns, ttl, old, stopped, took)
 	return took
 }
 
-// printFailoverParts splits fencer's failovers in two, from each Lease's
+// failoverParts splits fencer's failovers in two, from each Lease's
 // history: the old tenure's end after stop + TTL (a renewal that landed
 // before the controller heard the pod went not Ready, and the wait for a
 // worker), and the new holder's annotation seen after that end (the pass
 // that ends one tenure grants the next, at the same instant in the
 // history; then the etcd writes, the status write, the pod patch and the
 // watch).
-func printFailoverParts(t *testing.T, ns string, ttl time.Duration, old []int64, stopped []time.Time, took []time.Duration) {
+type failoverParts struct{ ended, seen []time.Duration }
+
+// add records the parts of a round's failovers in namespace ns.
+func (p *failoverParts) add(t *testing.T, ns string, ttl time.Duration, old []int64, stopped []time.Time, took []time.Duration) {
 	t.Helper()
 	var list fencerv1.LeaseList
 	if err := fx.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	var ended, seen []time.Duration
 	for _, l := range list.Items {
 		var i int
 		if _, err := fmt.Sscanf(l.Name, "f%d", &i); err != nil || i >= len(old) {
@@ -155,14 +181,17 @@ func printFailoverParts(t *testing.T, ns string, ttl time.Duration, old []int64,
 		if end.IsZero() {
 			continue
 		}
-		ended = append(ended, end.Sub(stopped[i].Add(ttl)))
-		seen = append(seen, stopped[i].Add(took[i]).Sub(end))
+		p.ended = append(p.ended, end.Sub(stopped[i].Add(ttl)))
+		p.seen = append(p.seen, stopped[i].Add(took[i]).Sub(end))
 	}
-	fmt.Printf("fencer, TTL %s, the parts of %d failovers:%15s %10s\n", ttl, len(ended), "p50", "p99")
+}
+
+func (p *failoverParts) print(ttl time.Duration) {
+	fmt.Printf("fencer, TTL %s, the parts of %d failovers:%15s %10s\n", ttl, len(p.ended), "p50", "p99")
 	for _, part := range []struct {
 		name string
 		d    []time.Duration
-	}{{"old tenure's end - (stop + TTL)", ended}, {"new holder's annotation seen - that end", seen}} {
+	}{{"old tenure's end - (stop + TTL)", p.ended}, {"new holder's annotation seen - that end", p.seen}} {
 		s := sorted(part.d)
 		fmt.Printf("  %-48s %8sms %8sms\n", part.name, ms(quantile(s, 0.5)), ms(quantile(s, 0.99)))
 	}
@@ -280,6 +309,7 @@ func leaderElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Dura
 // ttl. Each candidate has its own client; closing the leader's client stops
 // its keepalives without revoking the lease, as a process that stops.
 func etcdElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Duration {
+	round := electionRounds.Add(1) // a round's leaders hold their keys until their TTLs pass
 	took := make([]time.Duration, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -293,7 +323,7 @@ func etcdElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Durati
 				if err != nil {
 					return nil, nil, err
 				}
-				return cli, concurrency.NewElection(s, fmt.Sprintf("/bench/election/%s/%d", ttl, i)), nil
+				return cli, concurrency.NewElection(s, fmt.Sprintf("/bench/election/%s/%d/%d", ttl, round, i)), nil
 			}
 			ctx := context.Background()
 			aCli, a, err := connect()
@@ -331,6 +361,9 @@ func etcdElectionFailovers(t *testing.T, n int, ttl time.Duration) []time.Durati
 	wg.Wait()
 	return took
 }
+
+// electionRounds numbers the rounds of etcdElectionFailovers.
+var electionRounds atomic.Int64
 
 // waitAll polls count until it reaches want.
 func waitAll(t *testing.T, timeout time.Duration, count func() (int, error), want int) {
