@@ -92,6 +92,12 @@ func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease
 	}
 	key := etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name)
 	why, endedHere, wasEnding := r.mem.lapsed(key, open.Token)
+	// A renewal suspended when the holder stopped qualifying
+	// (renewalFollowsPod) may have let etcd expire the lease before this
+	// pass could end it: that end is ours too. The grant is gone either
+	// way, so nothing of it is renewed any more.
+	wasEnding = r.Renewer.Suspended(key) || wasEnding
+	r.Renewer.Stop(key)
 	switch {
 	case endedHere:
 		showEnded(lease, nil, nil, now, why)

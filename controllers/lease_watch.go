@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,7 +48,7 @@ func (r *LeaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&fencerv1.Lease{}, builder.WithPredicates(notStatusOnly)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.leasesForPod)).
+		Watches(&corev1.Pod{}, r.podEvents()).
 		WatchesRawSource(r.wake.source()).
 		Named("lease").
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
@@ -109,9 +110,6 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 			if seen[key] {
 				continue
 			}
-			if pod, ok := obj.(*corev1.Pod); ok && index == indexHolder {
-				r.suspendUnqualified(l, pod)
-			}
 			sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
 			if index == indexHolder || (err == nil && sel.Matches(labels.Set(obj.GetLabels()))) {
 				seen[key] = true
@@ -135,19 +133,60 @@ func (r *LeaseReconciler) leasesForPod(ctx context.Context, obj client.Object) [
 	return reqs
 }
 
-// suspendUnqualified stops renewing, the moment the informer shows it, the
-// grant that pod holds under lease when the pod no longer qualifies (not
-// Ready, or being deleted). The reconcile that ends the tenure may wait
-// behind others, and a renewal sent meanwhile would push the tenure's end
-// up to TTL/3 later. Only the renewal is suspended: that reconcile either
-// ends the tenure one TTL after the last renewal (tenureEnd), or, if the
-// pod qualifies again by then, resumes it. The Lease from the cache may be
-// behind etcd; the renewer suspends only the etcd lease its status names,
-// so a status not yet showing a newer grant suspends nothing.
-func (r *LeaseReconciler) suspendUnqualified(lease *fencerv1.Lease, pod *corev1.Pod) {
-	st := lease.Status
-	if lease.Spec.Renewal == fencerv1.RenewalDirect || st.Holder != pod.Name || st.HolderUID != pod.UID || st.LeaseID == 0 || holder.Qualifies(pod) {
+// podEvents enqueues the Leases a pod event concerns (leasesForPod; for
+// an update, those of the old pod and of the new), and first has the
+// renewal of a grant the pod holds follow the pod as it now is
+// (renewalFollowsPod). Only the new pod counts there: the old one of an
+// update that shows the holder Ready again must not suspend its renewal.
+func (r *LeaseReconciler) podEvents() handler.EventHandler {
+	mapped := handler.EnqueueRequestsFromMapFunc(r.leasesForPod)
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.renewalFollowsPod(ctx, e.Object, false)
+			mapped.Create(ctx, e, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.renewalFollowsPod(ctx, e.ObjectNew, false)
+			mapped.Update(ctx, e, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.renewalFollowsPod(ctx, e.Object, true)
+			mapped.Delete(ctx, e, q)
+		},
+		GenericFunc: mapped.Generic,
+	}
+}
+
+// renewalFollowsPod suspends, the moment the informer shows it, the
+// renewal of a grant the pod holds when the pod no longer qualifies (not
+// Ready, being deleted, or gone), and resumes a suspended one when it
+// qualifies again. The reconcile that ends the tenure may wait behind
+// others, and a renewal sent meanwhile would push the tenure's end up to
+// TTL/3 later. Only the renewal is suspended: the reconcile that follows
+// (the event also queues the Lease) ends the tenure one TTL after the
+// last renewal (tenureEnd), or resumes it. Leases from the cache may be
+// behind etcd; the renewer acts only on the etcd lease their status names,
+// so a status not yet showing a newer grant changes nothing.
+func (r *LeaseReconciler) renewalFollowsPod(ctx context.Context, obj client.Object, gone bool) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
 		return
 	}
-	r.Renewer.Suspend(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name), clientv3.LeaseID(st.LeaseID))
+	var leases fencerv1.LeaseList
+	if err := r.List(ctx, &leases, client.InNamespace(pod.Namespace), client.MatchingFields{indexHolder: pod.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return
+	}
+	for i := range leases.Items {
+		l := &leases.Items[i]
+		st := l.Status
+		if l.Spec.Renewal == fencerv1.RenewalDirect || st.Holder != pod.Name || st.HolderUID != pod.UID || st.LeaseID == 0 {
+			continue
+		}
+		key, id := etcdkeys.LeaseKey(r.Store.Prefix(), l.Namespace, l.Name), clientv3.LeaseID(st.LeaseID)
+		if gone || !holder.Qualifies(pod) {
+			r.Renewer.Suspend(key, id)
+		} else {
+			r.Renewer.Resume(key, id)
+		}
+	}
 }

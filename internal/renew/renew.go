@@ -94,21 +94,14 @@ func (r *Renewer) Ensure(key string, id clientv3.LeaseID, since time.Time) {
 	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
 	if e, ok := r.entries[key]; ok {
-		if e.id != id {
-			r.removeLocked(e)
-		} else if e.suspended {
-			// Resumed: its keepalive goes now, and its deadline is a new
-			// lease's, since no answer was asked for while it was
-			// suspended.
-			e.suspended, e.nextSend, e.deadline = false, now, now.Add(firstAnswer)
-			r.kickLocked()
-			return
-		} else {
+		if e.id == id {
+			r.resumeLocked(e)
 			return
 		}
+		r.removeLocked(e)
 	}
+	now := time.Now()
 	if other, ok := r.byID[id]; ok {
 		// One etcd lease renewed for two keys: the older key loses it.
 		r.removeLocked(other)
@@ -128,11 +121,45 @@ func (r *Renewer) kickLocked() {
 	}
 }
 
+// Resume renews key's lease id again if it was suspended, with a keepalive
+// at once. It never starts renewing a lease: once Stop has ended it, or
+// another id replaced it, there is nothing to resume. It reports whether
+// it resumed anything.
+func (r *Renewer) Resume(key string, id clientv3.LeaseID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[key]
+	if !ok || e.id != id || !e.suspended {
+		return false
+	}
+	r.resumeLocked(e)
+	return true
+}
+
+// resumeLocked sends a suspended lease's keepalive now; its deadline is a
+// new lease's, since no answer was asked for while it was suspended.
+func (r *Renewer) resumeLocked(e *entry) {
+	if !e.suspended {
+		return
+	}
+	now := time.Now()
+	e.suspended, e.nextSend, e.deadline = false, now, now.Add(firstAnswer)
+	r.kickLocked()
+}
+
+// Suspended reports whether key's lease is suspended.
+func (r *Renewer) Suspended(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[key]
+	return ok && e.suspended
+}
+
 // Suspend stops sending keepalives for key's lease id at once, keeping its
 // last renewal for Stop: the caller heard that the holder stopped
 // qualifying, and no renewal may land between that moment and the
-// reconcile that acts on it. Ensure resumes it; a key renewed under another
-// id is left alone. It reports whether it suspended anything.
+// reconcile that acts on it. Resume or Ensure resumes it; a key renewed
+// under another id is left alone. It reports whether it suspended anything.
 func (r *Renewer) Suspend(key string, id clientv3.LeaseID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

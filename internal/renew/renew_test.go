@@ -175,6 +175,30 @@ func TestEnsureResumesASuspendedLease(t *testing.T) {
 	}
 }
 
+// TestResumeNeverStartsALease: Resume restarts only a suspended lease;
+// after Stop, or for an id the key is not renewed under, it does nothing.
+func TestResumeNeverStartsALease(t *testing.T) {
+	cli := client(t)
+	r := New(cli, clock.RealClock{}, nil)
+	id := grant(t, cli, 30)
+	if r.Resume("k", id) || r.Len() != 0 {
+		t.Fatal("Resume started renewing a lease that was never renewed")
+	}
+	r.Ensure("k", id, time.Now())
+	if r.Resume("k", id) {
+		t.Fatal("Resume reported resuming a lease that was not suspended")
+	}
+	r.Suspend("k", id)
+	if !r.Suspended("k") || r.Resume("k", id+1) || !r.Resume("k", id) || !r.Renewing("k", id) {
+		t.Fatal("Resume: want it to resume the suspended id only")
+	}
+	r.Suspend("k", id)
+	r.Stop("k")
+	if r.Resume("k", id) || r.Renewing("k", id) {
+		t.Fatal("Resume brought back a lease that Stop ended")
+	}
+}
+
 func TestRevokedLeaseIsReportedLost(t *testing.T) {
 	cli := client(t)
 	var lost lostKeys
