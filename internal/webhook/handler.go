@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -173,7 +174,7 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 	if err != nil {
 		log().Error(err, "live token lookup failed")
 		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
-			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v); the write is refused because its token cannot be checked, retry", w.leaseRef, err)})
+			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))})
 	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
 		return d.Reason, denied(d) // traced in observe (Refusals)
@@ -196,9 +197,18 @@ func (f *Checker) lease(ctx context.Context, namespace, name string, w write) (*
 		return nil, facts{w: w}.deny(fencerv1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
 			w.leaseRef, fencerv1.LeaseLabel, name)
 	case err != nil:
-		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Message: fmt.Sprintf("fencer: cannot read lease %s: %v", w.leaseRef, err)}
+		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef,
+			Message: fmt.Sprintf("fencer: cannot read lease %s from the apiserver (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))}
 	}
 	return lease, nil
+}
+
+// stalled explains a read that answerDeadline cut short.
+func stalled(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return ": no answer before the review's deadline, which comes ahead of the apiserver's webhook timeout"
+	}
+	return ""
 }
 
 func badRequest(format string, args ...any) *Denial {
@@ -493,7 +503,7 @@ func recordOf(old *objectMeta, lease string) (record string, ok bool) {
 // no record when keep is false; and no offer.
 func recordPatch(obj *objectMeta, record string, keep bool) []jsonpatch.JsonPatchOperation {
 	ann := obj.Metadata.Annotations
-	var ops []jsonpatch.JsonPatchOperation
+	ops := make([]jsonpatch.JsonPatchOperation, 0, 2) // at most two: one allocation
 	if _, ok := ann[fencerv1.TokenAnnotation]; ok {
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "remove", Path: offerPath})
 	}
@@ -506,6 +516,9 @@ func recordPatch(obj *objectMeta, record string, keep bool) []jsonpatch.JsonPatc
 	case keep && (!has || cur != record):
 		// "add" replaces an existing member (RFC 6902).
 		ops = append(ops, jsonpatch.JsonPatchOperation{Operation: "add", Path: recordPath, Value: record})
+	}
+	if len(ops) == 0 {
+		return nil
 	}
 	return ops
 }

@@ -98,7 +98,9 @@ func (v *Review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeReview(w, errored(code, err, ""))
 		return
 	}
-	writeReview(w, v.handle(r.Context(), req))
+	ctx, cancel := answerDeadline(r)
+	defer cancel()
+	writeReview(w, v.handle(ctx, req))
 }
 
 // readReview reads an AdmissionReview from r's body into buf. code is the
@@ -187,7 +189,9 @@ func complete(resp *admission.Response, uid types.UID) error {
 	if len(resp.Patches) == 0 {
 		return nil
 	}
-	patch, err := appendPatch(nil, resp.Patches)
+	// Room for the usual patch (the offer removed, the record set), so
+	// that appending does not grow it.
+	patch, err := appendPatch(make([]byte, 0, 256), resp.Patches)
 	if err != nil {
 		return err
 	}
