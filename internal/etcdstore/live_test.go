@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -299,4 +300,82 @@ func grantMany(t *testing.T, s *Store, n int) map[string]int64 {
 		tokens[name] = g.Token
 	}
 	return tokens
+}
+
+// A read that a question starts holds that question alone, and a caller
+// that gives up while its read is in flight gets its context's error, not
+// a late answer. The questions that collected meanwhile are read together
+// once a slot frees, and every slot is given back.
+func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+	tokens := grantMany(t, s, 6)
+	r := NewLiveReader(s, nil)
+	started := make(chan int, 10)
+	release := make(chan struct{})
+	r.beforeRead = func(b *batch) {
+		started <- len(b.order)
+		<-release
+	}
+	type answer struct {
+		name string
+		live Live
+		err  error
+	}
+	answers := make(chan answer, 6)
+	ask := func(ctx context.Context, name string) {
+		go func() {
+			live, err := r.Lookup(ctx, "ns", name)
+			answers <- answer{name, live, err}
+		}()
+	}
+	giveUp, cancel := context.WithCancel(ctx)
+	ask(giveUp, "l0")
+	for i := 1; i <= MaxReadsInFlight; i++ {
+		if i < MaxReadsInFlight {
+			ask(ctx, fmt.Sprintf("l%d", i))
+		}
+		select {
+		case n := <-started:
+			if n != 1 {
+				t.Fatalf("a read started by a question took %d questions, want its own alone", n)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no read started")
+		}
+	}
+	ask(ctx, "l4")
+	ask(ctx, "l5")
+	time.Sleep(100 * time.Millisecond) // l4 and l5 join the pending batch
+	cancel()
+	close(release)
+	for range 6 {
+		a := <-answers
+		switch {
+		case a.name == "l0":
+			if !errors.Is(a.err, context.Canceled) {
+				t.Errorf("the caller that gave up got %+v, %v; want context.Canceled", a.live, a.err)
+			}
+		case a.err != nil:
+			t.Errorf("%s: %v", a.name, a.err)
+		case a.live.Grant == nil || a.live.Grant.Token != tokens[a.name]:
+			t.Errorf("%s: %+v, want token %d", a.name, a.live.Grant, tokens[a.name])
+		}
+	}
+	if n := <-started; n != 2 {
+		t.Errorf("the questions that waited were read as %d, want one read of both", n)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r.mu.Lock()
+		inflight, pending := r.inflight, r.pending
+		r.mu.Unlock()
+		if inflight == 0 && pending == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after every answer: %d reads in flight, pending %v", inflight, pending)
+		}
+	}
 }
