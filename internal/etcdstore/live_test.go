@@ -219,17 +219,7 @@ func TestLiveReaderPipelinesThenBatches(t *testing.T) {
 		}
 	}
 	// Each read gives its slot back just after it answers.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		r.mu.Lock()
-		inflight, pending := r.inflight, r.pending
-		r.mu.Unlock()
-		if inflight == 0 && pending == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after every answer: %d reads in flight, pending %v", inflight, pending)
-		}
-	}
+	waitIdle(t, r)
 }
 
 // An etcd run with a --max-txn-ops below the reader's transaction size
@@ -367,6 +357,13 @@ func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
 	if n := <-started; n != 2 {
 		t.Errorf("the questions that waited were read as %d, want one read of both", n)
 	}
+	waitIdle(t, r)
+}
+
+// waitIdle waits until r has no read in flight and no batch pending: each
+// read gives its slot back just after it answers.
+func waitIdle(t *testing.T, r *LiveReader) {
+	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		r.mu.Lock()
 		inflight, pending := r.inflight, r.pending
