@@ -305,6 +305,8 @@ func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
 	r := NewLiveReader(s, nil)
 	started := make(chan int, 10)
 	release := make(chan struct{})
+	letGo := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(letGo) // a failed test leaves no read held
 	r.beforeRead = func(b *batch) {
 		started <- len(b.order)
 		<-release
@@ -321,12 +323,13 @@ func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
 			answers <- answer{name, live, err}
 		}()
 	}
+	// l0 to l3 take every read slot, each with a read of its own.
 	giveUp, cancel := context.WithCancel(ctx)
 	ask(giveUp, "l0")
-	for i := 1; i <= MaxReadsInFlight; i++ {
-		if i < MaxReadsInFlight {
-			ask(ctx, fmt.Sprintf("l%d", i))
-		}
+	for i := 1; i < MaxReadsInFlight; i++ {
+		ask(ctx, fmt.Sprintf("l%d", i))
+	}
+	for range MaxReadsInFlight {
 		select {
 		case n := <-started:
 			if n != 1 {
@@ -352,10 +355,9 @@ func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
 			t.Fatalf("after giving up, %s got %+v, %v; want l0 to get context.Canceled", a.name, a.live, a.err)
 		}
 	case <-time.After(5 * time.Second):
-		close(release)
 		t.Fatal("the caller that gave up still waits for its read")
 	}
-	close(release)
+	letGo()
 	for range 5 {
 		a := <-answers
 		switch {
