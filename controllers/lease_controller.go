@@ -30,6 +30,10 @@ type LeaseReconciler struct {
 	// APIReader confirms, uncached, that a Lease the cache does not have
 	// is gone before its grant is released (gone).
 	APIReader client.Reader
+	// DeletionGrace is how long a Lease whose DELETE fencer's webhook
+	// admitted is held ungranted before the controller checks that the
+	// delete happened (0 means DefaultDeletionGrace).
+	DeletionGrace time.Duration
 	// Workers is how many Leases are reconciled at once (0 means 1). The
 	// workqueue never hands one Lease to two workers; mem, the store and the
 	// renewer are safe for concurrent use.
@@ -73,7 +77,9 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		}
 		return ctrl.Result{}, err
 	}
-	return runPass(ctx, r.Client, r.Recorder, lease, fencerv1.LeaseFinalizer,
+	// No finalizer: the webhook releases the grant as it admits the
+	// Lease's DELETE (lease_delete.go), so that write is saved per Lease.
+	return runPass(ctx, r.Client, r.Recorder, lease, "",
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, lease) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileGrant(ctx, lease) })
 }
@@ -112,6 +118,8 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	switch {
 	case grant != nil && grant.Unissued:
 		return out, r.dropUnissued(ctx, lease, grant, &out)
+	case grant != nil && grant.LeaseUID != "" && grant.LeaseUID != string(lease.UID):
+		return out, r.dropPredecessorGrant(ctx, lease, grant, &out)
 	case grant != nil && grant.Token < lease.Status.HighestToken():
 		// A grant below a token already issued came back with an etcd
 		// restored from an old snapshot: adopting it would reissue a token.

@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -12,21 +14,109 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
-// finalize releases the Lease's grant and its pod annotations, then lets
-// the Lease go.
+// DefaultDeletionGrace is how long after fencer's webhook admitted a
+// Lease's DELETE the controller waits before it concludes, if the
+// apiserver still has the Lease and is not deleting it, that the delete
+// never happened, and grants the Lease again. It is twice the apiserver's
+// default request timeout (60 s), which bounds a DELETE from its
+// admission to its commit.
+const DefaultDeletionGrace = 2 * time.Minute
+
+// finalize releases the grant and the pod annotations of a Lease being
+// deleted (its deletionTimestamp is set), then removes fencer's finalizer
+// if it carries it. The webhook released the grant as it admitted the
+// DELETE; this covers a Lease whose deletion waits on other finalizers or
+// on its dependents, or was admitted with no fencer webhook installed.
+// The finalizer is only on Leases from earlier versions, or set by the
+// opt-in finalizer policy.
 func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(lease, fencerv1.LeaseFinalizer) {
-		return ctrl.Result{}, nil
-	}
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
 		return res, err
 	}
-	controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer)
+	if !controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer) {
+		return ctrl.Result{}, nil
+	}
 	return ctrl.Result{}, r.Update(ctx, lease)
+}
+
+// deletionPending is grantNext's answer when etcd refused the grant because
+// fencer's webhook admitted a DELETE of this Lease object (its deletion
+// record, etcdstore.ReleaseDeleted) and the cache still shows it: nothing
+// is granted while the deletion is pending. A DELETE fencer admitted may
+// still not happen (another webhook or policy refused it); so once the
+// record is DeletionGrace old and the apiserver still has this Lease, not
+// being deleted, the record is lifted and the Lease is granted again.
+func (r *LeaseReconciler) deletionPending(ctx context.Context, lease *fencerv1.Lease, now time.Time, out *outcome) error {
+	d, err := r.Store.DeletionOf(ctx, lease.Namespace, lease.Name, string(lease.UID))
+	if err != nil {
+		return err
+	}
+	if d == nil { // the record expired or was lifted since the grant
+		out.result.RequeueAfter = time.Millisecond
+		return nil
+	}
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonDeleting, fmt.Sprintf(
+		"a DELETE of this Lease was admitted at %s and its grant released; nothing is granted while the deletion is pending",
+		d.At.UTC().Format(time.RFC3339)))
+	if wait := d.At.Add(r.deletionGrace()).Sub(now); wait > 0 {
+		out.result.RequeueAfter = wait
+		return nil
+	}
+	if there, err := r.notBeingDeleted(ctx, lease); err != nil || !there {
+		out.result.RequeueAfter = time.Second // gone or going: the cache will show it
+		return err
+	}
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonDeleting,
+		"the DELETE admitted at %s never happened (the Lease is still here, not being deleted): it is granted again", d.At.UTC().Format(time.RFC3339))
+	out.result.RequeueAfter = time.Millisecond
+	return r.Store.ForgetDeletion(ctx, d)
+}
+
+func (r *LeaseReconciler) deletionGrace() time.Duration {
+	if r.DeletionGrace > 0 {
+		return r.DeletionGrace
+	}
+	return DefaultDeletionGrace
+}
+
+// notBeingDeleted asks the apiserver, not the cache, whether this very
+// Lease object (its UID) is still there with no deletionTimestamp.
+func (r *LeaseReconciler) notBeingDeleted(ctx context.Context, lease *fencerv1.Lease) (bool, error) {
+	reader := client.Reader(r.Client)
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
+	now := &fencerv1.Lease{}
+	err := reader.Get(ctx, client.ObjectKeyFromObject(lease), now)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return now.UID == lease.UID && now.DeletionTimestamp.IsZero(), nil
+}
+
+// dropPredecessorGrant releases a grant that etcd holds for an earlier
+// Lease object of the same name: one deleted without fencer releasing it
+// (no webhook was there to admit its DELETE, and no controller saw it go
+// before the new one came, as with kubectl replace --force). The new Lease
+// never takes it on; the next pass grants it anew, with a greater token.
+func (r *LeaseReconciler) dropPredecessorGrant(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonPredecessorGrant,
+		"etcd held token %d, granted to %s for an earlier Lease of this name (UID %s); it is released, and this Lease granted anew", g.Token, g.Holder, g.LeaseUID)
+	ctrl.LoggerFrom(ctx).Info("releasing the grant of an earlier Lease of this name", "token", g.Token, "leaseUID", g.LeaseUID)
+	out.result.RequeueAfter = time.Millisecond
+	if err := r.endGrant(ctx, lease, g); err != nil {
+		return err
+	}
+	r.mem.dropped(etcdkeys.LeaseKey(r.Store.Prefix(), lease.Namespace, lease.Name))
+	return nil
 }
 
 // gone releases what a Lease that no longer exists left behind (releaseAll).

@@ -44,7 +44,7 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 		return nil, nil
 	}
 	ttl := time.Duration(lease.Spec.TTLSeconds) * time.Second
-	g, err := r.Store.GrantLease(ctx, lease.Namespace, lease.Name, next.Name, string(next.UID), ttl, now)
+	g, err := r.Store.GrantLease(ctx, lease.Namespace, lease.Name, string(lease.UID), next.Name, string(next.UID), ttl, now)
 	switch {
 	case err == nil:
 		r.granted(lease, key, g, now, out)
@@ -55,6 +55,8 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 	case errors.Is(err, etcdstore.ErrNotLeader):
 		out.result.RequeueAfter = time.Second
 		err = nil
+	case errors.Is(err, etcdstore.ErrLeaseDeleted):
+		err = r.deletionPending(ctx, lease, now, out)
 	}
 	r.mem.noGrant(key, true)
 	return nil, err

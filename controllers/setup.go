@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -24,6 +25,10 @@ type Options struct {
 	// LeaseWorkers is how many Leases are reconciled at once; 0 means
 	// DefaultLeaseWorkers.
 	LeaseWorkers int
+	// LeaseDeletionGrace is how long a Lease whose DELETE fencer's webhook
+	// admitted stays ungranted before the controller checks that the delete
+	// happened; 0 means DefaultDeletionGrace.
+	LeaseDeletionGrace time.Duration
 	// Clock is the reconcilers' clock; nil means the real one.
 	Clock clock.Clock
 	// Identity, when set, gives namespaces their etcd identities; its
@@ -50,6 +55,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 		leases.Workers = DefaultLeaseWorkers
 	}
 	leases.APIReader = mgr.GetAPIReader()
+	leases.DeletionGrace = o.LeaseDeletionGrace
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}

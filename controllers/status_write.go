@@ -15,14 +15,14 @@ import (
 
 // runPass is the skeleton of a reconcile, shared by the Lease and IDRange
 // reconcilers: an object being deleted is finalized; otherwise it gets its
-// finalizer, pass sets its status and returns the rest of the outcome, and
-// finish writes the status once.
+// finalizer (none if finalizer is ""), pass sets its status and returns the
+// rest of the outcome, and finish writes the status once.
 func runPass(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, finalizer string,
 	finalize func(context.Context) (ctrl.Result, error), pass func(context.Context) (outcome, error)) (ctrl.Result, error) {
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return finalize(ctx)
 	}
-	if controllerutil.AddFinalizer(obj, finalizer) {
+	if finalizer != "" && controllerutil.AddFinalizer(obj, finalizer) {
 		if err := c.Update(ctx, obj); err != nil {
 			return requeueOnConflict(err)
 		}

@@ -245,6 +245,16 @@ const (
 	// --bump-revision. Granting would reissue old tokens, so the controller
 	// refuses until etcd's revision passes the highest token issued.
 	ReasonEtcdRevisionRegressed = "EtcdRevisionRegressed"
+	// ReasonDeleting: fencer's webhook admitted a DELETE of this Lease and
+	// released its grant; nothing is granted while the deletion is
+	// pending. If the apiserver did not carry the delete out (another
+	// admission check refused it), the Lease is granted again once the
+	// controller has confirmed it is still there (docs/concepts.md).
+	ReasonDeleting = "Deleting"
+	// ReasonPredecessorGrant (an Event): etcd held a grant made for an
+	// earlier Lease object of the same name, deleted without fencer
+	// releasing it; it was released, and this Lease granted anew.
+	ReasonPredecessorGrant = "PredecessorGrant"
 )
 
 // Lease grants exclusive, fenced tenure to one pod among the pods its

@@ -37,8 +37,11 @@ const (
 	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
 	IDRangeAnnotationPrefix = "idrange.fencer.io/"
 
-	// LeaseFinalizer makes the controller release a Lease's etcd key before
-	// the Lease goes away.
+	// LeaseFinalizer made the controller release a Lease's etcd key before
+	// the Lease went away. The controller no longer adds it (the webhook
+	// releases the grant as it admits the Lease's DELETE); it still
+	// finalizes Leases that carry it, as earlier versions and the opt-in
+	// finalizer policy set it.
 	LeaseFinalizer = "fencer.io/release"
 	// IDRangeFinalizer makes the controller release slots before an IDRange
 	// goes.
@@ -96,4 +99,8 @@ const (
 	// Lease's status records as issued since, so it is stale whoever holds
 	// the lease now; refused without reading etcd.
 	DenialSuperseded DenialReason = "SupersededToken"
+	// DenialLeaseReplaced: etcd's live grant was made for another Lease
+	// object of the same name (the Lease was deleted and created again),
+	// not the one the write's label names now.
+	DenialLeaseReplaced DenialReason = "LeaseReplaced"
 )

@@ -40,8 +40,13 @@ type Grant struct {
 
 // GrantValue is the JSON stored at a lease key (docs/concepts.md).
 type GrantValue struct {
-	Holder    string    `json:"holder"`
-	HolderUID string    `json:"holderUID"`
+	Holder    string `json:"holder"`
+	HolderUID string `json:"holderUID"`
+	// LeaseUID is the UID of the Lease object the grant was made for, so
+	// that a Lease deleted and created again under the same name never
+	// takes on its predecessor's grant. Empty in grants made before
+	// fencer recorded it.
+	LeaseUID  string    `json:"leaseUID,omitempty"`
 	LeaseID   int64     `json:"leaseID"`
 	GrantTime time.Time `json:"grantTime"`
 	TTL       int64     `json:"ttlSeconds"`
@@ -152,10 +157,12 @@ func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {
 }
 
 // GrantLease creates the lease key for holder, attached to a new etcd lease
-// of ttl, in one transaction that also checks this controller's term and that
-// the key is absent. It returns ErrHeld if someone holds the lease, and
-// ErrNotLeader if this controller has been deposed.
-func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderUID string, ttl time.Duration, now time.Time) (g *Grant, err error) {
+// of ttl, in one transaction that also checks this controller's term, that
+// the key is absent, and that the Lease object (leaseUID) has not been
+// deleted (DeletedLeaseKey). It returns ErrHeld if someone holds the lease,
+// ErrLeaseDeleted if the Lease's deletion was admitted, and ErrNotLeader if
+// this controller has been deposed.
+func (s *Store) GrantLease(ctx context.Context, namespace, name, leaseUID, holder, holderUID string, ttl time.Duration, now time.Time) (g *Grant, err error) {
 	defer s.timed("grant")(&err)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -169,26 +176,42 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, holder, holderU
 	// CreateRevision as its ModRevision: how readers tell this grant from
 	// a key someone else re-created.
 	marker := clientv3.OpPut(etcdkeys.GrantMarkerKey(s.prefix, namespace, name), "")
+	deleted := etcdkeys.DeletedLeaseKey(s.prefix, namespace, name, leaseUID)
+	notDeleted := []clientv3.Cmp{clientv3.Compare(clientv3.Version(deleted), "=", 0)}
 	resp, ok, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
-		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
+		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseUID: leaseUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
 		raw, err := json.Marshal(val)
 		return string(raw), err
-	}, marker)
+	}, notDeleted, marker)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, ErrHeld
+		return nil, s.whyNotGranted(ctx, deleted)
 	}
 	return &Grant{Token: resp.Header.Revision, LeaseID: leaseID, GrantValue: val}, nil
 }
 
+// whyNotGranted tells a grant refused because the Lease object was deleted
+// (ErrLeaseDeleted) from one refused because the key is held (ErrHeld).
+func (s *Store) whyNotGranted(ctx context.Context, deletedKey string) error {
+	resp, err := s.cli.Get(ctx, deletedKey, clientv3.WithCountOnly())
+	switch {
+	case err != nil:
+		return err
+	case resp.Count > 0:
+		return ErrLeaseDeleted
+	}
+	return ErrHeld
+}
+
 // createLeased is the write behind every grant and slot: it takes a new etcd
 // lease of ttl and, in one transaction fenced by term, creates key with the
-// value made for that lease, only if key is absent (ok false: it exists).
+// value made for that lease, only if key is absent (ok false: it exists)
+// and every comparison in cmps holds.
 // The etcd lease is revoked unless the key was created, so a failed attempt
 // leaves nothing behind.
-func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error), also ...clientv3.Op) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
+func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error), cmps []clientv3.Cmp, also ...clientv3.Op) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
 	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, false, 0, err
@@ -198,7 +221,7 @@ func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl tim
 		s.Revoke(lease.ID)
 		return nil, false, 0, err
 	}
-	resp, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+	resp, ok, err := term.commit(ctx, s.cli, append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, cmps...),
 		append([]clientv3.Op{clientv3.OpPut(key, val, clientv3.WithLease(lease.ID))}, also...)...)
 	if !ok {
 		s.Revoke(lease.ID)

@@ -24,7 +24,7 @@ func TestLiveReaderReadsAfterArrival(t *testing.T) {
 	ctx := context.Background()
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
-	g, err := s.GrantLease(ctx, "ns", "l", "pod-a", "uid-a", 30*time.Second, time.Now())
+	g, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 30*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestLiveReaderPipelinesThenBatches(t *testing.T) {
 	tokens := map[string]int64{}
 	for i := range 10 {
 		name := fmt.Sprintf("l%d", i)
-		g, err := s.GrantLease(ctx, "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
+		g, err := s.GrantLease(ctx, "ns", name, "lease-uid", "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,7 +283,7 @@ func grantMany(t *testing.T, s *Store, n int) map[string]int64 {
 	tokens := map[string]int64{}
 	for i := range n {
 		name := fmt.Sprintf("l%d", i)
-		g, err := s.GrantLease(context.Background(), "ns", name, "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
+		g, err := s.GrantLease(context.Background(), "ns", name, "lease-uid", "pod-"+name, "uid-"+name, 30*time.Second, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -75,7 +75,7 @@ func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max 
 			return nil, err
 		}
 		resp, ok, leaseID, err := s.createLeased(ctx, term, etcdkeys.SlotKey(s.prefix, namespace, name, n), ttl,
-			func(*clientv3.LeaseGrantResponse) (string, error) { return string(val), nil })
+			func(*clientv3.LeaseGrantResponse) (string, error) { return string(val), nil }, nil)
 		if err != nil {
 			return nil, err
 		}

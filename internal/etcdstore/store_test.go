@@ -49,7 +49,7 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
 
-	g, err := s.GrantLease(ctx, "ns", "l", "pod-a", "uid-a", 10*time.Second, time.Now())
+	g, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 10*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 	if kv := resp.Kvs[0]; kv.CreateRevision != g.Token || clientv3.LeaseID(kv.Lease) != g.LeaseID {
 		t.Fatalf("token %d / lease %d, but the key has CreateRevision %d / lease %d", g.Token, g.LeaseID, kv.CreateRevision, kv.Lease)
 	}
-	if _, err := s.GrantLease(ctx, "ns", "l", "pod-b", "uid-b", 10*time.Second, time.Now()); !errors.Is(err, ErrHeld) {
+	if _, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 10*time.Second, time.Now()); !errors.Is(err, ErrHeld) {
 		t.Fatalf("second grant: %v, want ErrHeld", err)
 	}
 	got, err := s.GetGrant(ctx, "ns", "l")
@@ -93,7 +93,7 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	g2, err := s.GrantLease(ctx, "ns", "l", "pod-b", "uid-b", 10*time.Second, time.Now())
+	g2, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 10*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestDeposedControllerCannotGrant(t *testing.T) {
 	ctx := context.Background()
 	old, oldSession := win(t, cli, "old")
 	oldStore := NewStore(cli, DefaultPrefix, old, nil)
-	g, err := oldStore.GrantLease(ctx, "ns", "held", "pod-a", "uid-a", 30*time.Second, time.Now())
+	g, err := oldStore.GrantLease(ctx, "ns", "held", "lease-uid", "pod-a", "uid-a", 30*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestDeposedControllerCannotGrant(t *testing.T) {
 		t.Fatal("the old elector must still believe it leads for this test to mean anything")
 	}
 
-	if _, err := oldStore.GrantLease(ctx, "ns", "other", "pod-b", "uid-b", 30*time.Second, time.Now()); !errors.Is(err, ErrNotLeader) {
+	if _, err := oldStore.GrantLease(ctx, "ns", "other", "lease-uid", "pod-b", "uid-b", 30*time.Second, time.Now()); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("deposed grant: %v, want ErrNotLeader", err)
 	}
 	if err := oldStore.Release(ctx, "ns", "held", g); !errors.Is(err, ErrNotLeader) {
@@ -135,7 +135,7 @@ func TestDeposedControllerCannotGrant(t *testing.T) {
 		t.Fatalf("deposed controller wrote a grant: %+v", got)
 	}
 	newStore := NewStore(cli, DefaultPrefix, nu, nil)
-	if _, err := newStore.GrantLease(ctx, "ns", "other", "pod-b", "uid-b", 30*time.Second, time.Now()); err != nil {
+	if _, err := newStore.GrantLease(ctx, "ns", "other", "lease-uid", "pod-b", "uid-b", 30*time.Second, time.Now()); err != nil {
 		t.Fatalf("the new leader cannot grant: %v", err)
 	}
 	if err := newStore.Release(ctx, "ns", "held", g); err != nil {
@@ -182,7 +182,7 @@ func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
 	el, _ := win(t, cli, "c1")
 	s := NewStore(cli, DefaultPrefix, el, nil)
 	ctx := context.Background()
-	g, err := s.GrantLease(ctx, "ns", "job", "p", "uid", 30*time.Second, time.Now())
+	g, err := s.GrantLease(ctx, "ns", "job", "lease-uid", "p", "uid", 30*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,6 +122,9 @@ func orNone(s string) string {
 // allowed.
 func decide(w write, lease *fencerv1.Lease, live etcdstore.Live) *Denial {
 	f := facts{w: w, live: live}
+	if d := checkSameLease(f, lease); d != nil {
+		return d
+	}
 	if w.tokenless != "" {
 		return decideTokenless(f, lease)
 	}
@@ -213,6 +216,19 @@ func checkRegressed(f facts, lease *fencerv1.Lease) *Denial {
 	if g := f.live.Grant; g != nil && g.Token < lease.Status.HighestToken() {
 		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
 			f.w.leaseRef, g.Token, lease.Status.HighestToken())
+	}
+	return nil
+}
+
+// checkSameLease refuses every write under a grant made for another Lease
+// object of the same name: one deleted while its grant lived (with no
+// fencer webhook to release it at the DELETE), or, to a view behind the
+// apiserver, the Lease created in its place. Either way the Lease the
+// write is judged against is not the one the token was issued for.
+func checkSameLease(f facts, lease *fencerv1.Lease) *Denial {
+	if g := f.live.Grant; g != nil && g.LeaseUID != "" && g.LeaseUID != string(lease.UID) {
+		return f.deny(fencerv1.DenialLeaseReplaced, "lease %s: etcd's grant (token %d) was made for another Lease object of this name (UID %s), not this one (UID %s): the Lease was deleted and created again; no write is accepted until fencer grants this Lease",
+			f.w.leaseRef, g.Token, g.LeaseUID, lease.UID)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -27,6 +28,20 @@ func held(tok, rev int64) etcdstore.Live {
 }
 
 var unheld = etcdstore.Live{Revision: 100}
+
+// heldFor is held(tok, rev) with the grant made for the Lease object uid.
+func heldFor(uid string, tok, rev int64) etcdstore.Live {
+	l := held(tok, rev)
+	l.Grant.LeaseUID = uid
+	return l
+}
+
+// testLeaseUID is testLease with the object's UID set.
+func testLeaseUID(uid string, bind bool) *fencerv1.Lease {
+	l := testLease(fencerv1.PolicyCurrent, bind)
+	l.UID = types.UID(uid)
+	return l
+}
 
 // leaseIssued is a Lease whose status records token as its last grant.
 func leaseIssued(policy fencerv1.FencingPolicy, token int64) *fencerv1.Lease {
@@ -102,6 +117,13 @@ func TestDecide(t *testing.T) {
 			"fencer: a DELETE cannot carry a fencing token, so it is refused on an object fenced by lease default/report: first unfence the object with a write that sends the live token in fencer.io/token and removes the label fencer.io/lease, then repeat this request ["},
 		{"tokenless write with the live token's holder name but no bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLease(fencerv1.PolicyCurrent, false), held(42, 50), fencerv1.DenialTokenless, "cannot carry"},
 		{"tokenless write from the holder under bindIdentity", write{tokenless: "a UPDATE of the status subresource", user: podUser("reporter-b", "uid-b")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), "", ""},
+		{"the grant of this very Lease object passes", write{offered: "42"}, testLeaseUID("uid-l", false), heldFor("uid-l", 42, 50), "", ""},
+		{"a grant made before grants recorded their Lease passes", write{offered: "42"}, testLeaseUID("uid-l", false), held(42, 50), "", ""},
+		{"a grant of another Lease object of the same name", write{offered: "42"}, testLeaseUID("uid-new", false), heldFor("uid-old", 42, 50), fencerv1.DenialLeaseReplaced,
+			"fencer: lease default/report: etcd's grant (token 42) was made for another Lease object of this name (UID uid-old), not this one (UID uid-new)"},
+		{"a grant of another Lease object, under Monotonic", write{offered: "42"}, leaseIssued(fencerv1.PolicyMonotonic, 42), heldFor("uid-old", 42, 50), fencerv1.DenialLeaseReplaced, "another Lease object"},
+		{"a grant of another Lease object, tokenless from its holder", write{tokenless: "a DELETE", user: podUser("reporter-b", "uid-b")}, testLeaseUID("uid-new", true), heldFor("uid-old", 42, 50),
+			fencerv1.DenialLeaseReplaced, "another Lease object"},
 		{"tokenless write from another pod under bindIdentity", write{tokenless: "a DELETE", user: podUser("reporter-a", "uid-a")}, testLease(fencerv1.PolicyCurrent, true), held(42, 50), fencerv1.DenialTokenless,
 			"or send it from the holder pod's own service-account token"},
 	}

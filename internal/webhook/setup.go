@@ -13,8 +13,9 @@ import (
 
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=get;list;watch
 
-// Register serves the fencing webhooks (RecordPath, Path, ParentPath) and
-// the Lease status guard (LeaseStatusPath) on mgr's webhook server. Every
+// Register serves the fencing webhooks (RecordPath, Path, ParentPath), the
+// Lease deletion webhook (LeaseDeletePath) and the Lease status guard
+// (LeaseStatusPath) on mgr's webhook server. Every
 // replica serves them, leader or not: the live token comes from etcd.
 func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exempt Exempt) error {
 	me, err := WhoAmI(ctx, mgr.GetConfig())
@@ -36,6 +37,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
 	srv.Register(Path, &Review{Handler: admission.HandlerFunc(f.Validate)})
 	srv.Register(ParentPath, &Review{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
+	srv.Register(LeaseDeletePath, &Review{Handler: &LeaseDeletion{Store: store}})
 	// The Lease status guard is now the chart's ValidatingAdmissionPolicy.
 	// Its webhook path is still served for the webhook configurations of
 	// earlier versions (an install upgraded with kubectl apply, which

@@ -90,6 +90,34 @@ func GrantMarkerKey(prefix, namespace, name string) string {
 // GrantMarkersPrefix is the prefix every GrantMarkerKey starts with.
 func GrantMarkersPrefix(prefix string) string { return join(prefix, "grants") + "/" }
 
+// DeletedLeaseKey records that the Lease object with this UID is deleted:
+// fencer's webhook writes it as it admits the Lease's DELETE, in the
+// transaction that releases the Lease's grant, and no grant is made for that
+// UID while it exists. It lies outside every namespace's etcd permissions.
+func DeletedLeaseKey(prefix, namespace, name, uid string) string {
+	return DeletedLeasePrefix(prefix, namespace, name) + uid
+}
+
+// DeletedLeasePrefix is the prefix of the DeletedLeaseKeys of every Lease
+// object that had this namespace and name.
+func DeletedLeasePrefix(prefix, namespace, name string) string {
+	return join(prefix, "deleted", namespace, name) + "/"
+}
+
+// DeletedLeasesPrefix is the prefix every DeletedLeaseKey starts with.
+func DeletedLeasesPrefix(prefix string) string { return join(prefix, "deleted") + "/" }
+
+// ParseDeletedLeaseKey splits a DeletedLeaseKey below prefix into the
+// Lease's namespace, name and UID.
+func ParseDeletedLeaseKey(prefix, key string) (namespace, name, uid string, ok bool) {
+	rest, found := strings.CutPrefix(key, DeletedLeasesPrefix(prefix))
+	parts := strings.Split(rest, "/")
+	if !found || len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
 // LeaderKey is the etcd election key of the active controller.
 func LeaderKey(prefix string) string { return join(prefix, "controller", "leader") }
 

@@ -14,6 +14,7 @@ func TestLayout(t *testing.T) {
 		SlotKey("/p", "ns", "ids", 7):                  "/p/idranges/ns/ids/slots/7",
 		IDRangeConsumedKey("/p", "ns", "ids", 1000):    "/p/idranges/ns/ids/consumed/1000",
 		LeaderKey("/p"):                                "/p/controller/leader",
+		DeletedLeaseKey("/p", "ns", "report", "u-1"):   "/p/deleted/ns/report/u-1",
 		LeaseKey(OrDefault(""), "ns", "report"):        "/fencer/leases/ns/report",
 		LeaseKey(OrDefault("/custom"), "ns", "report"): "/custom/leases/ns/report",
 	} {
@@ -43,6 +44,26 @@ func FuzzParseLeaseKey(f *testing.F) {
 		}
 		if got := LeaseKey(prefix, ns, name); got != key {
 			t.Fatalf("ParseLeaseKey(%q, %q) = %q, %q, which rebuilds %q", prefix, key, ns, name, got)
+		}
+	})
+}
+
+// FuzzParseDeletedLeaseKey: any key either parses into a namespace, name
+// and UID that rebuild exactly the same key, or is refused; it never panics.
+func FuzzParseDeletedLeaseKey(f *testing.F) {
+	for _, seed := range []string{"/fencer/deleted/ns/a/u", "/fencer/deleted/ns/a", "/fencer/deleted/ns/a/u/x", "/fencer/deleted//a/u", "/fencer/deleted/ns/a/", ""} {
+		f.Add("/fencer", seed)
+	}
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		ns, name, uid, ok := ParseDeletedLeaseKey(prefix, key)
+		if !ok {
+			return
+		}
+		if ns == "" || name == "" || uid == "" || strings.ContainsRune(ns+name+uid, '/') {
+			t.Fatalf("ParseDeletedLeaseKey(%q, %q) = %q, %q, %q: parts must be non-empty and slash-free", prefix, key, ns, name, uid)
+		}
+		if got := DeletedLeaseKey(prefix, ns, name, uid); got != key {
+			t.Fatalf("ParseDeletedLeaseKey(%q, %q) = %q, %q, %q, which rebuilds %q", prefix, key, ns, name, uid, got)
 		}
 	})
 }

@@ -221,10 +221,12 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 }
 
 // A held Lease deleted and created again at once under the same name (what
-// kubectl replace --force does) never carries the old grant on: the old
-// Lease stays until its grant is released (its finalizer), so the new one
-// grants afresh, with a greater token. Without the finalizer the new Lease
-// found the old grant in etcd and kept it, token and all.
+// kubectl replace --force does) never carries the old grant on, even with
+// no webhook to release it at the DELETE (this package runs none): the
+// grant records the UID of the Lease it was made for, so the controller
+// releases the old Lease's grant and grants the new one afresh, with a
+// greater token. Before grants recorded it, the new Lease found the old
+// grant in etcd and kept it, token and all.
 func TestLeaseReplacedAtOnceGrantsAGreaterToken(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
@@ -237,9 +239,32 @@ func TestLeaseReplacedAtOnceGrantsAGreaterToken(t *testing.T) {
 	eventually(t, 30*time.Second, "the Lease created again", func() error {
 		return k8s.Create(context.Background(), newLease(ns, "job", "w", 30)) // AlreadyExists while it terminates
 	})
-	if etcd := etcdToken(t, ns, "job"); etcd == st.Token {
-		t.Fatalf("the new Lease's etcd key is the old grant (token %d)", etcd)
+	if again := heldBy(t, ns, "job"); again.Token <= st.Token {
+		t.Fatalf("the Lease created again holds token %d, not above the old Lease's %d", again.Token, st.Token)
 	}
+}
+
+// The same while no manager runs: the next one finds only the new Lease,
+// and etcd still holding the old one's grant under its name (nothing
+// sweeps it: a Lease of that name exists). The grant's Lease UID is all
+// that tells them apart.
+func TestLeaseReplacedWhileNoManagerRan(t *testing.T) {
+	stop := startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 30))
+	st := heldBy(t, ns, "job")
+	stop()
+	if err := k8s.Delete(context.Background(), getLease(t, ns, "job")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the Lease created again", func() error {
+		return k8s.Create(context.Background(), newLease(ns, "job", "w", 30))
+	})
+	if etcdToken(t, ns, "job") != st.Token {
+		t.Fatal("the old grant is gone before any manager saw the replacement: the test proves nothing")
+	}
+	startController(t, "c2")
 	if again := heldBy(t, ns, "job"); again.Token <= st.Token {
 		t.Fatalf("the Lease created again holds token %d, not above the old Lease's %d", again.Token, st.Token)
 	}

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -181,9 +182,13 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 	// A member Lease's label removed (by anyone who may edit Leases): the
 	// WorkloadLease still finds it by its controller reference, and puts
 	// the label back.
-	l2 := getLease(t, ns, "web-2")
-	delete(l2.Labels, "fencer.io/workloadlease")
-	if err := k8s.Update(ctx, l2); err != nil {
+	// The controller writes the new member's status meanwhile: retry on
+	// a conflict, as kubectl edit would.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l2 := getLease(t, ns, "web-2")
+		delete(l2.Labels, "fencer.io/workloadlease")
+		return k8s.Update(ctx, l2)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "web-2's label put back", func() error {
@@ -192,7 +197,7 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		}
 		return nil
 	})
-	l2 = getLease(t, ns, "web-2")
+	l2 := getLease(t, ns, "web-2")
 	delete(l2.Labels, "fencer.io/workloadlease")
 	if err := k8s.Update(ctx, l2); err != nil {
 		t.Fatal(err)

@@ -49,8 +49,11 @@ type Fencer struct {
 	// on, as the chart runs it; EtcdCli connects as the manager.
 	EtcdPKI *devcluster.EtcdPKI
 	EtcdCli *clientv3.Client
-	dir     string
-	nsSeq   atomic.Int32
+	// LeaseDeletionGrace is the controllers' LeaseDeletionGrace in the
+	// managers StartController starts from then on (0: the default).
+	LeaseDeletionGrace time.Duration
+	dir                string
+	nsSeq              atomic.Int32
 }
 
 // StartFencer starts everything; stop it with Stop. With webhook true the
@@ -176,7 +179,7 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, metrics.ObserveEtcd)
 	store.Log = ctrl.Log.WithName("etcd")
 	id := &controllers.IdentityReconciler{Etcd: cli, CA: f.EtcdPKI.CA, Prefix: etcdkeys.DefaultPrefix, Endpoints: []string{f.Etcd.Endpoint}, SecretName: "fencer-etcd-client"}
-	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id}); err != nil {
+	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id, LeaseDeletionGrace: f.LeaseDeletionGrace}); err != nil {
 		t.Fatal(err)
 	}
 	if serveWebhook {

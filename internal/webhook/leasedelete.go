@@ -1,0 +1,89 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+)
+
+// LeaseDeletePath is where the manager serves the Lease deletion webhook.
+const LeaseDeletePath = "/validate-lease-delete"
+
+// DeletedReleaser releases a deleted Lease's grant
+// (etcdstore.Store.ReleaseDeleted).
+type DeletedReleaser interface {
+	ReleaseDeleted(ctx context.Context, namespace, name, uid string, at time.Time) (*etcdstore.Grant, error)
+}
+
+// LeaseDeletion releases a Lease's grant in etcd as the apiserver admits the
+// Lease's DELETE, before the Lease is gone, and records the deletion so that
+// the controller, whose cache may still show the Lease, grants it to no one
+// again. So a Lease's absence always follows its grant's release, as a
+// finalizer would make it, without the write a finalizer costs per Lease:
+// no write is accepted under a Lease that no longer exists, and a Lease
+// created again under the same name never finds the old grant.
+//
+// It refuses the DELETE only when etcd cannot be reached (503): the Lease
+// then stays, held, as it would behind a finalizer, until etcd is back.
+type LeaseDeletion struct {
+	Store DeletedReleaser
+	// Now is the clock the deletion is recorded with; nil means time.Now.
+	Now func() time.Time
+}
+
+// Handle releases the grant of the Lease being deleted and admits the
+// DELETE. A dry run releases nothing (the webhook declares
+// sideEffects: NoneOnDryRun).
+func (d *LeaseDeletion) Handle(ctx context.Context, req admission.Request) admission.Response {
+	// Only a Lease's own DELETE: a webhook configuration that sent other
+	// deletes here must not release the grant of a Lease that merely
+	// shares their name.
+	if req.Operation != admissionv1.Delete || req.SubResource != "" || req.Resource.Group != fencerv1.GroupVersion.Group || req.Resource.Resource != "leases" {
+		return admission.Allowed("")
+	}
+	if req.DryRun != nil && *req.DryRun {
+		return admission.Allowed("dry run: the grant stays")
+	}
+	uid, err := objectUID(req.OldObject.Raw)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf(
+			"fencer: the DELETE of lease %s/%s came without the Lease object (oldObject), so fencer cannot tell which Lease's grant to release: %w", req.Namespace, req.Name, err))
+	}
+	now := time.Now
+	if d.Now != nil {
+		now = d.Now
+	}
+	if _, err := d.Store.ReleaseDeleted(ctx, req.Namespace, req.Name, uid, now()); err != nil {
+		return admission.Errored(http.StatusServiceUnavailable, fmt.Errorf(
+			"fencer: cannot release the grant of lease %s/%s in etcd before it is deleted (%w); the delete is refused so that no write is accepted under the grant of a Lease that is gone; retry once etcd is reachable", req.Namespace, req.Name, err))
+	}
+	return admission.Allowed("")
+}
+
+// objectUID reads metadata.uid from a JSON object; an object without one
+// is an error.
+func objectUID(raw []byte) (string, error) {
+	if len(raw) == 0 {
+		return "", fmt.Errorf("no object")
+	}
+	var obj struct {
+		Metadata struct {
+			UID string `json:"uid"`
+		} `json:"metadata"`
+	}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &obj); err != nil {
+		return "", err
+	}
+	if obj.Metadata.UID == "" {
+		return "", fmt.Errorf("its metadata.uid is empty")
+	}
+	return obj.Metadata.UID, nil
+}
