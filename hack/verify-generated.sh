@@ -6,7 +6,7 @@
 # fresh clone and on a work tree with uncommitted edits alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-generated=(config/crd config/rbac config/default/fencer.yaml config/policy api/v1alpha1/zz_generated.deepcopy.go charts/fencer/templates/crds charts/fencer/templates/clusterrole.yaml charts/fencer/README.md)
+generated=(config/crd config/rbac config/default/fencer.yaml api/v1alpha1/zz_generated.deepcopy.go charts/fencer/templates/crds charts/fencer/templates/clusterrole.yaml charts/fencer/README.md)
 
 snapshot() { find "${generated[@]}" -type f 2>/dev/null | sort | xargs -r sha256sum; }
 before=$(snapshot)

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -67,8 +65,8 @@ func scaleRuns() []scaleRun {
 // Leases it also times a Blocks IDRange over the same 1,000 pods.
 func TestScale(t *testing.T) {
 	bin := managerBinary(t)
-	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process; the chart's Lease finalizer policy installed unless SCALE_FINALIZER_POLICY=0 (here: %v); tokenDelivery %q (SCALE_DELIVERY; empty: the default, PodAnnotations)\n",
-		os.Getenv("SCALE_FINALIZER_POLICY") != "0", os.Getenv("SCALE_DELIVERY"))
+	fmt.Printf("\nScale: n Leases (ttlSeconds 15), one Ready pod each; manager as its own process; tokenDelivery %q (SCALE_DELIVERY; empty: the default, PodAnnotations)\n",
+		os.Getenv("SCALE_DELIVERY"))
 	fmt.Printf("%7s %-8s %12s %12s %14s %10s %12s %14s\n", "leases", "limits", "create", "all held", "steady CPU", "RSS", "max RSS", "etcd req/s")
 	for _, r := range scaleRuns() {
 		scaleOnce(t, bin, r)
@@ -93,9 +91,6 @@ func scaleOnce(t *testing.T, bin string, run scaleRun) {
 	fast.QPS, fast.Burst = 5000, 10000
 	if f.Client, err = client.New(fast, client.Options{Scheme: f.Env.Scheme}); err != nil {
 		t.Fatal(err)
-	}
-	if os.Getenv("SCALE_FINALIZER_POLICY") != "0" {
-		installFinalizerPolicy(t, ctx, f.Client)
 	}
 	ns := "scale"
 	if err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -253,24 +248,18 @@ func scaleLease(ns string, i int) *fencerv1.Lease {
 // bareCreates is T_bare: the time the apiserver takes for n bare Lease
 // creates with no manager running, sent as the run's creates are (the same
 // client, 16 at a time), into a namespace of their own. Their creates pass
-// the same admission as the run's (the finalizer policy, when installed,
-// included). They are deleted again, finalizers first, before the manager
-// starts, so the run's figures do not include them.
+// the same admission as the run's (no webhook receives a Lease CREATE).
+// They are deleted again before the manager starts, so the run's figures
+// do not include them. The namespace is kube-system, which the Lease
+// deletion webhook skips: with no manager running, nothing would answer it.
 func bareCreates(t *testing.T, ctx context.Context, c client.Client, n int) time.Duration {
 	t.Helper()
-	const ns = "scale-bare"
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = "kube-system"
 	start := time.Now()
 	parallel(n, 16, func(i int) error {
 		return c.Create(ctx, scaleLease(ns, i))
 	})
 	took := time.Since(start)
-	// The finalizer policy, when installed, put fencer's finalizer on them.
-	parallel(n, 16, func(i int) error {
-		return c.Patch(ctx, scaleLease(ns, i), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
-	})
 	if err := c.DeleteAllOf(ctx, &fencerv1.Lease{}, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
@@ -704,21 +693,3 @@ func profileAPIServer(t *testing.T, cfg *rest.Config, name string) <-chan struct
 	return done
 }
 
-// installFinalizerPolicy installs the chart's Lease finalizer policy (on
-// Kubernetes 1.36 and later the apiserver sets each Lease's finalizer as
-// it is created) and waits until it acts: the apiserver loads policies
-// asynchronously, and a dry-run create shows when.
-func installFinalizerPolicy(t *testing.T, ctx context.Context, c client.Client) {
-	t.Helper()
-	if _, err := testenv.CreateFromFile(ctx, c, testenv.LeaseFinalizerPolicy); err != nil {
-		t.Fatal(err)
-	}
-	waitAll(t, 60*time.Second, func() (int, error) {
-		probe := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "default"},
-			Spec: fencerv1.LeaseSpec{TTLSeconds: 15, HolderSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}}}}
-		if err := c.Create(ctx, probe, client.DryRunAll); err != nil || !slices.Contains(probe.Finalizers, fencerv1.LeaseFinalizer) {
-			return 0, nil
-		}
-		return 1, nil
-	}, 1)
-}

@@ -108,13 +108,6 @@ func TestInstallDocCommands(t *testing.T) {
 			uninstall()
 			run(c)
 			removeKustomizeInstall(t)
-		case c == "kubectl apply -k config/policy":
-			// The opt-in Lease finalizer policy on its own (this apiserver
-			// is 1.36 or later).
-			uninstall()
-			run(c)
-			tool(t, "kubectl", "get", "mutatingadmissionpolicy,mutatingadmissionpolicybinding", "fencer-lease-finalizer")
-			tool(t, "kubectl", "delete", "-k", "config/policy")
 		case strings.HasPrefix(c, "helm upgrade "):
 			if !installed {
 				run(firstInstall)

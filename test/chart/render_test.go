@@ -143,28 +143,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 	}
 }
 
-// The Lease finalizer policy is opt-in, renders only where the apiserver
-// serves MutatingAdmissionPolicy, and an install that serves some
-// namespaces scopes it to them: a Lease elsewhere must not get a finalizer
-// no controller of this install would remove.
-func TestLeaseFinalizerPolicyRendering(t *testing.T) {
-	const mapKind = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
-	if n := len(find(render(t, "--set", "leaseFinalizerPolicy.enabled=true"), "MutatingAdmissionPolicy")); n != 0 {
-		t.Errorf("rendered %d MutatingAdmissionPolicies for an apiserver without the API", n)
-	}
-	if n := len(find(render(t, "--api-versions", mapKind), "MutatingAdmissionPolicy")); n != 0 {
-		t.Errorf("rendered %d MutatingAdmissionPolicies by default; it is opt-in", n)
-	}
-	all := render(t, "--api-versions", mapKind, "--set", "leaseFinalizerPolicy.enabled=true")
-	if len(find(all, "MutatingAdmissionPolicy")) != 1 || len(find(all, "MutatingAdmissionPolicyBinding")) != 1 {
-		t.Fatal("want the policy and its binding where the API is served")
-	}
-	if _, found, _ := unstructured.NestedMap(find(all, "MutatingAdmissionPolicy")[0].Object, "spec", "matchConstraints", "namespaceSelector"); found {
-		t.Error("an install serving every namespace scopes its policy")
-	}
-	some := render(t, "--api-versions", mapKind, "--set", "leaseFinalizerPolicy.enabled=true", "--set", "namespaces={b1,b2}")
-	values, _, _ := unstructured.NestedSlice(find(some, "MutatingAdmissionPolicy")[0].Object, "spec", "matchConstraints", "namespaceSelector", "matchExpressions")
-	if got := fmt.Sprint(values); got != "[map[key:kubernetes.io/metadata.name operator:In values:[b1 b2]]]" {
-		t.Errorf("policy of an install serving b1, b2: namespaceSelector %s", got)
+// The deprecated leaseFinalizerPolicy value is accepted (a release that
+// set it upgrades with --reuse-values) and renders nothing: fencer puts no
+// finalizer on Leases any more.
+func TestLeaseFinalizerPolicyIsIgnored(t *testing.T) {
+	all := render(t, "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy", "--set", "leaseFinalizerPolicy.enabled=true")
+	if n := len(find(all, "MutatingAdmissionPolicy")) + len(find(all, "MutatingAdmissionPolicyBinding")); n != 0 {
+		t.Errorf("rendered %d MutatingAdmissionPolicy objects; the value is deprecated and ignored", n)
 	}
 }
