@@ -692,4 +692,3 @@ func profileAPIServer(t *testing.T, cfg *rest.Config, name string) <-chan struct
 	}()
 	return done
 }
-
