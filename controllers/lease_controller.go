@@ -30,6 +30,9 @@ type LeaseReconciler struct {
 	// APIReader confirms, uncached, that a Lease the cache does not have
 	// is gone before its grant is released (gone).
 	APIReader client.Reader
+	// Finalize tells the namespaces whose Leases get the finalizer
+	// fencer.io/release (finalizeIn); nil gives it to none.
+	Finalize func(namespace string) bool
 	// DeletionGrace is how long a Lease whose DELETE fencer's webhook
 	// admitted is held ungranted before the controller checks that the
 	// delete happened (0 means DefaultDeletionGrace).
@@ -77,9 +80,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		}
 		return ctrl.Result{}, err
 	}
-	// No finalizer: the webhook releases the grant as it admits the
-	// Lease's DELETE (lease_delete.go), so that write is saved per Lease.
-	return runPass(ctx, r.Client, r.Recorder, lease, "",
+	return runPass(ctx, r.Client, r.Recorder, lease, r.finalizerFor(lease.Namespace),
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, lease) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileGrant(ctx, lease) })
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -19,12 +20,34 @@ import (
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
+// finalizerFor is the finalizer a Lease in namespace gets: none where the
+// webhook releases the grant as it admits the Lease's DELETE, which saves
+// that write per Lease; fencer.io/release where the webhook does not
+// receive the DELETE (a namespace its configuration skips, or no webhook
+// served), so that a Lease is never gone while its grant lives.
+func (r *LeaseReconciler) finalizerFor(namespace string) string {
+	if r.Finalize != nil && r.Finalize(namespace) {
+		return fencerv1.LeaseFinalizer
+	}
+	return ""
+}
+
+// finalizeIn is a LeaseReconciler's Finalize: the namespaces listed, or all.
+func finalizeIn(namespaces []string, everywhere bool) func(string) bool {
+	set := map[string]bool{}
+	for _, ns := range namespaces {
+		set[ns] = true
+	}
+	return func(ns string) bool { return everywhere || set[ns] }
+}
+
 // DefaultDeletionGrace is how long after fencer's webhook admitted a
 // Lease's DELETE the controller waits before it concludes, if the
 // apiserver still has the Lease and is not deleting it, that the delete
 // never happened, and grants the Lease again. It is twice the apiserver's
 // default request timeout (60 s), which bounds a DELETE from its
-// admission to its commit.
+// admission to its commit, measured by etcd (the age of the deletion
+// record's etcd lease), not by comparing two replicas' clocks.
 const DefaultDeletionGrace = 2 * time.Minute
 
 // finalize releases the grant and the pod annotations of a Lease being
@@ -51,7 +74,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 // still not happen (another webhook or policy refused it); so once the
 // record is DeletionGrace old and the apiserver still has this Lease, not
 // being deleted, the record is lifted and the Lease is granted again.
-func (r *LeaseReconciler) deletionPending(ctx context.Context, lease *fencerv1.Lease, now time.Time, out *outcome) error {
+func (r *LeaseReconciler) deletionPending(ctx context.Context, lease *fencerv1.Lease, out *outcome) error {
 	d, err := r.Store.DeletionOf(ctx, lease.Namespace, lease.Name, string(lease.UID))
 	if err != nil {
 		return err
@@ -63,7 +86,7 @@ func (r *LeaseReconciler) deletionPending(ctx context.Context, lease *fencerv1.L
 	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonDeleting, fmt.Sprintf(
 		"a DELETE of this Lease was admitted at %s and its grant released; nothing is granted while the deletion is pending",
 		d.At.UTC().Format(time.RFC3339)))
-	if wait := d.At.Add(r.deletionGrace()).Sub(now); wait > 0 {
+	if wait := r.deletionGrace() - d.Age; wait > 0 {
 		out.result.RequeueAfter = wait
 		return nil
 	}
@@ -71,10 +94,17 @@ func (r *LeaseReconciler) deletionPending(ctx context.Context, lease *fencerv1.L
 		out.result.RequeueAfter = time.Second // gone or going: the cache will show it
 		return err
 	}
+	if err := r.Store.ForgetDeletion(ctx, d); err != nil {
+		if errors.Is(err, etcdstore.ErrDeletionChanged) {
+			out.result.RequeueAfter = time.Millisecond // deleted again meanwhile: look again
+			return nil
+		}
+		return err
+	}
 	out.event(corev1.EventTypeWarning, fencerv1.ReasonDeleting,
 		"the DELETE admitted at %s never happened (the Lease is still here, not being deleted): it is granted again", d.At.UTC().Format(time.RFC3339))
 	out.result.RequeueAfter = time.Millisecond
-	return r.Store.ForgetDeletion(ctx, d)
+	return nil
 }
 
 func (r *LeaseReconciler) deletionGrace() time.Duration {

@@ -56,7 +56,7 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 		out.result.RequeueAfter = time.Second
 		err = nil
 	case errors.Is(err, etcdstore.ErrLeaseDeleted):
-		err = r.deletionPending(ctx, lease, now, out)
+		err = r.deletionPending(ctx, lease, out)
 	}
 	r.mem.noGrant(key, true)
 	return nil, err

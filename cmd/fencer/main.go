@@ -147,7 +147,11 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	store := etcdstore.NewStore(etcd, o.etcd.Prefix, elector, metrics.ObserveEtcd)
 	store.Timeout = o.etcd.RequestTimeout
 	store.Log = ctrl.Log.WithName("etcd")
-	copts := controllers.Options{LeaseWorkers: o.leaseWorkers}
+	copts := controllers.Options{LeaseWorkers: o.leaseWorkers,
+		// Without the webhook nothing releases a Lease's grant at its
+		// DELETE: every Lease needs the finalizer.
+		LeaseFinalizerEverywhere: o.webhookPort == 0,
+		LeaseFinalizerNamespaces: etcdstore.SplitList(o.finalizerNamespaces)}
 	if ca != nil {
 		copts.Identity = &controllers.IdentityReconciler{Etcd: etcd, CA: ca, Prefix: o.etcd.Prefix, Endpoints: workloadEndpoints(o), SecretName: o.etcdAccess.credentialsSecret,
 			Always: etcdstore.SplitList(o.etcdAccess.identityNamespaces)}

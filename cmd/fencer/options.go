@@ -50,6 +50,7 @@ type options struct {
 	kubeAPIQPS          float64
 	kubeAPIBurst        int
 	leaseWorkers        int
+	finalizerNamespaces string
 	pprofAddr           string
 	exemptUsers         string
 	exemptGroups        string
@@ -175,6 +176,11 @@ func (o *options) validate() error {
 	if o.leaseWorkers < 1 {
 		return fmt.Errorf("--lease-workers must be at least 1, got %d", o.leaseWorkers)
 	}
+	for _, ns := range etcdstore.SplitList(o.finalizerNamespaces) {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("--lease-finalizer-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+	}
 	if o.etcdStepDown < 0 || o.maintenanceEvery < 0 || o.defragFree < 0 {
 		return errors.New("--etcd-step-down-after, --etcd-maintenance-interval and --etcd-defrag-free-bytes must not be negative")
 	}
@@ -242,6 +248,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
 	fs.StringVar(&o.namespaces, "namespaces", "", "Comma-separated namespaces whose Leases and IDRanges this install serves; empty serves all. Give each install sharing a cluster its own namespaces (and its webhook configurations the same list).")
+	fs.StringVar(&o.finalizerNamespaces, "lease-finalizer-namespaces", "kube-system", "Comma-separated namespaces whose Leases get the finalizer fencer.io/release: those the Lease deletion webhook (lease-delete.fencer.io) skips, where only the finalizer keeps a Lease from going while its grant lives. Give it the webhook configuration's excluded namespaces (the chart passes webhook.excludeNamespaces). With --webhook-port=0 every Lease gets it.")
 	fs.IntVar(&o.leaseWorkers, "lease-workers", controllers.DefaultLeaseWorkers, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time; they bound how many simultaneous failovers proceed at once.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder

@@ -48,6 +48,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-pki-secret=ca", "--webhook-namespace="}, "--etcd-pki-secret needs --webhook-namespace"},
 		{[]string{"--etcd-endpoints=http://e:1", "--kube-api-qps=0"}, "--kube-api-qps and --kube-api-burst must be positive, got 0 and"},
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-workers=0"}, "--lease-workers must be at least 1, got 0"},
+		{[]string{"--etcd-endpoints=http://e:1", "--lease-finalizer-namespaces=kube-system,Bad_NS"}, `--lease-finalizer-namespaces: "Bad_NS" is not a namespace name`},
 	}
 	for _, tc := range cases {
 		_, err := parseFlagsQuiet(tc.args)

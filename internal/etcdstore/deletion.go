@@ -17,6 +17,10 @@ import (
 // DeletedLeaseKey), though the controller's cache may still show it.
 var ErrLeaseDeleted = errors.New("the Lease's deletion was admitted")
 
+// ErrDeletionChanged means a deletion record is not the one read: the
+// Lease's DELETE was admitted again since.
+var ErrDeletionChanged = errors.New("the Lease's deletion record changed since it was read")
+
 // releaseTries bounds ReleaseDeleted's attempts when grants come and go
 // between its read and its write.
 const releaseTries = 5
@@ -25,7 +29,7 @@ const releaseTries = 5
 // DeletedLeaseKey is attached to an etcd lease of this TTL). The record
 // only has to outlive every cache that may still show the deleted Lease:
 // the controller's, from which it would otherwise grant the Lease again.
-const DeletionRecordTTL = 10 * time.Minute
+const DeletionRecordTTL = time.Hour
 
 // ReleaseDeleted is what the webhook does as it admits the DELETE of the
 // Lease object namespace/name with UID uid, before the apiserver removes
@@ -85,11 +89,13 @@ func (s *Store) ReleaseDeleted(ctx context.Context, namespace, name, uid string,
 }
 
 // Deletion is a DeletedLeaseKey: the Lease object with UID was deleted at
-// At; Revision is the key's ModRevision.
+// At (the admitting webhook replica's clock), Age ago (etcd's clock, from
+// the record's etcd lease); Revision is the key's ModRevision.
 type Deletion struct {
 	types.NamespacedName
 	UID      string
 	At       time.Time
+	Age      time.Duration
 	Revision int64
 }
 
@@ -102,7 +108,18 @@ func (s *Store) DeletionOf(ctx context.Context, namespace, name, uid string) (*D
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
-	return deletionOf(s.prefix, resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	kv := resp.Kvs[0]
+	d, err := deletionOf(s.prefix, kv.Key, kv.Value, kv.ModRevision)
+	if err != nil {
+		return nil, err
+	}
+	// The age comes from etcd, not from comparing two replicas' clocks.
+	ttl, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	if err != nil {
+		return nil, err
+	}
+	d.Age = time.Duration(ttl.GrantedTTL-max(ttl.TTL, 0)) * time.Second
+	return d, nil
 }
 
 func deletionOf(prefix string, key, value []byte, rev int64) (*Deletion, error) {
@@ -119,7 +136,7 @@ func deletionOf(prefix string, key, value []byte, rev int64) (*Deletion, error) 
 
 // ForgetDeletion deletes a deletion record before it expires, only if it is
 // still the one read (its ModRevision) and only while this controller
-// leads. The caller has confirmed with the apiserver, well after the
+// leads; ErrDeletionChanged if the record is not the one read. The caller has confirmed with the apiserver, well after the
 // record was written, that the Lease object still exists and is not being
 // deleted: the DELETE the webhook admitted never happened (another
 // admission check refused it), and the Lease may be granted again.
@@ -131,6 +148,9 @@ func (s *Store) ForgetDeletion(ctx context.Context, d *Deletion) error {
 		return err
 	}
 	key := etcdkeys.DeletedLeaseKey(s.prefix, d.Namespace, d.Name, d.UID)
-	_, _, err = term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", d.Revision)}, clientv3.OpDelete(key))
+	_, ok, err := term.commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", d.Revision)}, clientv3.OpDelete(key))
+	if err == nil && !ok {
+		return ErrDeletionChanged
+	}
 	return err
 }

@@ -46,8 +46,8 @@ func TestReleaseDeletedEndsTheGrantAndBarsItsLease(t *testing.T) {
 		t.Fatalf("granting the deleted Lease object again: %v, want ErrLeaseDeleted", err)
 	}
 	d, err := s.DeletionOf(ctx, "ns", "l", "uid-1")
-	if err != nil || d == nil || !d.At.Equal(at) || d.UID != "uid-1" || d.Name != "l" {
-		t.Fatalf("DeletionOf = %+v, %v; want the deletion at %s", d, err, at)
+	if err != nil || d == nil || !d.At.Equal(at) || d.UID != "uid-1" || d.Name != "l" || d.Age < 0 || d.Age > 5*time.Second {
+		t.Fatalf("DeletionOf = %+v, %v; want the deletion at %s, recorded just now (etcd's clock)", d, err, at)
 	}
 	// The record lives on its own etcd lease, so it expires by itself.
 	resp, err := cli.Get(ctx, etcdkeys.DeletedLeaseKey(DefaultPrefix, "ns", "l", "uid-1"))
@@ -81,8 +81,8 @@ func TestReleaseDeletedEndsTheGrantAndBarsItsLease(t *testing.T) {
 	// Lifting the record: not on a stale read, not by a deposed leader.
 	stale := *d
 	stale.Revision--
-	if err := s.ForgetDeletion(ctx, &stale); err != nil {
-		t.Fatal(err)
+	if err := s.ForgetDeletion(ctx, &stale); !errors.Is(err, ErrDeletionChanged) {
+		t.Fatalf("ForgetDeletion of a record read earlier: %v, want ErrDeletionChanged", err)
 	}
 	if _, err := s.GrantLease(ctx, "ns", "l", "uid-1", "pod-b", "pod-uid-b", 30*time.Second, time.Now()); !errors.Is(err, ErrLeaseDeleted) {
 		t.Fatalf("after a ForgetDeletion of a record read earlier: %v, want ErrLeaseDeleted", err)

@@ -52,38 +52,53 @@ func (d *LeaseDeletion) Handle(ctx context.Context, req admission.Request) admis
 	if req.DryRun != nil && *req.DryRun {
 		return admission.Allowed("dry run: the grant stays")
 	}
-	uid, err := objectUID(req.OldObject.Raw)
+	// A DeleteCollection (how the namespace controller deletes a
+	// namespace's Leases) is admitted object by object with the
+	// collection's empty name: the object itself names the Lease.
+	lease, err := deletedLease(req.OldObject.Raw, req.Namespace, req.Name)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf(
-			"fencer: the DELETE of lease %s/%s came without the Lease object (oldObject), so fencer cannot tell which Lease's grant to release: %w", req.Namespace, req.Name, err))
+			"fencer: the DELETE of lease %s/%s came without a readable Lease object (oldObject), so fencer cannot tell which Lease's grant to release: %w", req.Namespace, req.Name, err))
 	}
 	now := time.Now
 	if d.Now != nil {
 		now = d.Now
 	}
-	if _, err := d.Store.ReleaseDeleted(ctx, req.Namespace, req.Name, uid, now()); err != nil {
+	if _, err := d.Store.ReleaseDeleted(ctx, lease.Namespace, lease.Name, lease.UID, now()); err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, fmt.Errorf(
-			"fencer: cannot release the grant of lease %s/%s in etcd before it is deleted (%w); the delete is refused so that no write is accepted under the grant of a Lease that is gone; retry once etcd is reachable", req.Namespace, req.Name, err))
+			"fencer: cannot release the grant of lease %s/%s in etcd before it is deleted (%w); the delete is refused so that no write is accepted under the grant of a Lease that is gone; retry once etcd is reachable", lease.Namespace, lease.Name, err))
 	}
 	return admission.Allowed("")
 }
 
-// objectUID reads metadata.uid from a JSON object; an object without one
-// is an error.
-func objectUID(raw []byte) (string, error) {
+// leaseMeta is the part of a Lease object's metadata the webhook reads.
+type leaseMeta struct {
+	Namespace, Name, UID string
+}
+
+// deletedLease reads the namespace, name and UID of the Lease being deleted
+// from its JSON. The request's namespace and name, when given, must match
+// it; a DeleteCollection gives no name.
+func deletedLease(raw []byte, namespace, name string) (leaseMeta, error) {
 	if len(raw) == 0 {
-		return "", fmt.Errorf("no object")
+		return leaseMeta{}, fmt.Errorf("no object")
 	}
 	var obj struct {
 		Metadata struct {
-			UID string `json:"uid"`
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+			UID       string `json:"uid"`
 		} `json:"metadata"`
 	}
 	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &obj); err != nil {
-		return "", err
+		return leaseMeta{}, err
 	}
-	if obj.Metadata.UID == "" {
-		return "", fmt.Errorf("its metadata.uid is empty")
+	m := obj.Metadata
+	switch {
+	case m.UID == "" || m.Name == "" || m.Namespace == "":
+		return leaseMeta{}, fmt.Errorf("its metadata.namespace, name or uid is empty")
+	case (name != "" && m.Name != name) || (namespace != "" && m.Namespace != namespace):
+		return leaseMeta{}, fmt.Errorf("it names lease %s/%s", m.Namespace, m.Name)
 	}
-	return obj.Metadata.UID, nil
+	return leaseMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, nil
 }

@@ -57,6 +57,12 @@ func TestLeaseDeletionReleasesBeforeTheLeaseGoes(t *testing.T) {
 		calls   []releaseCall
 	}{
 		{name: "a Lease's DELETE releases its grant", allowed: true, calls: []releaseCall{{"ns", "job", "uid-1"}}},
+		{name: "a DeleteCollection (a namespace's deletion) names no Lease: the object does", mutate: func(r *admissionv1.AdmissionRequest) { r.Name = "" },
+			allowed: true, calls: []releaseCall{{"ns", "job", "uid-1"}}},
+		{name: "an object that is not the Lease named", mutate: func(r *admissionv1.AdmissionRequest) { r.Name = "other" }, code: http.StatusBadRequest,
+			msg: "it names lease ns/job"},
+		{name: "an object in another namespace", mutate: func(r *admissionv1.AdmissionRequest) { r.Namespace = "elsewhere" }, code: http.StatusBadRequest,
+			msg: "it names lease ns/job"},
 		{name: "a dry run releases nothing", mutate: func(r *admissionv1.AdmissionRequest) { r.DryRun = &dry }, allowed: true},
 		{name: "another resource's DELETE releases nothing", mutate: func(r *admissionv1.AdmissionRequest) {
 			r.Resource = metav1.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
@@ -64,8 +70,10 @@ func TestLeaseDeletionReleasesBeforeTheLeaseGoes(t *testing.T) {
 		{name: "an UPDATE releases nothing", mutate: func(r *admissionv1.AdmissionRequest) { r.Operation = admissionv1.Update }, allowed: true},
 		{name: "a subresource releases nothing", mutate: func(r *admissionv1.AdmissionRequest) { r.SubResource = "status" }, allowed: true},
 		{name: "no old object", mutate: func(r *admissionv1.AdmissionRequest) { r.OldObject.Raw = nil }, code: http.StatusBadRequest,
-			msg: "the DELETE of lease ns/job came without the Lease object (oldObject)"},
-		{name: "an old object with no UID", mutate: func(r *admissionv1.AdmissionRequest) { r.OldObject.Raw = []byte(`{"metadata":{"name":"job"}}`) }, code: http.StatusBadRequest,
+			msg: "the DELETE of lease ns/job came without a readable Lease object (oldObject)"},
+		{name: "an old object with no UID", mutate: func(r *admissionv1.AdmissionRequest) {
+			r.OldObject.Raw = []byte(`{"metadata":{"name":"job","namespace":"ns"}}`)
+		}, code: http.StatusBadRequest,
 			msg: "cannot tell which Lease's grant to release"},
 		{name: "etcd unreachable", err: errors.New("context deadline exceeded"), code: http.StatusServiceUnavailable, calls: []releaseCall{{"ns", "job", "uid-1"}},
 			msg: "fencer: cannot release the grant of lease ns/job in etcd before it is deleted (context deadline exceeded); the delete is refused"},
@@ -91,7 +99,7 @@ func TestLeaseDeletionReleasesBeforeTheLeaseGoes(t *testing.T) {
 // webhook never panics, and it releases a grant only for the UID the
 // object names, or refuses with a 400 that says why.
 func FuzzLeaseDeletionOldObject(f *testing.F) {
-	for _, seed := range []string{`{"metadata":{"uid":"u"}}`, `{"metadata":{"UID":"u"}}`, `{"metadata":{}}`, `null`, `{`, `[]`, `{"metadata":{"uid":7}}`, ``} {
+	for _, seed := range []string{`{"metadata":{"uid":"u","name":"job","namespace":"ns"}}`, `{"metadata":{"uid":"u"}}`, `{"metadata":{"UID":"u"}}`, `{"metadata":{}}`, `null`, `{`, `[]`, `{"metadata":{"uid":7}}`, ``} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -99,7 +107,7 @@ func FuzzLeaseDeletionOldObject(f *testing.F) {
 		resp := (&LeaseDeletion{Store: store}).Handle(context.Background(), leaseDelete(func(r *admissionv1.AdmissionRequest) { r.OldObject.Raw = raw }))
 		switch {
 		case resp.Allowed:
-			if len(store.calls) != 1 || store.calls[0].uid == "" {
+			if len(store.calls) != 1 || store.calls[0].uid == "" || store.calls[0].namespace != "ns" || store.calls[0].name != "job" {
 				t.Fatalf("allowed after releasing %v", store.calls)
 			}
 		case resp.Result.Code != http.StatusBadRequest || !strings.Contains(resp.Result.Message, "cannot tell which Lease's grant to release") || len(store.calls) != 0:

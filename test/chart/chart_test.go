@@ -237,16 +237,16 @@ func TestDefaultRendering(t *testing.T) {
 		return fmt.Sprint(sel[0].(map[string]any)["values"])
 	}
 	// Fenced objects in the release namespace are judged (the helm test
-	// probe lives there); the webhooks with no label selector (parent, and
-	// the Lease deletion) skip it, so fencer's own pods can be evicted, and
-	// its namespace deleted, while it is down.
+	// probe lives there), and its Leases' DELETEs received (they carry no
+	// finalizer); the parent webhook, which has no label selector, skips
+	// it so fencer's own pods can be evicted while it is down.
 	for _, wh := range whs {
 		name, _ := wh.(map[string]any)["name"].(string)
 		excluded := excludedBy(wh)
 		if !strings.Contains(excluded, "kube-system") {
 			t.Errorf("%s: namespaceSelector excludes %s; want kube-system", name, excluded)
 		}
-		if release := strings.Contains(excluded, "fencer-system"); release != (name == "parent.fencer.io" || name == "lease-delete.fencer.io") {
+		if release := strings.Contains(excluded, "fencer-system"); release != (name == "parent.fencer.io") {
 			t.Errorf("%s: excludes the release namespace: %v", name, release)
 		}
 	}

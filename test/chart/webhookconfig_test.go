@@ -2,12 +2,15 @@ package chart
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
@@ -122,4 +125,29 @@ func fieldsOf(a, b map[string]any) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// The Lease deletion webhook and the manager's finalizer namespaces cover
+// every namespace between them: where the webhook does not receive a
+// Lease's DELETE (webhook.excludeNamespaces), the manager puts the
+// finalizer on its Leases instead. The webhook always fails closed: a
+// Lease let go unanswered would leave its grant alive.
+func TestLeaseDeleteWebhookAndFinalizerNamespacesMeet(t *testing.T) {
+	objs := render(t, "--set", "webhook.excludeNamespaces={kube-system,batch}", "--set", "webhook.failurePolicy=Ignore")
+	hook, ok := webhooksOf(t, objs)["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
+	if !ok {
+		t.Fatal("no lease-delete.fencer.io webhook")
+	}
+	if hook["failurePolicy"] != "Fail" || hook["sideEffects"] != "NoneOnDryRun" {
+		t.Errorf("lease-delete.fencer.io: failurePolicy %v, sideEffects %v; want Fail, NoneOnDryRun", hook["failurePolicy"], hook["sideEffects"])
+	}
+	sel, _, _ := unstructured.NestedSlice(hook, "namespaceSelector", "matchExpressions")
+	if got := fmt.Sprint(sel); !strings.Contains(got, "values:[kube-system batch]") || strings.Contains(got, "fencer-system") {
+		t.Errorf("lease-delete.fencer.io skips %s; want exactly kube-system and batch", got)
+	}
+	var dep appsv1.Deployment
+	one(t, objs, "Deployment", &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--lease-finalizer-namespaces=kube-system,batch") {
+		t.Errorf("the manager's args %s lack --lease-finalizer-namespaces=kube-system,batch", args)
+	}
 }

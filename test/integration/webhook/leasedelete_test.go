@@ -127,3 +127,59 @@ func heldCondition(l *fencerv1.Lease) *metav1.Condition {
 	}
 	return nil
 }
+
+// A DeleteCollection, which is how the namespace controller deletes a
+// namespace's Leases, is admitted object by object with no name in the
+// request: the webhook takes the Lease from the object, and the grant is
+// released before the collection's delete returns.
+func TestLeaseDeleteCollectionReleasesEachGrant(t *testing.T) {
+	ns, _, tok := setup(t, nil)
+	ctx := context.Background()
+	store := etcdstore.NewStore(fx.EtcdCli, etcdkeys.DefaultPrefix, nil, nil)
+	lease := &fencerv1.Lease{}
+	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.Client.DeleteAllOf(ctx, &fencerv1.Lease{}, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := store.GetGrant(ctx, ns, "report"); err != nil || g != nil {
+		t.Fatalf("the collection's delete returned and etcd still holds %+v (%v); token was %d", g, err, tok)
+	}
+	if d, err := store.DeletionOf(ctx, ns, "report", string(lease.UID)); err != nil || d == nil {
+		t.Fatalf("no deletion recorded for lease %s/report (%v)", ns, err)
+	}
+}
+
+// In a namespace the Lease deletion webhook skips (kube-system here, as
+// config/webhook has it), a Lease keeps the finalizer fencer.io/release:
+// the controller releases its grant before it lets the Lease go.
+func TestLeaseInASkippedNamespaceKeepsTheFinalizer(t *testing.T) {
+	ns, _, tok := setupIn(t, "kube-system", nil)
+	ctx := context.Background()
+	lease := &fencerv1.Lease{}
+	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if len(lease.Finalizers) != 1 || lease.Finalizers[0] != fencerv1.LeaseFinalizer {
+		t.Fatalf("a Lease in %s carries finalizers %v; want %s", ns, lease.Finalizers, fencerv1.LeaseFinalizer)
+	}
+	if err := fx.Client.Delete(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	store := etcdstore.NewStore(fx.EtcdCli, etcdkeys.DefaultPrefix, nil, nil)
+	framework.Eventually(t, 30*time.Second, "the Lease gone", func() error {
+		err := fx.Client.Get(ctx, client.ObjectKeyFromObject(lease), &fencerv1.Lease{})
+		switch {
+		case err == nil:
+			return fmt.Errorf("the Lease is still there")
+		case !apierrors.IsNotFound(err):
+			return err
+		}
+		// Gone: its grant must have been released before.
+		if g, err := store.GetGrant(ctx, ns, "report"); err != nil || g != nil {
+			t.Fatalf("the Lease is gone and etcd holds %+v (%v); its first token was %d", g, err, tok)
+		}
+		return nil
+	})
+}

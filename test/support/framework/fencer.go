@@ -179,7 +179,10 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, metrics.ObserveEtcd)
 	store.Log = ctrl.Log.WithName("etcd")
 	id := &controllers.IdentityReconciler{Etcd: cli, CA: f.EtcdPKI.CA, Prefix: etcdkeys.DefaultPrefix, Endpoints: []string{f.Etcd.Endpoint}, SecretName: "fencer-etcd-client"}
-	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id, LeaseDeletionGrace: f.LeaseDeletionGrace}); err != nil {
+	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id, LeaseDeletionGrace: f.LeaseDeletionGrace,
+		// As the manager's default: the namespace config/webhook's Lease
+		// deletion webhook skips.
+		LeaseFinalizerNamespaces: []string{"kube-system"}}); err != nil {
 		t.Fatal(err)
 	}
 	if serveWebhook {
