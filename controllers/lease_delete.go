@@ -20,11 +20,11 @@ import (
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
-// finalizerFor is the finalizer a Lease in namespace gets: none where the
-// webhook releases the grant as it admits the Lease's DELETE, which saves
-// that write per Lease; fencer.io/release where the webhook does not
-// receive the DELETE (a namespace its configuration skips, or no webhook
-// served), so that a Lease is never gone while its grant lives.
+// finalizerFor is the finalizer a Lease in namespace gets:
+// fencer.io/release, so that a Lease is never gone while its grant lives,
+// unless the opt-in Lease deletion webhook releases the grant as it admits
+// the Lease's DELETE, which saves that write per Lease (and then still in
+// the namespaces that webhook skips).
 func (r *LeaseReconciler) finalizerFor(namespace string) string {
 	if r.Finalize != nil && r.Finalize(namespace) {
 		return fencerv1.LeaseFinalizer
@@ -52,11 +52,9 @@ const DefaultDeletionGrace = 2 * time.Minute
 
 // finalize releases the grant and the pod annotations of a Lease being
 // deleted (its deletionTimestamp is set), then removes fencer's finalizer
-// if it carries it. The webhook released the grant as it admitted the
-// DELETE; this covers a Lease whose deletion waits on other finalizers or
-// on its dependents, or was admitted with no fencer webhook installed.
-// The finalizer is only on Leases from earlier versions, or set by the
-// opt-in finalizer policy.
+// if it carries it. Without the finalizer (the opt-in Lease deletion
+// webhook released the grant as it admitted the DELETE) this still covers
+// a Lease whose deletion waits on other finalizers or on its dependents.
 func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
 		return res, err

@@ -25,12 +25,12 @@ type Options struct {
 	// LeaseWorkers is how many Leases are reconciled at once; 0 means
 	// DefaultLeaseWorkers.
 	LeaseWorkers int
-	// LeaseFinalizerNamespaces are the namespaces whose Leases get the
-	// finalizer fencer.io/release: those the Lease deletion webhook does
-	// not receive. LeaseFinalizerEverywhere gives it to every Lease (no
-	// webhook is served).
+	// LeaseDeleteWebhook says the Lease deletion webhook releases each
+	// Lease's grant at its DELETE; then only Leases in
+	// LeaseFinalizerNamespaces (those it skips) get the finalizer
+	// fencer.io/release. Without it (the zero value) every Lease does.
+	LeaseDeleteWebhook       bool
 	LeaseFinalizerNamespaces []string
-	LeaseFinalizerEverywhere bool
 	// LeaseDeletionGrace is how long a Lease whose DELETE fencer's webhook
 	// admitted stays ungranted before the controller checks that the delete
 	// happened; 0 means DefaultDeletionGrace.
@@ -62,7 +62,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	}
 	leases.APIReader = mgr.GetAPIReader()
 	leases.DeletionGrace = o.LeaseDeletionGrace
-	leases.Finalize = finalizeIn(o.LeaseFinalizerNamespaces, o.LeaseFinalizerEverywhere)
+	leases.Finalize = finalizeIn(o.LeaseFinalizerNamespaces, !o.LeaseDeleteWebhook)
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}

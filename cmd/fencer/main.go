@@ -148,9 +148,7 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 	store.Timeout = o.etcd.RequestTimeout
 	store.Log = ctrl.Log.WithName("etcd")
 	copts := controllers.Options{LeaseWorkers: o.leaseWorkers,
-		// Without the webhook nothing releases a Lease's grant at its
-		// DELETE: every Lease needs the finalizer.
-		LeaseFinalizerEverywhere: o.webhookPort == 0,
+		LeaseDeleteWebhook:       o.leaseDeleteWebhook,
 		LeaseFinalizerNamespaces: etcdstore.SplitList(o.finalizerNamespaces)}
 	if ca != nil {
 		copts.Identity = &controllers.IdentityReconciler{Etcd: etcd, CA: ca, Prefix: o.etcd.Prefix, Endpoints: workloadEndpoints(o), SecretName: o.etcdAccess.credentialsSecret,
@@ -188,7 +186,7 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		}
 	}
 	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
-	return webhook.Register(context.Background(), mgr, store, exempt)
+	return webhook.Register(context.Background(), mgr, store, exempt, o.leaseDeleteWebhook)
 }
 
 // workloadEndpoints are the etcd client URLs workloads (and the lock

@@ -51,6 +51,7 @@ type options struct {
 	kubeAPIBurst        int
 	leaseWorkers        int
 	finalizerNamespaces string
+	leaseDeleteWebhook  bool
 	pprofAddr           string
 	exemptUsers         string
 	exemptGroups        string
@@ -176,6 +177,9 @@ func (o *options) validate() error {
 	if o.leaseWorkers < 1 {
 		return fmt.Errorf("--lease-workers must be at least 1, got %d", o.leaseWorkers)
 	}
+	if o.leaseDeleteWebhook && o.webhookPort == 0 {
+		return errors.New("--lease-delete-webhook needs the webhook server; --webhook-port is 0")
+	}
 	for _, ns := range etcdstore.SplitList(o.finalizerNamespaces) {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
 			return fmt.Errorf("--lease-finalizer-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
@@ -244,11 +248,12 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.exemptUsers, "exempt-users", strings.Join(webhook.DefaultExemptUsers, ","), "Comma-separated usernames whose writes to fenced objects pass without a token: the lifecycle controllers (namespace deletion, garbage collection). Every other write that cannot carry a token (DELETE, /status, /scale) is refused unless it comes from a bindIdentity Lease's holder pod.")
 	fs.StringVar(&o.exemptGroups, "exempt-groups", "", "Comma-separated groups whose members are exempt like --exempt-users.")
-	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). A first grant costs two writes (pod annotation, status), so this bounds how fast many Leases are granted at once.")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). A first grant costs three writes (finalizer, pod annotation, status; two with --lease-delete-webhook), so this bounds how fast many Leases are granted at once.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/); \"0\" disables them. For profiling, never expose it outside the pod.")
 	fs.StringVar(&o.namespaces, "namespaces", "", "Comma-separated namespaces whose Leases and IDRanges this install serves; empty serves all. Give each install sharing a cluster its own namespaces (and its webhook configurations the same list).")
-	fs.StringVar(&o.finalizerNamespaces, "lease-finalizer-namespaces", "kube-system", "Comma-separated namespaces whose Leases get the finalizer fencer.io/release: those the Lease deletion webhook (lease-delete.fencer.io) skips, where only the finalizer keeps a Lease from going while its grant lives. Give it the webhook configuration's excluded namespaces (the chart passes webhook.excludeNamespaces). With --webhook-port=0 every Lease gets it.")
+	fs.BoolVar(&o.leaseDeleteWebhook, "lease-delete-webhook", false, "Serve the Lease deletion webhook (lease-delete.fencer.io), which releases a Lease's grant as the apiserver admits the Lease's DELETE, and put the finalizer fencer.io/release only on Leases in --lease-finalizer-namespaces: one apiserver write less per Lease. Enable it only where nothing but the apiserver can reach the webhook port (docs/install.md): the webhook cannot tell a forged review from the apiserver's.")
+	fs.StringVar(&o.finalizerNamespaces, "lease-finalizer-namespaces", "kube-system", "With --lease-delete-webhook: comma-separated namespaces whose Leases still get the finalizer fencer.io/release, those the Lease deletion webhook skips. Give it the webhook configuration's excluded namespaces (the chart passes webhook.excludeNamespaces). Without --lease-delete-webhook every Lease gets the finalizer.")
 	fs.IntVar(&o.leaseWorkers, "lease-workers", controllers.DefaultLeaseWorkers, "Leases reconciled in parallel. Each Lease is reconciled by one worker at a time; they bound how many simultaneous failovers proceed at once.")
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder

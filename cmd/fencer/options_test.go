@@ -49,6 +49,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--kube-api-qps=0"}, "--kube-api-qps and --kube-api-burst must be positive, got 0 and"},
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-workers=0"}, "--lease-workers must be at least 1, got 0"},
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-finalizer-namespaces=kube-system,Bad_NS"}, `--lease-finalizer-namespaces: "Bad_NS" is not a namespace name`},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=0", "--lease-delete-webhook"}, "--lease-delete-webhook needs the webhook server; --webhook-port is 0"},
 	}
 	for _, tc := range cases {
 		_, err := parseFlagsQuiet(tc.args)

@@ -66,7 +66,18 @@ func TestReleaseDeletedEndsTheGrantAndBarsItsLease(t *testing.T) {
 	if g2.Token <= g.Token {
 		t.Fatalf("token %d not above %d", g2.Token, g.Token)
 	}
-	// Its deletion, too, releases whatever is live under the name.
+	// A DELETE of the first Lease object, admitted again (or forged), does
+	// not end the second one's grant, and keeps the first deletion's date.
+	if released, err := s.ReleaseDeleted(ctx, "ns", "l", "uid-1", at.Add(time.Hour)); err != nil || released != nil {
+		t.Fatalf("ReleaseDeleted of the first Lease object while the second holds: released %+v, %v", released, err)
+	}
+	if got, err := s.GetGrant(ctx, "ns", "l"); err != nil || got == nil || got.Token != g2.Token {
+		t.Fatalf("the second Lease's grant after a DELETE of the first: %+v, %v", got, err)
+	}
+	if d, err := s.DeletionOf(ctx, "ns", "l", "uid-1"); err != nil || d == nil || !d.At.Equal(at) {
+		t.Fatalf("the first deletion's record after its DELETE came again: %+v, %v; want it dated %s still", d, err, at)
+	}
+	// Its own deletion releases it.
 	if released, err := s.ReleaseDeleted(ctx, "ns", "l", "uid-2", at); err != nil || released == nil || released.Token != g2.Token {
 		t.Fatalf("ReleaseDeleted of the second Lease: %+v, %v", released, err)
 	}

@@ -17,7 +17,12 @@ import (
 // Lease deletion webhook (LeaseDeletePath) and the Lease status guard
 // (LeaseStatusPath) on mgr's webhook server. Every
 // replica serves them, leader or not: the live token comes from etcd.
-func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exempt Exempt) error {
+//
+// The Lease deletion webhook is served only with releaseAtDelete: it is the
+// one path that changes etcd, and the webhook server does not know who
+// calls it, so an install serves it only where it has made sure that only
+// the apiserver can reach the webhook port (docs/install.md).
+func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exempt Exempt, releaseAtDelete bool) error {
 	me, err := WhoAmI(ctx, mgr.GetConfig())
 	if err != nil {
 		return err
@@ -37,7 +42,9 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
 	srv.Register(Path, &Review{Handler: admission.HandlerFunc(f.Validate)})
 	srv.Register(ParentPath, &Review{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
-	srv.Register(LeaseDeletePath, &Review{Handler: &LeaseDeletion{Store: store}})
+	if releaseAtDelete {
+		srv.Register(LeaseDeletePath, &Review{Handler: &LeaseDeletion{Store: store}})
+	}
 	// The Lease status guard is now the chart's ValidatingAdmissionPolicy.
 	// Its webhook path is still served for the webhook configurations of
 	// earlier versions (an install upgraded with kubectl apply, which

@@ -74,21 +74,7 @@ func normalizeNamespaces(hook map[string]any) {
 // test is what keeps them one: a fenced object in fencer's own namespace
 // once took tokenless writes under make dev while the chart judged it.
 func TestDevWebhooksMatchTheChart(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(chartDir(), "..", "..", "config", "webhook", "manifests.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dev []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		m := map[string]any{}
-		if err := dec.Decode(&m); err != nil {
-			break
-		}
-		if len(m) > 0 {
-			dev = append(dev, &unstructured.Unstructured{Object: m})
-		}
-	}
+	dev := readConfig(t, "webhook")
 	devHooks := webhooksOf(t, dev)
 	chartHooks := webhooksOf(t, render(t))
 	if len(devHooks) == 0 {
@@ -127,13 +113,43 @@ func fieldsOf(a, b map[string]any) []string {
 	return out
 }
 
-// The Lease deletion webhook and the manager's finalizer namespaces cover
-// every namespace between them: where the webhook does not receive a
+// readConfig reads config/<dir>/manifests.yaml.
+func readConfig(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(chartDir(), "..", "..", "config", dir, "manifests.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dev []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		m := map[string]any{}
+		if err := dec.Decode(&m); err != nil {
+			break
+		}
+		if len(m) > 0 {
+			dev = append(dev, &unstructured.Unstructured{Object: m})
+		}
+	}
+	return dev
+}
+
+// The opt-in Lease deletion webhook and the manager's finalizer namespaces
+// cover every namespace between them: where the webhook does not receive a
 // Lease's DELETE (webhook.excludeNamespaces), the manager puts the
 // finalizer on its Leases instead. The webhook always fails closed: a
 // Lease let go unanswered would leave its grant alive.
 func TestLeaseDeleteWebhookAndFinalizerNamespacesMeet(t *testing.T) {
-	objs := render(t, "--set", "webhook.excludeNamespaces={kube-system,batch}", "--set", "webhook.failurePolicy=Ignore")
+	if n := len(webhooksOf(t, render(t))); n == 0 || webhooksOf(t, render(t))["ValidatingWebhookConfiguration/lease-delete.fencer.io"] != nil {
+		t.Fatalf("the default install renders %d webhooks, lease-delete.fencer.io among them; it is opt-in", n)
+	}
+	// config/lease-delete-webhook is the chart's opt-in webhook.
+	want := webhooksOf(t, render(t, "--set", "leaseDeletion.webhook=true"))["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
+	got := webhooksOf(t, readConfig(t, "lease-delete-webhook"))["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
+	if !reflect.DeepEqual(want, got) {
+		t.Errorf("config/lease-delete-webhook differs from the chart's:\n chart:  %v\n config: %v", want, got)
+	}
+	objs := render(t, "--set", "leaseDeletion.webhook=true", "--set", "webhook.excludeNamespaces={kube-system,batch}", "--set", "webhook.failurePolicy=Ignore")
 	hook, ok := webhooksOf(t, objs)["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
 	if !ok {
 		t.Fatal("no lease-delete.fencer.io webhook")
@@ -147,7 +163,37 @@ func TestLeaseDeleteWebhookAndFinalizerNamespacesMeet(t *testing.T) {
 	}
 	var dep appsv1.Deployment
 	one(t, objs, "Deployment", &dep)
-	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--lease-finalizer-namespaces=kube-system,batch") {
-		t.Errorf("the manager's args %s lack --lease-finalizer-namespaces=kube-system,batch", args)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--lease-delete-webhook --lease-finalizer-namespaces=kube-system,batch") {
+		t.Errorf("the manager's args %s lack --lease-delete-webhook --lease-finalizer-namespaces=kube-system,batch", args)
+	}
+	one(t, render(t), "Deployment", &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--lease-delete-webhook") {
+		t.Errorf("the default install's manager releases at the DELETE: %s", args)
+	}
+}
+
+// networkPolicy.webhookFrom narrows the manager's webhook port to the
+// peers given (the control plane's addresses), and leaves the metrics port
+// as it was; by default every pod may reach both.
+func TestWebhookPortCanBeNarrowed(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "[map[ports:[map[port:9443 protocol:TCP] map[port:8443 protocol:TCP]]]]"},
+		{[]string{"--set", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24"},
+			"[map[from:[map[ipBlock:map[cidr:10.0.0.0/24]]] ports:[map[port:9443 protocol:TCP]]] map[ports:[map[port:8443 protocol:TCP]]]]"},
+	} {
+		var got string
+		for _, np := range find(render(t, tc.args...), "NetworkPolicy") {
+			if strings.HasSuffix(np.GetName(), "-etcd") {
+				continue
+			}
+			in, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+			got = fmt.Sprint(in)
+		}
+		if got != tc.want {
+			t.Errorf("%v: the manager's ingress %s, want %s", tc.args, got, tc.want)
+		}
 	}
 }

@@ -52,11 +52,11 @@ func TestGrantPublishesCreateRevisionAsToken(t *testing.T) {
 	if got := annotation(t, ns, "w-1", "job"); got != "" {
 		t.Fatalf("non-holder w-1 carries the token annotation %q", got)
 	}
-	// No finalizer: the webhook releases the grant as it admits the
-	// Lease's DELETE, and the grant records which Lease object it is for.
+	// The finalizer (no Lease deletion webhook runs here), and the grant
+	// records which Lease object it is for.
 	l := getLease(t, ns, "job")
-	if len(l.Finalizers) != 0 {
-		t.Fatalf("finalizers %v, want none", l.Finalizers)
+	if len(l.Finalizers) != 1 || l.Finalizers[0] != "fencer.io/release" {
+		t.Fatalf("finalizers %v", l.Finalizers)
 	}
 	g, err := etcdstore.NewStore(fx.EtcdCli, prefix, nil, nil).GetGrant(context.Background(), ns, "job")
 	if err != nil || g == nil || g.LeaseUID != string(l.UID) {

@@ -221,12 +221,11 @@ func TestLeaseDeletedWithoutItsFinalizerWhileRunning(t *testing.T) {
 }
 
 // A held Lease deleted and created again at once under the same name (what
-// kubectl replace --force does) never carries the old grant on, even with
-// no webhook to release it at the DELETE (this package runs none): the
-// grant records the UID of the Lease it was made for, so the controller
-// releases the old Lease's grant and grants the new one afresh, with a
-// greater token. Before grants recorded it, the new Lease found the old
-// grant in etcd and kept it, token and all.
+// kubectl replace --force does) never carries the old grant on: the old
+// Lease stays until its grant is released (its finalizer), so the new one
+// grants afresh, with a greater token. (Without the finalizer the new
+// Lease found the old grant in etcd and kept it, token and all; grants now
+// also record their Lease's UID: TestLeaseReplacedWhileNoManagerRan.)
 func TestLeaseReplacedAtOnceGrantsAGreaterToken(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
@@ -244,10 +243,11 @@ func TestLeaseReplacedAtOnceGrantsAGreaterToken(t *testing.T) {
 	}
 }
 
-// The same while no manager runs: the next one finds only the new Lease,
-// and etcd still holding the old one's grant under its name (nothing
-// sweeps it: a Lease of that name exists). The grant's Lease UID is all
-// that tells them apart.
+// The same while no manager runs, its finalizer removed by hand (as after
+// an uninstall): the next manager finds only the new Lease, and etcd still
+// holding the old one's grant under its name (nothing sweeps it: a Lease
+// of that name exists). The grant's Lease UID is all that tells them
+// apart.
 func TestLeaseReplacedWhileNoManagerRan(t *testing.T) {
 	stop := startController(t, "c1")
 	ns := namespace(t)
@@ -255,9 +255,7 @@ func TestLeaseReplacedWhileNoManagerRan(t *testing.T) {
 	create(t, newLease(ns, "job", "w", 30))
 	st := heldBy(t, ns, "job")
 	stop()
-	if err := k8s.Delete(context.Background(), getLease(t, ns, "job")); err != nil {
-		t.Fatal(err)
-	}
+	deleteWithoutFinalizer(t, ns, "job")
 	eventually(t, 30*time.Second, "the Lease created again", func() error {
 		return k8s.Create(context.Background(), newLease(ns, "job", "w", 30))
 	})

@@ -34,7 +34,8 @@ var fx *framework.Fencer
 
 func TestMain(m *testing.M) {
 	var err error
-	if fx, err = framework.StartFencer(true); err != nil {
+	// The opt-in Lease deletion webhook too (leasedelete_test.go).
+	if fx, err = framework.StartFencerReleasingAtDelete(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -52,6 +52,7 @@ type Fencer struct {
 	// LeaseDeletionGrace is the controllers' LeaseDeletionGrace in the
 	// managers StartController starts from then on (0: the default).
 	LeaseDeletionGrace time.Duration
+	releaseAtDelete    bool
 	dir                string
 	nsSeq              atomic.Int32
 }
@@ -59,18 +60,33 @@ type Fencer struct {
 // StartFencer starts everything; stop it with Stop. With webhook true the
 // apiserver sends fenced objects to the webhook of StartController.
 func StartFencer(webhook bool) (*Fencer, error) {
+	return startFencer(webhook, false)
+}
+
+// StartFencerReleasingAtDelete is StartFencer with the webhook, and the
+// opt-in Lease deletion webhook too (config/lease-delete-webhook): its
+// managers release a Lease's grant at its DELETE, and put the finalizer
+// only on Leases in kube-system, as --lease-delete-webhook does.
+func StartFencerReleasingAtDelete() (*Fencer, error) {
+	return startFencer(true, true)
+}
+
+func startFencer(webhook, releaseAtDelete bool) (*Fencer, error) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	env, err := testenv.New()
 	if err != nil {
 		return nil, err
 	}
-	f := &Fencer{Env: env}
+	f := &Fencer{Env: env, releaseAtDelete: releaseAtDelete}
 	if webhook {
 		root, err := testenv.RepoRoot()
 		if err != nil {
 			return nil, err
 		}
 		env.WebhookInstallOptions.Paths = []string{filepath.Join(root, "config", "webhook")}
+		if releaseAtDelete {
+			env.WebhookInstallOptions.Paths = append(env.WebhookInstallOptions.Paths, filepath.Join(root, "config", "lease-delete-webhook"))
+		}
 	}
 	if f.Config, err = env.Start(); err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
@@ -180,13 +196,15 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	store.Log = ctrl.Log.WithName("etcd")
 	id := &controllers.IdentityReconciler{Etcd: cli, CA: f.EtcdPKI.CA, Prefix: etcdkeys.DefaultPrefix, Endpoints: []string{f.Etcd.Endpoint}, SecretName: "fencer-etcd-client"}
 	if err := controllers.Setup(mgr, store, elector, controllers.Options{Identity: id, LeaseDeletionGrace: f.LeaseDeletionGrace,
-		// As the manager's default: the namespace config/webhook's Lease
-		// deletion webhook skips.
+		// As the manager's flags: the finalizer on every Lease, unless the
+		// Lease deletion webhook releases at the DELETE; then only in the
+		// namespace it skips.
+		LeaseDeleteWebhook:       f.releaseAtDelete,
 		LeaseFinalizerNamespaces: []string{"kube-system"}}); err != nil {
 		t.Fatal(err)
 	}
 	if serveWebhook {
-		if err := webhook.Register(context.Background(), mgr, store, webhook.NewExempt(webhook.DefaultExemptUsers, nil)); err != nil {
+		if err := webhook.Register(context.Background(), mgr, store, webhook.NewExempt(webhook.DefaultExemptUsers, nil), f.releaseAtDelete); err != nil {
 			t.Fatal(err)
 		}
 	}
