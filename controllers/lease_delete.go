@@ -26,7 +26,7 @@ import (
 // the Lease's DELETE, which saves that write per Lease (and then still in
 // the namespaces that webhook skips).
 func (r *LeaseReconciler) finalizerFor(namespace string) string {
-	if r.Finalize != nil && r.Finalize(namespace) {
+	if r.Finalize == nil || r.Finalize(namespace) {
 		return fencerv1.LeaseFinalizer
 	}
 	return ""

@@ -197,7 +197,7 @@ func TestFinalizerOnlyWhereNoWebhookReleases(t *testing.T) {
 	if got := (&LeaseReconciler{Finalize: finalizeIn(nil, true)}).finalizerFor("apps"); got != "fencer.io/release" {
 		t.Errorf("no webhook served: finalizer %q, want fencer.io/release", got)
 	}
-	if got := (&LeaseReconciler{}).finalizerFor("kube-system"); got != "" {
-		t.Errorf("no Finalize set: finalizer %q, want none", got)
+	if got := (&LeaseReconciler{}).finalizerFor("apps"); got != "fencer.io/release" {
+		t.Errorf("no Finalize set: finalizer %q, want fencer.io/release", got)
 	}
 }

@@ -37,11 +37,10 @@ const (
 	// IDRangeAnnotationPrefix + <idrange-name> carries a pod's block or slot.
 	IDRangeAnnotationPrefix = "idrange.fencer.io/"
 
-	// LeaseFinalizer made the controller release a Lease's etcd key before
-	// the Lease went away. The controller no longer adds it (the webhook
-	// releases the grant as it admits the Lease's DELETE); it still
-	// finalizes Leases that carry it, as earlier versions and the opt-in
-	// finalizer policy set it.
+	// LeaseFinalizer makes the controller release a Lease's etcd key before
+	// the Lease goes away. With the opt-in Lease deletion webhook
+	// (--lease-delete-webhook) the webhook releases it at the DELETE
+	// instead, and only Leases in the namespaces it skips get it.
 	LeaseFinalizer = "fencer.io/release"
 	// IDRangeFinalizer makes the controller release slots before an IDRange
 	// goes.

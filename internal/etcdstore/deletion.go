@@ -39,7 +39,7 @@ const DeletionRecordTTL = time.Hour
 // that no grant is made for that object again (GrantLease compares it).
 // The grant's etcd lease is then revoked. It returns the grant released,
 // nil if there was none. A grant made for another Lease object of the same
-// name is not released, and a deletion already recorded keeps its date.
+// name is not released.
 //
 // So once the apiserver has removed the Lease, etcd holds no grant of it,
 // and no write can be accepted under one: the Lease's absence and its
@@ -60,28 +60,20 @@ func (s *Store) ReleaseDeleted(ctx context.Context, namespace, name, uid string,
 	if err != nil {
 		return nil, err
 	}
-	recordKey := etcdkeys.DeletedLeaseKey(s.prefix, namespace, name, uid)
-	mark := clientv3.OpPut(recordKey, at.UTC().Format(time.RFC3339Nano), clientv3.WithLease(life.ID))
+	mark := clientv3.OpPut(etcdkeys.DeletedLeaseKey(s.prefix, namespace, name, uid), at.UTC().Format(time.RFC3339Nano), clientv3.WithLease(life.ID))
 	for try := 0; try < releaseTries; try++ {
 		g, _, err := s.readGrant(ctx, namespace, name)
 		if err != nil {
 			return nil, err
 		}
-		cmps, ops, marked, err := s.releaseOps(ctx, key, recordKey, mark, g, uid)
-		if err != nil {
-			s.Revoke(life.ID)
-			return nil, err
-		}
+		cmps, ops := releaseOps(key, mark, g, uid)
 		resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			s.Revoke(life.ID)
 			return nil, err
 		}
 		if !resp.Succeeded {
-			continue // a grant or the record came or went since the read: read again
-		}
-		if !marked {
-			go s.Revoke(life.ID) // the record was there already
+			continue // a grant came or went since the read: read again
 		}
 		if !releases(g, uid) {
 			g = nil
@@ -104,29 +96,21 @@ func releases(g *Grant, uid string) bool {
 }
 
 // releaseOps is ReleaseDeleted's transaction for grant g as read: delete
-// the key if the deletion ends g, and write the record unless one exists
-// already (the first admission of the DELETE dates it, so that repeating
-// the DELETE does not postpone the controller's check that it happened).
-// The comparisons make it fail if the key or the record changed since.
-func (s *Store) releaseOps(ctx context.Context, key, recordKey string, mark clientv3.Op, g *Grant, uid string) (cmps []clientv3.Cmp, ops []clientv3.Op, marked bool, err error) {
+// the key if the deletion ends g, and write the record, anew each time the
+// DELETE is admitted (a retried DELETE may commit long after the first
+// one was refused elsewhere: the controller's check that the Lease is
+// still there must count from the last admission, and the new revision
+// makes a lift read before it fail). It fails if the key changed since.
+func releaseOps(key string, mark clientv3.Op, g *Grant, uid string) ([]clientv3.Cmp, []clientv3.Op) {
 	var token int64 // 0: the key is absent
 	if g != nil {
 		token = g.Token
 	}
-	cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", token)}
+	ops := []clientv3.Op{mark}
 	if releases(g, uid) {
 		ops = append(ops, clientv3.OpDelete(key))
 	}
-	rec, err := s.cli.Get(ctx, recordKey)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	if len(rec.Kvs) == 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.Version(recordKey), "=", 0))
-		return cmps, append(ops, mark), true, nil
-	}
-	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(recordKey), "=", rec.Kvs[0].ModRevision))
-	return cmps, ops, false, nil
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", token)}, ops
 }
 
 // Deletion is a DeletedLeaseKey: the Lease object with UID was deleted at

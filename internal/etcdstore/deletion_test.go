@@ -66,16 +66,22 @@ func TestReleaseDeletedEndsTheGrantAndBarsItsLease(t *testing.T) {
 	if g2.Token <= g.Token {
 		t.Fatalf("token %d not above %d", g2.Token, g.Token)
 	}
-	// A DELETE of the first Lease object, admitted again (or forged), does
-	// not end the second one's grant, and keeps the first deletion's date.
-	if released, err := s.ReleaseDeleted(ctx, "ns", "l", "uid-1", at.Add(time.Hour)); err != nil || released != nil {
+	// A DELETE of the first Lease object, admitted again, does not end the
+	// second one's grant, and dates the first one's record anew: the check
+	// that a DELETE never happened counts from its last admission, and a
+	// lift read before it fails.
+	again := at.Add(time.Minute)
+	if released, err := s.ReleaseDeleted(ctx, "ns", "l", "uid-1", again); err != nil || released != nil {
 		t.Fatalf("ReleaseDeleted of the first Lease object while the second holds: released %+v, %v", released, err)
 	}
 	if got, err := s.GetGrant(ctx, "ns", "l"); err != nil || got == nil || got.Token != g2.Token {
 		t.Fatalf("the second Lease's grant after a DELETE of the first: %+v, %v", got, err)
 	}
-	if d, err := s.DeletionOf(ctx, "ns", "l", "uid-1"); err != nil || d == nil || !d.At.Equal(at) {
-		t.Fatalf("the first deletion's record after its DELETE came again: %+v, %v; want it dated %s still", d, err, at)
+	if err := s.ForgetDeletion(ctx, d); !errors.Is(err, ErrDeletionChanged) {
+		t.Fatalf("lifting a record read before the DELETE came again: %v, want ErrDeletionChanged", err)
+	}
+	if d, err = s.DeletionOf(ctx, "ns", "l", "uid-1"); err != nil || d == nil || !d.At.Equal(again) {
+		t.Fatalf("the first deletion's record after its DELETE came again: %+v, %v; want it dated %s", d, err, again)
 	}
 	// Its own deletion releases it.
 	if released, err := s.ReleaseDeleted(ctx, "ns", "l", "uid-2", at); err != nil || released == nil || released.Token != g2.Token {

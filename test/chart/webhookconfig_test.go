@@ -74,7 +74,7 @@ func normalizeNamespaces(hook map[string]any) {
 // test is what keeps them one: a fenced object in fencer's own namespace
 // once took tokenless writes under make dev while the chart judged it.
 func TestDevWebhooksMatchTheChart(t *testing.T) {
-	dev := readConfig(t, "webhook")
+	dev := readConfig(t, "config/webhook")
 	devHooks := webhooksOf(t, dev)
 	chartHooks := webhooksOf(t, render(t))
 	if len(devHooks) == 0 {
@@ -113,10 +113,10 @@ func fieldsOf(a, b map[string]any) []string {
 	return out
 }
 
-// readConfig reads config/<dir>/manifests.yaml.
+// readConfig reads <dir>/manifests.yaml, dir relative to the repository.
 func readConfig(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(chartDir(), "..", "..", "config", dir, "manifests.yaml"))
+	raw, err := os.ReadFile(filepath.Join(chartDir(), "..", "..", dir, "manifests.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,11 +143,11 @@ func TestLeaseDeleteWebhookAndFinalizerNamespacesMeet(t *testing.T) {
 	if n := len(webhooksOf(t, render(t))); n == 0 || webhooksOf(t, render(t))["ValidatingWebhookConfiguration/lease-delete.fencer.io"] != nil {
 		t.Fatalf("the default install renders %d webhooks, lease-delete.fencer.io among them; it is opt-in", n)
 	}
-	// config/lease-delete-webhook is the chart's opt-in webhook.
+	// The tests' copy of the opt-in webhook is the chart's.
 	want := webhooksOf(t, render(t, "--set", "leaseDeletion.webhook=true"))["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
-	got := webhooksOf(t, readConfig(t, "lease-delete-webhook"))["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
+	got := webhooksOf(t, readConfig(t, "test/support/testenv/leasedeletewebhook"))["ValidatingWebhookConfiguration/lease-delete.fencer.io"]
 	if !reflect.DeepEqual(want, got) {
-		t.Errorf("config/lease-delete-webhook differs from the chart's:\n chart:  %v\n config: %v", want, got)
+		t.Errorf("test/support/testenv/leasedeletewebhook differs from the chart's:\n chart:  %v\n config: %v", want, got)
 	}
 	objs := render(t, "--set", "leaseDeletion.webhook=true", "--set", "webhook.excludeNamespaces={kube-system,batch}", "--set", "webhook.failurePolicy=Ignore")
 	hook, ok := webhooksOf(t, objs)["ValidatingWebhookConfiguration/lease-delete.fencer.io"]

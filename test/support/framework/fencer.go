@@ -64,7 +64,7 @@ func StartFencer(webhook bool) (*Fencer, error) {
 }
 
 // StartFencerReleasingAtDelete is StartFencer with the webhook, and the
-// opt-in Lease deletion webhook too (config/lease-delete-webhook): its
+// opt-in Lease deletion webhook too (test/support/testenv/leasedeletewebhook): its
 // managers release a Lease's grant at its DELETE, and put the finalizer
 // only on Leases in kube-system, as --lease-delete-webhook does.
 func StartFencerReleasingAtDelete() (*Fencer, error) {
@@ -85,7 +85,7 @@ func startFencer(webhook, releaseAtDelete bool) (*Fencer, error) {
 		}
 		env.WebhookInstallOptions.Paths = []string{filepath.Join(root, "config", "webhook")}
 		if releaseAtDelete {
-			env.WebhookInstallOptions.Paths = append(env.WebhookInstallOptions.Paths, filepath.Join(root, "config", "lease-delete-webhook"))
+			env.WebhookInstallOptions.Paths = append(env.WebhookInstallOptions.Paths, filepath.Join(root, "test", "support", "testenv", "leasedeletewebhook"))
 		}
 	}
 	if f.Config, err = env.Start(); err != nil {
