@@ -115,12 +115,8 @@ func (r *LeaseReconciler) deletionGrace() time.Duration {
 // notBeingDeleted asks the apiserver, not the cache, whether this very
 // Lease object (its UID) is still there with no deletionTimestamp.
 func (r *LeaseReconciler) notBeingDeleted(ctx context.Context, lease *fencerv1.Lease) (bool, error) {
-	reader := client.Reader(r.Client)
-	if r.APIReader != nil {
-		reader = r.APIReader
-	}
 	now := &fencerv1.Lease{}
-	err := reader.Get(ctx, client.ObjectKeyFromObject(lease), now)
+	err := r.uncached().Get(ctx, client.ObjectKeyFromObject(lease), now)
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, nil

@@ -155,12 +155,8 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 // (a new leader's, just after a relist) must not end a tenure whose
 // holder is still there and selected; then lagging is true.
 func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (why fencerv1.TenureEndReason, lagging bool, err error) {
-	reader := client.Reader(r.Client)
-	if r.APIReader != nil {
-		reader = r.APIReader
-	}
 	pod := &corev1.Pod{}
-	err = reader.Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
+	err = r.uncached().Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
 	switch {
 	case apierrors.IsNotFound(err):
 		return fencerv1.TenureHolderGone, false, nil
@@ -174,6 +170,16 @@ func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g 
 		return "", true, nil
 	}
 	return fencerv1.TenureHolderNotSelected, false, nil
+}
+
+// uncached reads from the apiserver itself, where the cache may be behind
+// what a decision needs (the manager's client when no APIReader is set, as
+// in unit tests).
+func (r *LeaseReconciler) uncached() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
 }
 
 // releasedByHolder tells a Direct grant its holder released

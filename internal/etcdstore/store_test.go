@@ -80,19 +80,7 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 		t.Fatalf("after release: %+v, %v", got, err)
 	}
 	// The revoke runs in the background, after the delete.
-	for try := 0; ; try++ {
-		ttl, err := cli.TimeToLive(ctx, g.LeaseID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl.TTL == -1 {
-			break
-		}
-		if try == 100 {
-			t.Fatalf("the released grant's etcd lease %x was not revoked: TTL %d s", g.LeaseID, ttl.TTL)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRevoked(t, s, g)
 	g2, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 10*time.Second, time.Now())
 	if err != nil {
 		t.Fatal(err)

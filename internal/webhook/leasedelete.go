@@ -35,8 +35,6 @@ type DeletedReleaser interface {
 // then stays, held, as it would behind a finalizer, until etcd is back.
 type LeaseDeletion struct {
 	Store DeletedReleaser
-	// Now is the clock the deletion is recorded with; nil means time.Now.
-	Now func() time.Time
 }
 
 // Handle releases the grant of the Lease being deleted and admits the
@@ -60,11 +58,9 @@ func (d *LeaseDeletion) Handle(ctx context.Context, req admission.Request) admis
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf(
 			"fencer: the DELETE of lease %s/%s came without a readable Lease object (oldObject), so fencer cannot tell which Lease's grant to release: %w", req.Namespace, req.Name, err))
 	}
-	now := time.Now
-	if d.Now != nil {
-		now = d.Now
-	}
-	if _, err := d.Store.ReleaseDeleted(ctx, lease.Namespace, lease.Name, lease.UID, now()); err != nil {
+	// The date is for people reading the record; the controller's grace
+	// goes by the record's age in etcd.
+	if _, err := d.Store.ReleaseDeleted(ctx, lease.Namespace, lease.Name, lease.UID, time.Now()); err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, fmt.Errorf(
 			"fencer: cannot release the grant of lease %s/%s in etcd before it is deleted (%w); the delete is refused so that no write is accepted under the grant of a Lease that is gone; retry once etcd is reachable", lease.Namespace, lease.Name, err))
 	}
