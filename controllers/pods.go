@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -9,8 +10,10 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -63,20 +66,46 @@ func annotatePod(ctx context.Context, c client.Client, pod *corev1.Pod, want map
 	return patchAnnotations(ctx, c, pod, want, keys...)
 }
 
-// patchAnnotations is annotatePod's merge patch.
+// patchAnnotations is annotatePod's merge patch. It names the pod's UID,
+// so it applies only to the pod it was computed for: a pod deleted and
+// created again under the same name meanwhile (a StatefulSet's, or one
+// force-deleted) is a different pod, which must not receive the old one's
+// token, block or slot. The apiserver refuses such a patch (a UID cannot
+// change), and, as for a pod that is gone, nothing is written: the new
+// pod's own events reconcile it.
 func patchAnnotations(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
-	patch := client.MergeFrom(pod.DeepCopy())
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
+	ann := make(map[string]*string, len(keys))
 	for _, k := range keys {
 		if v, ok := want[k]; ok {
-			pod.Annotations[k] = v
+			ann[k] = &v
 		} else {
-			delete(pod.Annotations, k)
+			ann[k] = nil // removes it
 		}
 	}
-	return client.IgnoreNotFound(c.Patch(ctx, pod, patch))
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": pod.UID, "annotations": ann}})
+	if err != nil {
+		return err
+	}
+	err = c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, data))
+	if apierrors.IsNotFound(err) || podReplaced(err) {
+		return nil
+	}
+	return err
+}
+
+// podReplaced says whether err is the apiserver's refusal of a patch that
+// names another UID than the stored pod's: the pod was replaced.
+func podReplaced(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if cause.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }
 
 // podPatchesAtOnce bounds the pod patches one reconcile sends at once.
