@@ -31,7 +31,7 @@ type LeaseReconciler struct {
 	// is gone before its grant is released (gone).
 	APIReader client.Reader
 	// Finalize tells the namespaces whose Leases get the finalizer
-	// fencer.io/release (finalizeIn); nil gives it to every Lease.
+	// fencer.io/release (FinalizeIn); nil gives it to every Lease.
 	Finalize func(namespace string) bool
 	// DeletionGrace is how long a Lease whose DELETE fencer's webhook
 	// admitted is held ungranted before the controller checks that the

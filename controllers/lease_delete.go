@@ -23,8 +23,9 @@ import (
 // finalizerFor is the finalizer a Lease in namespace gets:
 // fencer.io/release, so that a Lease is never gone while its grant lives,
 // unless the opt-in Lease deletion webhook releases the grant as it admits
-// the Lease's DELETE, which saves that write per Lease (and then still in
-// the namespaces that webhook skips).
+// the Lease's DELETE (and then still in the namespaces that webhook skips).
+// The webhook lease-finalizer.fencer.io sets it as the Lease is created,
+// so the controller writes it only where that webhook did not answer.
 func (r *LeaseReconciler) finalizerFor(namespace string) string {
 	if r.Finalize == nil || r.Finalize(namespace) {
 		return fencerv1.LeaseFinalizer
@@ -32,8 +33,9 @@ func (r *LeaseReconciler) finalizerFor(namespace string) string {
 	return ""
 }
 
-// finalizeIn is a LeaseReconciler's Finalize: the namespaces listed, or all.
-func finalizeIn(namespaces []string, everywhere bool) func(string) bool {
+// FinalizeIn is a LeaseReconciler's Finalize, and the Lease finalizer
+// webhook's: the namespaces listed, or all.
+func FinalizeIn(namespaces []string, everywhere bool) func(string) bool {
 	set := map[string]bool{}
 	for _, ns := range namespaces {
 		set[ns] = true

@@ -187,14 +187,14 @@ func TestLeaseMemoryAlongAPass(t *testing.T) {
 // Leases get fencer's finalizer only in the namespaces the Lease deletion
 // webhook skips, or everywhere when no webhook is served.
 func TestFinalizerOnlyWhereNoWebhookReleases(t *testing.T) {
-	r := &LeaseReconciler{Finalize: finalizeIn([]string{"kube-system"}, false)}
+	r := &LeaseReconciler{Finalize: FinalizeIn([]string{"kube-system"}, false)}
 	if got := r.finalizerFor("kube-system"); got != "fencer.io/release" {
 		t.Errorf("kube-system: finalizer %q, want fencer.io/release", got)
 	}
 	if got := r.finalizerFor("apps"); got != "" {
 		t.Errorf("apps: finalizer %q, want none", got)
 	}
-	if got := (&LeaseReconciler{Finalize: finalizeIn(nil, true)}).finalizerFor("apps"); got != "fencer.io/release" {
+	if got := (&LeaseReconciler{Finalize: FinalizeIn(nil, true)}).finalizerFor("apps"); got != "fencer.io/release" {
 		t.Errorf("no webhook served: finalizer %q, want fencer.io/release", got)
 	}
 	if got := (&LeaseReconciler{}).finalizerFor("apps"); got != "fencer.io/release" {

@@ -62,7 +62,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	}
 	leases.APIReader = mgr.GetAPIReader()
 	leases.DeletionGrace = o.LeaseDeletionGrace
-	leases.Finalize = finalizeIn(o.LeaseFinalizerNamespaces, !o.LeaseDeleteWebhook)
+	leases.Finalize = FinalizeIn(o.LeaseFinalizerNamespaces, !o.LeaseDeleteWebhook)
 	if err := leases.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}

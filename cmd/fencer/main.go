@@ -186,7 +186,8 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		}
 	}
 	exempt := webhook.NewExempt(strings.Split(o.exemptUsers, ","), strings.Split(o.exemptGroups, ","))
-	return webhook.Register(context.Background(), mgr, store, exempt, o.leaseDeleteWebhook)
+	return webhook.Register(context.Background(), mgr, store, webhook.Options{Exempt: exempt, ReleaseAtDelete: o.leaseDeleteWebhook,
+		Finalize: controllers.FinalizeIn(etcdstore.SplitList(o.finalizerNamespaces), !o.leaseDeleteWebhook)})
 }
 
 // workloadEndpoints are the etcd client URLs workloads (and the lock

@@ -58,7 +58,7 @@ var (
 	// EventsDropped counts Normal Events the controllers did not post.
 	EventsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_events_dropped_total",
-		Help: "Normal Events the controllers did not post because they exceeded the Event budget (a burst of 100, then 10 per second, over all objects); the same facts are in each object's status. Label reason: the Event's reason (Granted, Released, Expired, SlotFreed).",
+		Help: "Normal Events the controllers did not post because they exceeded the Event budget (a burst of 100, then 1 per second, over all objects); the same facts are in each object's status. Label reason: the Event's reason (Granted, Released, Expired, SlotFreed).",
 	}, []string{"reason"})
 
 	// LeaseReleases counts tenures ended before their etcd lease expired.

@@ -13,16 +13,29 @@ import (
 
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=get;list;watch
 
+// Options are how an install serves its webhooks.
+type Options struct {
+	// Exempt are the identities whose writes to fenced objects pass
+	// without a token.
+	Exempt Exempt
+	// ReleaseAtDelete serves the Lease deletion webhook
+	// (--lease-delete-webhook). It is the one path that changes etcd, and
+	// the webhook server does not know who calls it, so an install serves
+	// it only where it has made sure that only the apiserver can reach the
+	// webhook port (docs/install.md).
+	ReleaseAtDelete bool
+	// Finalize tells the namespaces whose Leases the Lease finalizer
+	// webhook gives fencer's finalizer: the controller's
+	// (controllers.FinalizeIn). Nil is every namespace.
+	Finalize func(namespace string) bool
+}
+
 // Register serves the fencing webhooks (RecordPath, Path, ParentPath), the
-// Lease deletion webhook (LeaseDeletePath) and the Lease status guard
-// (LeaseStatusPath) on mgr's webhook server. Every
-// replica serves them, leader or not: the live token comes from etcd.
-//
-// The Lease deletion webhook is served only with releaseAtDelete: it is the
-// one path that changes etcd, and the webhook server does not know who
-// calls it, so an install serves it only where it has made sure that only
-// the apiserver can reach the webhook port (docs/install.md).
-func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exempt Exempt, releaseAtDelete bool) error {
+// Lease finalizer webhook (LeaseFinalizerPath), the Lease deletion webhook
+// (LeaseDeletePath, with o.ReleaseAtDelete) and the Lease status guard
+// (LeaseStatusPath) on mgr's webhook server. Every replica serves them,
+// leader or not: the live token comes from etcd.
+func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, o Options) error {
 	me, err := WhoAmI(ctx, mgr.GetConfig())
 	if err != nil {
 		return err
@@ -35,14 +48,15 @@ func Register(ctx context.Context, mgr ctrl.Manager, store *etcdstore.Store, exe
 		Leases:    leases,
 		APIReader: mgr.GetAPIReader(),
 		Live:      etcdstore.NewLiveReader(store, metrics.ObserveLookup),
-		Exempt:    exempt,
+		Exempt:    o.Exempt,
 		Refusals:  &Refusals{Recorder: eventkey.Distinct(mgr.GetEventRecorder("fencer-webhook"), mgr.GetScheme()), Leases: leases},
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(RecordPath, &Review{Handler: admission.HandlerFunc(f.Record)})
 	srv.Register(Path, &Review{Handler: admission.HandlerFunc(f.Validate)})
 	srv.Register(ParentPath, &Review{Handler: &Parent{Checker: f, Reader: mgr.GetAPIReader(), Mapper: mgr.GetRESTMapper()}})
-	if releaseAtDelete {
+	srv.Register(LeaseFinalizerPath, &Review{Handler: &LeaseFinalizer{Finalize: o.Finalize}})
+	if o.ReleaseAtDelete {
 		srv.Register(LeaseDeletePath, &Review{Handler: &LeaseDeletion{Store: store}})
 	}
 	// The Lease status guard is now the chart's ValidatingAdmissionPolicy.

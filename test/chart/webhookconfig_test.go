@@ -197,3 +197,26 @@ func TestWebhookPortCanBeNarrowed(t *testing.T) {
 		}
 	}
 }
+
+// The Lease finalizer webhook only saves the manager a write, so it never
+// blocks a Lease's creation (Ignore, whatever webhook.failurePolicy says,
+// and a short timeout), receives only Lease CREATEs, and is left out with
+// leaseDeletion.webhook, where Leases carry the finalizer only in the
+// namespaces the webhooks skip.
+func TestLeaseFinalizerWebhook(t *testing.T) {
+	const name = "MutatingWebhookConfiguration/lease-finalizer.fencer.io"
+	hook, ok := webhooksOf(t, render(t, "--set", "webhook.failurePolicy=Fail"))[name]
+	if !ok {
+		t.Fatal("the default install has no lease-finalizer.fencer.io webhook")
+	}
+	if hook["failurePolicy"] != "Ignore" || fmt.Sprint(hook["timeoutSeconds"]) != "2" || hook["sideEffects"] != "None" {
+		t.Errorf("lease-finalizer.fencer.io: failurePolicy %v, timeoutSeconds %v, sideEffects %v; want Ignore, 2, None", hook["failurePolicy"], hook["timeoutSeconds"], hook["sideEffects"])
+	}
+	rules, _, _ := unstructured.NestedSlice(hook, "rules")
+	if got := fmt.Sprint(rules); got != "[map[apiGroups:[fencer.io] apiVersions:[*] operations:[CREATE] resources:[leases] scope:Namespaced]]" {
+		t.Errorf("lease-finalizer.fencer.io rules %s; want only the CREATE of fencer.io leases", got)
+	}
+	if _, ok := webhooksOf(t, render(t, "--set", "leaseDeletion.webhook=true"))[name]; ok {
+		t.Error("with leaseDeletion.webhook the chart still renders lease-finalizer.fencer.io")
+	}
+}

@@ -162,6 +162,21 @@ func TestDevCluster(t *testing.T) {
 			t.Fatalf("unexpected output: %s", out)
 		}
 	})
+	t.Run("a Lease is stored with fencer's finalizer from its create: the manager writes no finalizer", func(t *testing.T) {
+		// The create's own response is the object as stored at admission,
+		// before any reconcile could have added the finalizer.
+		path := filepath.Join(tmp, "finalized-lease.yaml")
+		lease := "apiVersion: fencer.io/v1alpha1\nkind: Lease\nmetadata: {name: finalized, finalizers: [example.com/keep]}\nspec: {holderSelector: {matchLabels: {app: none}}}\n"
+		if err := os.WriteFile(path, []byte(lease), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := kubectl("create", "-f", path, "-o", "jsonpath={.metadata.finalizers}"); got != `["example.com/keep","fencer.io/release"]` {
+			t.Errorf("the created Lease carries finalizers %s; want the client's and then fencer.io/release, set by lease-finalizer.fencer.io", got)
+		}
+		kubectl("patch", "flease", "finalized", "--type=json", "-p", `[{"op":"remove","path":"/metadata/finalizers/0"}]`)
+		kubectl("delete", "flease", "finalized", "--wait=true", "--timeout=60s")
+	})
+
 	t.Run("a Deployment's pods become Ready and are deleted", func(t *testing.T) {
 		manifest := filepath.Join(tmp, "deployment.yaml")
 		if err := os.WriteFile(manifest, []byte(deployment), 0o644); err != nil {

@@ -204,7 +204,8 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 		t.Fatal(err)
 	}
 	if serveWebhook {
-		if err := webhook.Register(context.Background(), mgr, store, webhook.NewExempt(webhook.DefaultExemptUsers, nil), f.releaseAtDelete); err != nil {
+		if err := webhook.Register(context.Background(), mgr, store, webhook.Options{Exempt: webhook.NewExempt(webhook.DefaultExemptUsers, nil),
+			ReleaseAtDelete: f.releaseAtDelete, Finalize: controllers.FinalizeIn([]string{"kube-system"}, !f.releaseAtDelete)}); err != nil {
 			t.Fatal(err)
 		}
 	}
