@@ -17,11 +17,11 @@ import (
 // same facts are already in each object's status (the Lease's history and
 // conditions) and in the metrics. Beyond the budget, Normal Events are
 // counted in fencer_events_dropped_total and not posted. Warning Events
-// are never dropped here. The burst covers a workload of 100 members or a
-// failover of as many Leases at once; the refill, a grant a second, keeps
-// a storm's Events to about one in a hundred grants (0.02 writes per grant
-// over 10,000 Leases granted in 110 s), well inside the writes a grant
-// is allowed beyond its two.
+// are never dropped here. The burst covers the grants of a 100-member
+// workload, or 50 Leases failing over at once (a release and a grant
+// each); the refill, one a second, keeps a storm's Events to about two in
+// a hundred grants (0.02 writes per grant over 10,000 Leases granted in
+// 110-120 s).
 const (
 	NormalEventBurst = 100
 	NormalEventRate  = 1

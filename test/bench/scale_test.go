@@ -359,7 +359,7 @@ func apiserverWrites(t *testing.T, cfg *rest.Config) writeCounts {
 		case "POST", "PUT", "PATCH", "DELETE":
 			// The apiserver renews its own identity Lease
 			// (coordination.k8s.io) every 10 s; those writes are not
-			// fencer's.
+			// fencer's, whose leader election is in its etcd.
 			if labels["group"] == "coordination.k8s.io" {
 				continue
 			}
