@@ -48,33 +48,62 @@ done
 
 # -trimpath keeps binaries identical across checkouts; -s -w drops debug info,
 # which halves link time and size for these large binaries.
-build() { # module-dir ldflags out pkg [build tags]
-  local dir=$1 ldflags=$2 out=$3 pkg=$4 tags=${5:-}
-  say "building $out ($pkg)"
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/$out" "$pkg") \
-    || fail "go build $pkg in $dir (see the compiler output above)"
+#
+# One `go build` per module builds all of that module's tools: the go command
+# then links one binary (single-threaded) while it compiles another's
+# packages, where a build per tool left a core idle for every link. The
+# modules build side by side, each logging to its own file, for the same
+# reason. An -X for a package a binary does not link is ignored, so each
+# module's tools share one set of ldflags.
+build() { # module-dir ldflags tags package...
+  local dir=$1 ldflags=$2 tags=$3
+  shift 3
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/" "$@")
 }
 
-say "building tools into bin/ (a cold build takes several minutes; later runs are no-ops)"
-build "$tools" "$kube_ldflags" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build "$tools" "$kube_ldflags" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
-build "$tools" "$kube_ldflags" kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
-build "$tools" "$kube_ldflags" kubectl k8s.io/kubernetes/cmd/kubectl
-# The real node's kubelet, kube-proxy and cluster DNS (make dev NODE=real,
-# make test-real-node).
-build "$tools" "$kube_ldflags" kubelet k8s.io/kubernetes/cmd/kubelet
-build "$tools" "$kube_ldflags" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
-build "$tools/coredns" "" coredns .
-build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etcd ./cmd/etcd
-build "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" etcdctl ./cmd/etcdctl
-build "$tools" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}" kwok sigs.k8s.io/kwok/cmd/kwok
-build "$tools" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37" helm helm.sh/helm/v3/cmd/helm
-build "$tools" "" controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+helm_ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37"
+helm_ldflags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
+kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}"
+
+logs="$bin/.tools-logs"
+rm -rf "$logs" && mkdir -p "$logs"
+say "building tools into bin/ (a cold build takes about 20 minutes on 2 cores; later runs are no-ops); logs in $logs"
+declare -A pids=()
+start_build() { # name module-dir ldflags tags package...
+  local name=$1
+  shift
+  build "$@" >"$logs/$name.log" 2>&1 &
+  pids[$name]=$!
+}
+# The control plane, kubectl, the real node's kubelet and kube-proxy, kwok,
+# helm and controller-gen: k8s.io/kubernetes's module.
+start_build kubernetes "$tools" "$kube_ldflags $kwok_ldflags $helm_ldflags" "" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
+  sigs.k8s.io/kwok/cmd/kwok helm.sh/helm/v3/cmd/helm sigs.k8s.io/controller-tools/cmd/controller-gen
+start_build etcd "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" "" ./cmd/etcd ./cmd/etcdctl
+# The real node's cluster DNS.
+start_build coredns "$tools/coredns" "" "" .
 # remove_all_sd: rule tests need no service discovery, whose plugins pull
 # every cloud provider's SDK.
-build "$tools/prometheus" "-X github.com/prometheus/common/version.Version=3.16.0" promtool github.com/prometheus/prometheus/cmd/promtool remove_all_sd
-build "$tools/prometheus" "" promql-names ./promql-names remove_all_sd
-build "$tools/lint" "" golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+start_build prometheus "$tools/prometheus" "-X github.com/prometheus/common/version.Version=3.16.0" remove_all_sd \
+  github.com/prometheus/prometheus/cmd/promtool ./promql-names
+start_build golangci-lint "$tools/lint" "" "" github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+failed=()
+for name in kubernetes etcd coredns prometheus golangci-lint; do
+  if wait "${pids[$name]}"; then
+    say "built $name's tools"
+  else
+    failed+=("$name")
+    printf '[build-tools] go build of %s failed; its output (%s):\n' "$name" "$logs/$name.log" >&2
+    cat "$logs/$name.log" >&2
+  fi
+done
+[ ${#failed[@]} = 0 ] || fail "${failed[*]} (see the compiler output above)"
+for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || fail "bin/$b was not built"; done
 
 "$bin/kube-apiserver" --version | grep -q "$KUBE_VERSION" || fail "kube-apiserver does not report $KUBE_VERSION"
 "$bin/etcd" --version | grep -q "${ETCD_VERSION#v}" || fail "etcd does not report $ETCD_VERSION"
