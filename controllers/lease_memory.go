@@ -18,6 +18,11 @@ const statusRefresh = 30 * time.Second
 // a timestamp, so the interval grows with the number held instead.
 const statusRefreshRate = 10
 
+// grantBurstWindow is how recent a grant must be for a due refresh to yield
+// to grants (refreshYields): grants this close together are a burst, in
+// which the apiserver is what every waiting candidate queues for.
+const grantBurstWindow = time.Second
+
 // leaseMemory is what the Lease reconciler remembers of each Lease between
 // reconciles, by lease key: none of it is in the Lease or in etcd, and a
 // new leader starts without it. Its methods are safe for concurrent use:
@@ -34,6 +39,11 @@ type leaseMemory struct {
 	// lastRefresh the latest slot handed out (refreshInterval).
 	refreshAt   map[string]time.Time
 	lastRefresh time.Time
+	// yielded holds the Leases whose due refresh yielded to a burst of
+	// grants since their status was last refreshed, and lastGrant is when
+	// the latest grant was made (refreshYields).
+	yielded   map[string]bool
+	lastGrant time.Time
 	// ended is why this replica last ended each Lease's tenure, by token,
 	// so that a status write that conflicts does not lose the reason: the
 	// next pass records the end from here.
@@ -46,7 +56,7 @@ type endedTenure struct {
 }
 
 func newLeaseMemory() *leaseMemory {
-	return &leaseMemory{endAt: map[string]time.Time{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}, ended: map[string]endedTenure{}}
+	return &leaseMemory{endAt: map[string]time.Time{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}, yielded: map[string]bool{}, ended: map[string]endedTenure{}}
 }
 
 // refreshInterval is when a held Lease's status is next refreshed. A Lease
@@ -86,9 +96,34 @@ func (m *leaseMemory) refreshDue(key string, now time.Time) bool {
 	return ok && !now.Before(at)
 }
 
+// refreshYields reports whether key's due refresh yields to a burst of
+// grants: a grant was made within grantBurstWindow of now, and key has not
+// yielded since its status was last refreshed. A refresh that yields takes
+// the next slot (refreshInterval), after every slot the burst's grants
+// took, so a burst's apiserver writes go to the grants that candidates
+// wait for, not to renewTimes nobody waits for. It yields once: its next
+// slot refreshes it, burst or not, so no status goes unrefreshed for more
+// than two of its slots. It decides the refresh, and records it: call it
+// only for a refresh that is due.
+func (m *leaseMemory) refreshYields(key string, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.yielded[key] || now.Sub(m.lastGrant) >= grantBurstWindow {
+		delete(m.yielded, key)
+		return false
+	}
+	m.yielded[key] = true
+	return true
+}
+
 // forgetRefresh drops key's refresh slot: its status is fresh, or its
 // tenure over.
-func (m *leaseMemory) forgetRefresh(key string) { lookup(m, m.refreshAt, key, true) }
+func (m *leaseMemory) forgetRefresh(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.refreshAt, key)
+	delete(m.yielded, key)
+}
 
 // ending is when key's unrenewed tenure ends, if that was decided.
 func (m *leaseMemory) ending(key string) (time.Time, bool) { return lookup(m, m.endAt, key, false) }
@@ -157,6 +192,7 @@ func (m *leaseMemory) forget(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.refreshAt, key)
+	delete(m.yielded, key)
 	delete(m.endAt, key)
 	delete(m.deletedAt, key)
 }
@@ -166,11 +202,12 @@ func (m *leaseMemory) forget(key string) {
 // once or twice.
 
 // renewing is a pass over a holder the controller renews: its tenure is no
-// longer being ended, due says whether its status refresh has come, and
-// next is when the status is next refreshed (refreshInterval).
+// longer being ended, due says whether its status refresh has come (and
+// does not yield to a burst of grants: refreshYields), and next is when the
+// status is next refreshed (refreshInterval).
 func (m *leaseMemory) renewing(key string, ttl time.Duration, now time.Time) (due bool, next time.Duration) {
 	m.clearEnding(key)
-	due = m.refreshDue(key, now)
+	due = m.refreshDue(key, now) && !m.refreshYields(key, now)
 	return due, m.refreshInterval(key, ttl, now)
 }
 
@@ -219,6 +256,11 @@ func (m *leaseMemory) noGrant(key string, successorComing bool) {
 func (m *leaseMemory) granted(key string, ttl time.Duration, now time.Time) (deletedAt time.Time, ok bool, refresh time.Duration) {
 	deletedAt, ok = m.takeDeleted(key)
 	m.forgetRefresh(key)
+	m.mu.Lock()
+	if now.After(m.lastGrant) {
+		m.lastGrant = now
+	}
+	m.mu.Unlock()
 	if ttl > 0 {
 		refresh = m.refreshInterval(key, ttl, now)
 	}

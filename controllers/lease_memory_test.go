@@ -56,6 +56,44 @@ func TestRefreshSlots(t *testing.T) {
 	}
 }
 
+// A refresh that comes due within a second of a grant yields to the burst
+// once: it takes the next slot, after the burst's, and that slot refreshes
+// it even in a burst. A refresh with no grant near is never held back.
+func TestRefreshYieldsOnceToABurstOfGrants(t *testing.T) {
+	m := newLeaseMemory()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ttl := 15 * time.Second
+	gap := time.Second / statusRefreshRate
+	m.granted("held", ttl, t0)
+	for i := range 100 { // the burst's grants take the slots after held's
+		m.granted(fmt.Sprintf("g%d", i), ttl, t0)
+	}
+
+	due := t0.Add(statusRefresh)
+	m.granted("late", ttl, due.Add(-time.Millisecond)) // the burst goes on
+	yielded, next := m.renewing("held", ttl, due)
+	if yielded {
+		t.Fatal("a refresh came due 1 ms after a grant and did not yield to the burst")
+	}
+	// held's next slot follows every slot handed out since its first, the
+	// last of them late's, a statusRefresh after late's grant.
+	if want := statusRefresh - time.Millisecond + gap; next != want {
+		t.Fatalf("the yielded refresh is next in %s, want the slot after the burst's, %s", next, want)
+	}
+	again := due.Add(next)
+	m.granted("later", ttl, again.Add(-time.Millisecond))
+	if refreshed, _ := m.renewing("held", ttl, again); !refreshed {
+		t.Fatal("a refresh that had yielded once yielded again: a burst could hold a status back without end")
+	}
+
+	// Refreshed, held may yield again in a later burst; with no grant near,
+	// its refresh is due at its slot.
+	m.granted("quiet", ttl, t0)
+	if due, _ := m.renewing("quiet", ttl, again.Add(statusRefresh+time.Hour)); !due {
+		t.Fatal("a refresh with no grant within a second yielded")
+	}
+}
+
 // An unrenewed tenure's end is remembered until taken or cleared, and a
 // deletion keeps its first time until a grant takes it (the failover
 // duration) or nothing is coming.
