@@ -52,13 +52,17 @@ done
 # One `go build` per module builds all of that module's tools: the go command
 # then links one binary (single-threaded) while it compiles another's
 # packages, where a build per tool left a core idle for every link. The
-# modules build side by side, each logging to its own file, for the same
-# reason. An -X for a package a binary does not link is ignored, so each
-# module's tools share one set of ldflags.
-build() { # module-dir ldflags tags package...
-  local dir=$1 ldflags=$2 tags=$3
-  shift 3
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/" "$@")
+# modules build one after another: many packages are common to them at the
+# same versions, and a later module finds those compiled (built side by
+# side, both compiled them, and a cold build took 1.4 minutes longer). An -X
+# for a package a binary does not link is ignored, so each module's tools
+# share one set of ldflags.
+build() { # name module-dir ldflags tags package...
+  local name=$1 dir=$2 ldflags=$3 tags=$4
+  shift 4
+  say "building $name's tools: $*"
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/" "$@") \
+    || fail "go build of $name's tools in $dir (see the compiler output above)"
 }
 
 helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
@@ -66,43 +70,22 @@ helm_ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/he
 helm_ldflags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
 kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${KUBE_VERSION#v}"
 
-logs="$bin/.tools-logs"
-rm -rf "$logs" && mkdir -p "$logs"
-say "building tools into bin/ (a cold build takes about 20 minutes on 2 cores; later runs are no-ops); logs in $logs"
-declare -A pids=()
-start_build() { # name module-dir ldflags tags package...
-  local name=$1
-  shift
-  build "$@" >"$logs/$name.log" 2>&1 &
-  pids[$name]=$!
-}
+say "building tools into bin/ (a cold build takes about 20 minutes on 2 cores; later runs are no-ops)"
 # The control plane, kubectl, the real node's kubelet and kube-proxy, kwok,
 # helm and controller-gen: k8s.io/kubernetes's module.
-start_build kubernetes "$tools" "$kube_ldflags $kwok_ldflags $helm_ldflags" "" \
+build kubernetes "$tools" "$kube_ldflags $kwok_ldflags $helm_ldflags" "" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
   sigs.k8s.io/kwok/cmd/kwok helm.sh/helm/v3/cmd/helm sigs.k8s.io/controller-tools/cmd/controller-gen
-start_build etcd "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" "" ./cmd/etcd ./cmd/etcdctl
 # The real node's cluster DNS.
-start_build coredns "$tools/coredns" "" "" .
+build coredns "$tools/coredns" "" "" .
+build etcd "$tools/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" "" ./cmd/etcd ./cmd/etcdctl
 # remove_all_sd: rule tests need no service discovery, whose plugins pull
 # every cloud provider's SDK.
-start_build prometheus "$tools/prometheus" "-X github.com/prometheus/common/version.Version=3.16.0" remove_all_sd \
+build prometheus "$tools/prometheus" "-X github.com/prometheus/common/version.Version=3.16.0" remove_all_sd \
   github.com/prometheus/prometheus/cmd/promtool ./promql-names
-start_build golangci-lint "$tools/lint" "" "" github.com/golangci/golangci-lint/v2/cmd/golangci-lint
-
-failed=()
-for name in kubernetes etcd coredns prometheus golangci-lint; do
-  if wait "${pids[$name]}"; then
-    say "built $name's tools"
-  else
-    failed+=("$name")
-    printf '[build-tools] go build of %s failed; its output (%s):\n' "$name" "$logs/$name.log" >&2
-    cat "$logs/$name.log" >&2
-  fi
-done
-[ ${#failed[@]} = 0 ] || fail "${failed[*]} (see the compiler output above)"
+build golangci-lint "$tools/lint" "" "" github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || fail "bin/$b was not built"; done
 
 "$bin/kube-apiserver" --version | grep -q "$KUBE_VERSION" || fail "kube-apiserver does not report $KUBE_VERSION"
