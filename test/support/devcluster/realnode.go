@@ -14,6 +14,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fencer-io/fencer/test/support/debian"
 )
 
 // The real node's network: a bridge this package creates, with no route
@@ -116,25 +118,12 @@ func (c *Cluster) startRealNode(ctx context.Context) error {
 }
 
 func (n *realNode) ensurePackages(ctx context.Context) error {
-	var missing []string
-	for pkg, file := range realNodePackages {
-		if _, err := os.Stat(file); err != nil {
-			missing = append(missing, pkg)
-		}
-	}
+	missing := debian.Missing(realNodePackages)
 	if len(missing) == 0 {
 		return nil
 	}
 	n.c.logf("real node: apt-get install %s", strings.Join(missing, " "))
-	install := append([]string{"install", "-y", "--no-install-recommends"}, missing...)
-	if err := run(ctx, "apt-get", install...); err == nil {
-		return nil
-	}
-	// A fresh machine may have no package lists yet.
-	if err := run(ctx, "apt-get", "update"); err != nil {
-		return err
-	}
-	return run(ctx, "apt-get", install...)
+	return debian.Install(ctx, missing...)
 }
 
 func (n *realNode) containerd(ctx context.Context) error {

@@ -23,6 +23,8 @@ import (
 
 	// The tests' driver; the SDK itself takes any database/sql driver.
 	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/fencer-io/fencer/test/support/debian"
 )
 
 // Server is a running PostgreSQL.
@@ -58,7 +60,7 @@ func Run(ctx context.Context) (_ *Server, err error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	bin, err := binDir()
+	bin, err := binDir(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +132,7 @@ func (s *Server) Open(t testing.TB) *sql.DB {
 
 // binDir is the newest installed PostgreSQL's bin directory, installing
 // Debian's postgresql package when none is.
-func binDir() (string, error) {
+func binDir(ctx context.Context) (string, error) {
 	find := func() string {
 		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
 		sort.Strings(dirs)
@@ -142,40 +144,11 @@ func binDir() (string, error) {
 	if d := find(); d != "" {
 		return d, nil
 	}
-	if err := install(); err != nil {
+	if err := debian.Install(ctx, "postgresql"); err != nil {
 		return "", err
 	}
 	if d := find(); d != "" {
 		return d, nil
 	}
 	return "", fmt.Errorf("postgresql installed, but no /usr/lib/postgresql/*/bin/initdb")
-}
-
-// install apt-get installs postgresql without starting the cluster its
-// package creates (a policy-rc.d that forbids it, while none is there), so
-// nothing is left running on the machine.
-func install() error {
-	const policy = "/usr/sbin/policy-rc.d"
-	if _, err := os.Stat(policy); os.IsNotExist(err) {
-		if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
-			return err
-		}
-		defer os.Remove(policy)
-	}
-	apt := func(args ...string) error {
-		cmd := exec.Command("apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("apt-get %v: %w\n%s", args, err, out)
-		}
-		return nil
-	}
-	if apt("install", "-y", "--no-install-recommends", "postgresql") == nil {
-		return nil
-	}
-	// A fresh machine may have no package lists yet.
-	if err := apt("update"); err != nil {
-		return err
-	}
-	return apt("install", "-y", "--no-install-recommends", "postgresql")
 }
