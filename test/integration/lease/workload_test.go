@@ -154,10 +154,14 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		t.Fatalf("the hand-written web-2 was changed: %+v", l)
 	}
 
-	// An edit of a field the WorkloadLease owns is set back.
-	l0 = getLease(t, ns, "web-0")
-	l0.Spec.TTLSeconds = 30
-	if err := k8s.Update(ctx, l0); err != nil {
+	// An edit of a field the WorkloadLease owns is set back. The controller
+	// may write web-0 meanwhile (its status, as its holder comes and goes):
+	// retry on a conflict, as kubectl edit would.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l0 = getLease(t, ns, "web-0")
+		l0.Spec.TTLSeconds = 30
+		return k8s.Update(ctx, l0)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "web-0's TTL set back to 2", func() error {
@@ -197,9 +201,11 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		}
 		return nil
 	})
-	l2 := getLease(t, ns, "web-2")
-	delete(l2.Labels, "fencer.io/workloadlease")
-	if err := k8s.Update(ctx, l2); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l2 := getLease(t, ns, "web-2")
+		delete(l2.Labels, "fencer.io/workloadlease")
+		return k8s.Update(ctx, l2)
+	}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -215,11 +221,14 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 
 	// Another target: web's member Leases go, db's come.
 	create(t, statefulSet(ns, "db", 1))
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
-		t.Fatal(err)
-	}
-	wl.Spec.Workload.Name = "db"
-	if err := k8s.Update(ctx, wl); err != nil {
+	// The controller writes the WorkloadLease's status meanwhile.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
+			return err
+		}
+		wl.Spec.Workload.Name = "db"
+		return k8s.Update(ctx, wl)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	memberLeases(t, ns, wl, "db-0")
@@ -315,11 +324,14 @@ func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
 	if l := getLease(t, ns, "shard-0"); l.Status.Holder != "" {
 		t.Fatalf("shard-0 granted to %s while the old pod terminates", l.Status.Holder)
 	}
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(old), old); err != nil {
-		t.Fatal(err)
-	}
-	old.Finalizers = nil
-	if err := k8s.Update(ctx, old); err != nil {
+	// The controller may patch the pod's annotations meanwhile.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(old), old); err != nil {
+			return err
+		}
+		old.Finalizers = nil
+		return k8s.Update(ctx, old)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	second := heldBy(t, ns, "shard-0", first.Holder)
