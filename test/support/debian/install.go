@@ -82,14 +82,14 @@ func lock(ctx context.Context) (unlock func(), err error) {
 	select {
 	case err := <-locked:
 		if err != nil {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("the apt-get lock %s: %w", lockFile, err)
 		}
-		return func() { f.Close() }, nil // closing the file releases the lock
+		return func() { _ = f.Close() }, nil // closing the file releases the lock
 	case <-ctx.Done():
 		// The Flock goroutine still holds f; closing it lets the lock go
 		// as soon as it is taken.
-		go func() { <-locked; f.Close() }()
+		go func() { _ = <-locked; _ = f.Close() }()
 		return nil, fmt.Errorf("waiting for another apt-get install (%s): %w", lockFile, ctx.Err())
 	}
 }
