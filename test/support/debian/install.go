@@ -87,9 +87,10 @@ func lock(ctx context.Context) (unlock func(), err error) {
 		}
 		return func() { _ = f.Close() }, nil // closing the file releases the lock
 	case <-ctx.Done():
-		// The Flock goroutine still holds f; closing it lets the lock go
-		// as soon as it is taken.
-		go func() { _ = <-locked; _ = f.Close() }()
+		// The Flock goroutine still waits on f: whether it then takes the
+		// lock or fails, closing f lets the lock go.
+		closeWhenDone := func(error) { _ = f.Close() }
+		go func() { closeWhenDone(<-locked) }()
 		return nil, fmt.Errorf("waiting for another apt-get install (%s): %w", lockFile, ctx.Err())
 	}
 }
