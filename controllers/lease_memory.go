@@ -116,6 +116,15 @@ func (m *leaseMemory) refreshYields(key string, now time.Time) bool {
 	return true
 }
 
+// noteGrant records that a grant was made at now (refreshYields).
+func (m *leaseMemory) noteGrant(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if now.After(m.lastGrant) {
+		m.lastGrant = now
+	}
+}
+
 // forgetRefresh drops key's refresh slot: its status is fresh, or its
 // tenure over.
 func (m *leaseMemory) forgetRefresh(key string) {
@@ -256,11 +265,7 @@ func (m *leaseMemory) noGrant(key string, successorComing bool) {
 func (m *leaseMemory) granted(key string, ttl time.Duration, now time.Time) (deletedAt time.Time, ok bool, refresh time.Duration) {
 	deletedAt, ok = m.takeDeleted(key)
 	m.forgetRefresh(key)
-	m.mu.Lock()
-	if now.After(m.lastGrant) {
-		m.lastGrant = now
-	}
-	m.mu.Unlock()
+	m.noteGrant(now)
 	if ttl > 0 {
 		refresh = m.refreshInterval(key, ttl, now)
 	}
