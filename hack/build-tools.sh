@@ -46,6 +46,14 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   kube_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
 
+# The compile flags (CGO_ENABLED=0, -trimpath, -dwarf=false) are the ones the
+# Makefile gives every build of fencer's own module, its tests and vet
+# included, and hack/tools/go.mod holds the versions fencer's go.mod does for
+# every module both compile (hack/verify-shared-deps.sh checks it). So the
+# packages the tools share with fencer (client-go, apimachinery, grpc, the
+# etcd client, ...) are compiled once, here, and fencer's builds find them in
+# Go's build cache.
+#
 # -trimpath keeps binaries identical across checkouts; -s -w drops debug info,
 # which halves link time and size for these large binaries, and
 # -dwarf=false spares the compiler writing the debug info the linker would
