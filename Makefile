@@ -85,7 +85,7 @@ hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/), a d
 	if [ -n "$$out" ]; then echo "docs link outside the repository:"; echo "$$out"; exit 1; fi
 	@bash hack/verify-shared-deps.sh
 	@linked=$$(go list -deps ./cmd/fencer ./cmd/kubectl-fencer); \
-	for p in $$(go list ./internal/...); do echo "$$linked" | grep -qx "$$p" || \
+	for p in $$(go list ./internal/...); do grep -qx "$$p" <<< "$$linked" || \
 		{ echo "$$p is under internal/ but neither cmd/fencer nor cmd/kubectl-fencer links it: test and dev scaffolding belongs in test/support/"; exit 1; }; done
 
 # Every Go module of the repository (the tool modules only build tools).

@@ -98,7 +98,14 @@ build prometheus "$tools/prometheus" "-X github.com/prometheus/common/version.Ve
 build golangci-lint "$tools/lint" "" "" github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || fail "bin/$b was not built"; done
 
-"$bin/kube-apiserver" --version | grep -q "$KUBE_VERSION" || fail "kube-apiserver does not report $KUBE_VERSION"
-"$bin/etcd" --version | grep -q "${ETCD_VERSION#v}" || fail "etcd does not report $ETCD_VERSION"
+# Each version is read whole before it is matched: with pipefail, a `grep -q`
+# that exits at its match can fail the pipe with the writer's SIGPIPE.
+reports() { # binary version: the binary's --version names the version
+  local out
+  out=$("$bin/$1" --version) || fail "bin/$1 --version: exit $?"
+  [[ $out == *"$2"* ]] || fail "$1 does not report $2: $out"
+}
+reports kube-apiserver "$KUBE_VERSION"
+reports etcd "${ETCD_VERSION#v}"
 echo "$want" > "$bin/.tools-stamp"
 say "tools ready in bin/"
