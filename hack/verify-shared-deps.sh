@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fails when a module whose packages both fencer (its module and test/chart's)
-# and the Kubernetes tools compile has a different version in go.mod than in
-# hack/tools/go.mod.
+# Fails when fencer's builds and the Kubernetes tools' are not compiled with
+# the same flags, or when a module whose packages both fencer (its module and
+# test/chart's) and the tools compile has a different version in go.mod than
+# in hack/tools/go.mod.
 #
 # Go's build cache shares a compiled package only between builds of the same
 # version with the same flags. The Makefile gives fencer's builds the flags
@@ -13,6 +14,14 @@
 # run minutes without failing anything; this check makes it fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The flags first: the Makefile's must be the ones the tools are built with.
+flags='-trimpath -gcflags=all=-dwarf=false'
+if ! grep -qx "export GOFLAGS ?= $flags" Makefile || ! grep -qx 'export CGO_ENABLED ?= 0' Makefile ||
+  ! grep -qF "CGO_ENABLED=0 go build $flags " hack/build-tools.sh; then
+  echo "verify-shared-deps: the Makefile (export CGO_ENABLED ?= 0, export GOFLAGS ?= $flags) and hack/build-tools.sh (CGO_ENABLED=0 go build $flags) must compile with the same flags; change both, and this check, together." >&2
+  exit 1
+fi
 
 # Each prints "module version" for every module outside the standard library
 # that provides a package its build compiles (replacements resolved).
@@ -32,4 +41,4 @@ if [ -n "$mismatched" ]; then
   echo "Require the higher version in both (go get <module>@<version> in the module that has the lower), so that a fresh machine compiles their shared packages once." >&2
   exit 1
 fi
-echo "verify-shared-deps: the $(join <(echo "$fencer") <(echo "$tools") | wc -l) modules fencer shares with the tools are at the same versions"
+echo "verify-shared-deps: the flags agree, and the $(join <(echo "$fencer") <(echo "$tools") | wc -l) modules fencer shares with the tools are at the same versions"
