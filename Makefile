@@ -78,7 +78,7 @@ fmt: ## Fail when a Go file is not gofmt-ed (lists them).
 	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "not gofmt-ed (run gofmt -w):"; echo "$$files"; exit 1; fi
 
 .PHONY: hygiene
-hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/), a doc linking outside the repository, a module fencer and the tools compile at different versions, or a package under internal/ that no shipped binary links.
+hygiene: ## Fail on a tracked file over 1 MB (build outputs belong in bin/), a doc linking outside the repository, fencer's builds and the tools' compiled with different flags or a module they share at different versions, or a package under internal/ that no shipped binary links.
 	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' | awk '$$1 > 1048576 {print $$2}'); \
 	if [ -n "$$big" ]; then echo "tracked files over 1 MB:"; echo "$$big"; exit 1; fi
 	@out=$$(grep -rlE '\]\((\.\./)+shared/' README.md docs || true); \

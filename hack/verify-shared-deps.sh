@@ -14,6 +14,7 @@
 # run minutes without failing anything; this check makes it fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export LC_ALL=C # sort and join must agree on the order
 
 # The flags first: the Makefile's must be the ones the tools are built with.
 flags='-trimpath -gcflags=all=-dwarf=false'
@@ -34,11 +35,12 @@ commands=$(sed -n 's/^\s*_ "\(.*\)"$/\1/p' hack/tools/tools.go)
 # shellcheck disable=SC2086 # one command per word
 tools=$(cd hack/tools && go list -deps -f "$format" $commands | sort -u)
 
-mismatched=$(join <(echo "$fencer") <(echo "$tools") | awk '$2 != $3')
+shared=$(join <(echo "$fencer") <(echo "$tools")) # module fencer's-version tools'-version
+mismatched=$(awk '$2 != $3' <<< "$shared")
 if [ -n "$mismatched" ]; then
   echo "verify-shared-deps: fencer and the tools compile these modules at different versions:" >&2
   echo "$mismatched" | awk '{printf "  %s: fencer (go.mod, test/chart/go.mod) has %s, hack/tools/go.mod has %s\n", $1, $2, $3}' >&2
   echo "Require the higher version in both (go get <module>@<version> in the module that has the lower), so that a fresh machine compiles their shared packages once." >&2
   exit 1
 fi
-echo "verify-shared-deps: the flags agree, and the $(join <(echo "$fencer") <(echo "$tools") | wc -l) modules fencer shares with the tools are at the same versions"
+echo "verify-shared-deps: the flags agree, and the $(wc -l <<< "$shared") modules fencer shares with the tools are at the same versions"
