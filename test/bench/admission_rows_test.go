@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,14 +63,21 @@ func TestAdmissionAgainstItsFloors(t *testing.T) {
 		lat, rate := readLoad(t, leases[:1], c)
 		row(t, fmt.Sprintf("read (etcd txn), c=%d", c), fmt.Sprintf("AdmissionRead/concurrency=%d", c), lat, rate, 0)
 	}
-	spread := func(name, key, url string, cpu func() time.Duration, h2 bool, c int, bodies [][]byte) {
+	closed := make(chan struct{})
+	close(closed)
+	spread := func(name, key, u string, cpu func() time.Duration, h2 bool, c int, bodies [][]byte) {
 		hc := client(c, h2)
 		defer hc.CloseIdleConnections()
 		for _, b := range bodies {
-			post(t, hc, url, b)
+			post(t, hc, u, b)
 		}
 		before := cpu()
-		lat, rate := loadSpread(t, hc, url, bodies, c)
+		var profiled <-chan struct{} = closed
+		if u == url {
+			profiled = mgr.profile(t, "admission-"+strings.ReplaceAll(key, "/", "-"), 3)
+		}
+		lat, rate := loadSpread(t, hc, u, bodies, c)
+		<-profiled
 		row(t, name, key, lat, rate, time.Duration(float64(cpu()-before)/(rate*3)))
 	}
 	mgrCPU := func() time.Duration { d, _ := mgr.cpu(); return d }
@@ -183,7 +191,9 @@ func staleFlood(t *testing.T, mgr *manager, url, floor string, client func(int, 
 			})
 		}
 		lookups, refusals := mgr.lookupsAndRefusals(t)
+		profiled := mgr.profile(t, "admission-flood-to-"+to.key, 3)
 		lat, rate := during(t, 1, func(int) error { post(t, hc, url, holder); return nil })
+		<-profiled
 		lookups2, refusals2 := mgr.lookupsAndRefusals(t)
 		close(stop)
 		wg.Wait()
