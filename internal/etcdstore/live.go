@@ -48,9 +48,7 @@ const leasesPerTxn = 64
 // is read as soon as fewer than MaxReadsInFlight reads are in flight, in
 // one etcd transaction per leasesPerTxn Leases. So one question alone
 // waits for one read, not for the one before it; many questions share a
-// few reads; and etcd sees at most MaxReadsInFlight batches at once. A
-// question that finds a slot free and no other question waiting reads in
-// its own goroutine: at low concurrency, each review goes straight to etcd.
+// few reads; and etcd sees at most MaxReadsInFlight batches at once.
 type LiveReader struct {
 	store *Store
 	// observe, if set, records each etcd read's latency.
@@ -64,9 +62,8 @@ type LiveReader struct {
 	inflight int
 	pending  *batch // taken by no read yet; collects questions
 
-	// beforeRead, in tests, runs as a read takes its batch, with the
-	// context that bounds the read.
-	beforeRead func(ctx context.Context, b *batch)
+	// beforeRead, in tests, runs as a read takes its batch.
+	beforeRead func(b *batch)
 }
 
 // batch is the questions one read answers: one result per Lease.
@@ -99,8 +96,7 @@ func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, 
 	}
 	b := r.pending
 	rd := b.reads[ref]
-	asked := rd == nil // this call adds the question: no one else waits on rd yet
-	if asked {
+	if rd == nil {
 		rd = &liveRead{done: make(chan struct{})}
 		b.reads[ref] = rd
 		b.order = append(b.order, ref)
@@ -113,16 +109,7 @@ func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, 
 		r.inflight++
 	}
 	r.mu.Unlock()
-	switch {
-	case start && asked && len(b.order) == 1:
-		// The batch is this question alone, and it can no longer grow: read
-		// it here, under the caller's context, with no goroutine between
-		// the review and etcd (the common case below MaxReadsInFlight
-		// reviews at once), then hand the slot on.
-		r.read(ctx, b)
-		r.handOn()
-		return rd.live, rd.err
-	case start:
+	if start {
 		go r.run(b)
 	}
 	select {
@@ -134,67 +121,44 @@ func (r *LiveReader) Lookup(ctx context.Context, namespace, name string) (Live, 
 }
 
 // run reads b, then whatever batch collected while every read was in
-// flight, until none is left. Its reads serve every caller in them, so no
-// caller's context bounds them.
+// flight, until none is left.
 func (r *LiveReader) run(b *batch) {
 	for b != nil {
-		r.read(context.Background(), b)
-		b = r.next()
-	}
-}
-
-// next takes the batch that collected while a read was in flight, for the
-// read that just ended to read next, or gives that read's slot back if
-// none did.
-func (r *LiveReader) next() *batch {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.pending
-	r.pending = nil
-	if b == nil {
-		r.inflight--
-	}
-	return b
-}
-
-// handOn is next for a read made in its caller's goroutine: the caller
-// returns with its answer, and a goroutine reads what collected meanwhile.
-func (r *LiveReader) handOn() {
-	if b := r.next(); b != nil {
-		go r.run(b)
+		r.read(b)
+		r.mu.Lock()
+		b, r.pending = r.pending, nil
+		if b == nil {
+			r.inflight--
+		}
+		r.mu.Unlock()
 	}
 }
 
 // read answers every question of b from linearizable reads started now:
-// one transaction per perTxn Leases, all at once. ctx is the caller's when
-// b is that caller's question alone.
-func (r *LiveReader) read(ctx context.Context, b *batch) {
+// one transaction per perTxn Leases, all at once.
+func (r *LiveReader) read(b *batch) {
+	// Not a caller's context: the read serves every caller on it.
 	if r.beforeRead != nil {
-		r.beforeRead(ctx, b)
+		r.beforeRead(b)
 	}
-	ctx, cancel := r.store.bound(ctx)
+	ctx, cancel := r.store.bound(context.Background())
 	defer cancel()
-	per := int(r.perTxn.Load())
-	answer := func(chunk []leaseRef) {
-		lives, err := r.readChunk(ctx, chunk)
-		for i, ref := range chunk {
-			rd := b.reads[ref]
-			if err != nil {
-				rd.err = err
-			} else {
-				rd.live, rd.err = lives[i].live, lives[i].err
-			}
-			close(rd.done)
-		}
-	}
-	if len(b.order) <= per {
-		answer(b.order) // one transaction: no goroutine to wait for
-		return
-	}
 	var wg sync.WaitGroup
+	per := int(r.perTxn.Load())
 	for from := 0; from < len(b.order); from += per {
 		chunk := b.order[from:min(from+per, len(b.order))]
-		wg.Go(func() { answer(chunk) })
+		wg.Go(func() {
+			lives, err := r.readChunk(ctx, chunk)
+			for i, ref := range chunk {
+				rd := b.reads[ref]
+				if err != nil {
+					rd.err = err
+				} else {
+					rd.live, rd.err = lives[i].live, lives[i].err
+				}
+				close(rd.done)
+			}
+		})
 	}
 	wg.Wait()
 }

@@ -161,7 +161,7 @@ func TestLiveReaderPipelinesThenBatches(t *testing.T) {
 	r := NewLiveReader(s, nil)
 	started := make(chan []leaseRef, 20)
 	release := make(chan struct{})
-	r.beforeRead = func(_ context.Context, b *batch) {
+	r.beforeRead = func(b *batch) {
 		started <- append([]leaseRef(nil), b.order...)
 		<-release
 	}
@@ -238,7 +238,7 @@ func TestLiveReaderSplitsWhatEtcdRefusesAsTooManyOps(t *testing.T) {
 	// the next batch holds all 30 Leases.
 	release := make(chan struct{})
 	var held atomic.Int64
-	r.beforeRead = func(context.Context, *batch) {
+	r.beforeRead = func(*batch) {
 		if held.Add(1) <= MaxReadsInFlight {
 			<-release
 		}
@@ -307,13 +307,9 @@ func TestLiveReaderCallerThatGivesUpMidRead(t *testing.T) {
 	release := make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(letGo) // a failed test leaves no read held
-	// A held read ends early if its context does, as etcd's client does.
-	r.beforeRead = func(ctx context.Context, b *batch) {
+	r.beforeRead = func(b *batch) {
 		started <- len(b.order)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
+		<-release
 	}
 	type answer struct {
 		name string
