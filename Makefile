@@ -162,7 +162,7 @@ BENCH_OUT := $(BIN)/bench/latest.txt
 .PHONY: bench
 bench: tools ## Every measurement of docs/performance.md: Go benchmarks (IDs with their anchors, webhook handler), failover vs client-go and etcd elections, admission, scale. Tables on stdout, results in bin/bench/latest.txt, charts in docs/perf/.
 	@mkdir -p $(BIN)/bench && rm -f $(BENCH_OUT)
-	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/webhook/ ./pkg/... | tee -a $(BENCH_OUT) | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
+	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/etcdstore/ ./internal/webhook/ ./pkg/... | tee -a $(BENCH_OUT) | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
 	@echo "pkg: github.com/fencer-io/fencer/test/bench" >> $(BENCH_OUT)
 	FENCER_TEST_DB=$$([ "$$(id -u)" = 0 ] && echo 1) FENCER_BIN=$(BIN) FENCER_BENCH_OUT=$(BENCH_OUT) go test -count=1 -v -timeout 90m ./test/bench/ | grep -vE '^(=== RUN|--- PASS|PASS$$|ok )'
 	cd hack/tools/bench && go run ./cmd/perfcharts $(BENCH_OUT) $(CURDIR)/docs/perf

@@ -14,7 +14,7 @@ import (
 )
 
 // startEtcd runs a real etcd from bin/ for the test.
-func startEtcd(t *testing.T, extraArgs ...string) *clientv3.Client {
+func startEtcd(t testing.TB, extraArgs ...string) *clientv3.Client {
 	t.Helper()
 	cli, err := Connect(Config{Endpoints: []string{testenv.Etcd(t, extraArgs...)}, Prefix: DefaultPrefix, DialTimeout: 5 * time.Second})
 	if err != nil {
