@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -218,9 +219,24 @@ func (s *Store) readLives(ctx context.Context, refs []leaseRef) ([]liveResult, e
 	if err != nil {
 		return nil, err
 	}
+	return livesOf(refs, resp)
+}
+
+// livesOf reads refs' grants from the answer to readLives' transaction. An
+// answer that does not match the question (no header, responses missing or
+// of another kind) is an error for every Lease in it, never a panic: the
+// reviews waiting on it are refused with it, and no read slot is lost.
+func livesOf(refs []leaseRef, resp *clientv3.TxnResponse) ([]liveResult, error) {
+	if resp.Header == nil || len(resp.Responses) != 2*len(refs) {
+		return nil, fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", 2*len(refs), len(resp.Responses), resp.Header != nil)
+	}
 	out := make([]liveResult, len(refs))
-	for i := range refs {
-		g, err := grantOf(resp.Responses[2*i].GetResponseRange().Kvs, resp.Responses[2*i+1].GetResponseRange().Kvs)
+	for i, ref := range refs {
+		keys, markers := resp.Responses[2*i].GetResponseRange(), resp.Responses[2*i+1].GetResponseRange()
+		if keys == nil || markers == nil {
+			return nil, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", ref.namespace, ref.name)
+		}
+		g, err := grantOf(keys.Kvs, markers.Kvs)
 		out[i] = liveResult{live: liveOf(g, resp.Header.Revision), err: err}
 	}
 	return out, nil

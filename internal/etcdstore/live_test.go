@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -398,4 +399,37 @@ func pendingQuestions(r *LiveReader) int {
 		return 0
 	}
 	return len(r.pending.order)
+}
+
+// An answer to the live read that does not match its question is an error
+// for the Leases in it, not a panic in the goroutine that read it (which
+// would end the manager) or a Live at revision 0.
+func TestLivesOfAnAnswerOfTheWrongShape(t *testing.T) {
+	refs := []leaseRef{{"ns", "a"}, {"ns", "b"}}
+	rng := func() *etcdserverpb.ResponseOp {
+		return &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponseRange{ResponseRange: &etcdserverpb.RangeResponse{}}}
+	}
+	put := &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponsePut{ResponsePut: &etcdserverpb.PutResponse{}}}
+	header := &etcdserverpb.ResponseHeader{Revision: 7}
+	for _, c := range []struct {
+		name string
+		resp *clientv3.TxnResponse
+		want string
+	}{
+		{"no header", &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), rng()}}, "header present: false"},
+		{"a response short", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng()}}, "read of 4 keys with 3 responses"},
+		{"a put where a range was asked", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), put}}, "lease ns/b with another kind"},
+		{"a nil response", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{nil, rng(), rng(), rng()}}, "lease ns/a with another kind"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lives, err := livesOf(refs, c.resp)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %+v, %v; want an error naming %q", lives, err, c.want)
+			}
+		})
+	}
+	lives, err := livesOf(refs, &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), rng()}})
+	if err != nil || len(lives) != 2 || lives[0].live.Revision != 7 || lives[1].live.Grant != nil {
+		t.Fatalf("a well-formed answer with no keys: %+v, %v; want two unheld Leases at revision 7", lives, err)
+	}
 }
