@@ -37,9 +37,14 @@ func (t Term) cmp() clientv3.Cmp {
 func (t Term) orElse() []clientv3.Op { return []clientv3.Op{clientv3.OpGet(t.Key)} }
 
 // heldIn reports whether a failed transaction whose Else branch is orElse
-// saw this term still in force.
+// saw this term still in force. An answer without that read (which etcd
+// never sends) does not show the term: the caller stops writing as if it
+// were lost, rather than panic.
 func (t Term) heldIn(resp *clientv3.TxnResponse) bool {
-	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(resp.Responses) == 0 {
+		return false
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev
 }
 

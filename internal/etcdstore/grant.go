@@ -124,8 +124,14 @@ func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, 
 	if err != nil {
 		return nil, 0, err
 	}
-	keys, markers := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
-	g, err := grantOf(keys, markers)
+	if err := checkReads(resp, 2); err != nil {
+		return nil, 0, err
+	}
+	keys, markers := resp.Responses[0].GetResponseRange(), resp.Responses[1].GetResponseRange()
+	if keys == nil || markers == nil {
+		return nil, 0, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", namespace, name)
+	}
+	g, err := grantOf(keys.Kvs, markers.Kvs)
 	return g, resp.Header.Revision, err
 }
 

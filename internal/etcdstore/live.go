@@ -227,8 +227,8 @@ func (s *Store) readLives(ctx context.Context, refs []leaseRef) ([]liveResult, e
 // of another kind) is an error for every Lease in it, never a panic: the
 // reviews waiting on it are refused with it, and no read slot is lost.
 func livesOf(refs []leaseRef, resp *clientv3.TxnResponse) ([]liveResult, error) {
-	if resp.Header == nil || len(resp.Responses) != 2*len(refs) {
-		return nil, fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", 2*len(refs), len(resp.Responses), resp.Header != nil)
+	if err := checkReads(resp, 2*len(refs)); err != nil {
+		return nil, err
 	}
 	out := make([]liveResult, len(refs))
 	for i, ref := range refs {
@@ -240,4 +240,14 @@ func livesOf(refs []leaseRef, resp *clientv3.TxnResponse) ([]liveResult, error) 
 		out[i] = liveResult{live: liveOf(g, resp.Header.Revision), err: err}
 	}
 	return out, nil
+}
+
+// checkReads fails unless resp, the answer to a transaction of n reads,
+// has a header and n responses, as etcd's contract says: a broken answer
+// is an error, not an index out of range.
+func checkReads(resp *clientv3.TxnResponse, n int) error {
+	if resp.Header == nil || len(resp.Responses) != n {
+		return fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", n, len(resp.Responses), resp.Header != nil)
+	}
+	return nil
 }

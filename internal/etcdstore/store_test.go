@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -204,5 +206,20 @@ func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
 	}
 	if got, _, err = s.ReadGrant(ctx, "ns", "job"); err != nil || !got.Unissued {
 		t.Fatalf("garbage under the key: %+v, %v", got, err)
+	}
+}
+
+// A failed controller transaction whose answer lacks the Else branch's read
+// of the leader key does not show the term held: the controller stops
+// writing (ErrNotLeader) instead of panicking.
+func TestHeldInWithoutTheLeaderRead(t *testing.T) {
+	term := Term{Key: "/fencer/controller/leader/x", Rev: 5}
+	if term.heldIn(&clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}}) {
+		t.Fatal("an answer with no responses showed the term held")
+	}
+	held := &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{{Response: &etcdserverpb.ResponseOp_ResponseRange{
+		ResponseRange: &etcdserverpb.RangeResponse{Kvs: []*mvccpb.KeyValue{{Key: []byte(term.Key), CreateRevision: 5}}}}}}}
+	if !term.heldIn(held) {
+		t.Fatal("the leader key at the term's revision did not show the term held")
 	}
 }
