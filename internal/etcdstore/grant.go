@@ -119,20 +119,48 @@ func (s *Store) ReadGrant(ctx context.Context, namespace, name string) (g *Grant
 // readGrant reads a lease key and its grant marker in one linearizable
 // read-only transaction.
 func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, int64, error) {
-	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, namespace, name))).Commit()
+	ref := leaseRef{namespace, name}
+	resp, err := s.cli.Txn(ctx).Then(s.leaseReads(ref)...).Commit()
 	if err != nil {
 		return nil, 0, err
 	}
 	if err := checkReads(resp, 2); err != nil {
 		return nil, 0, err
 	}
-	keys, markers := resp.Responses[0].GetResponseRange(), resp.Responses[1].GetResponseRange()
-	if keys == nil || markers == nil {
-		return nil, 0, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", namespace, name)
+	keys, markers, err := leaseReadsAt(resp, 0, ref)
+	if err != nil {
+		return nil, 0, err
 	}
-	g, err := grantOf(keys.Kvs, markers.Kvs)
+	g, err := grantOf(keys, markers)
 	return g, resp.Header.Revision, err
+}
+
+// leaseReads reads ref's lease key and its grant marker: the two reads
+// grantOf takes, answered by leaseReadsAt.
+func (s *Store) leaseReads(ref leaseRef) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(etcdkeys.LeaseKey(s.prefix, ref.namespace, ref.name)),
+		clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, ref.namespace, ref.name))}
+}
+
+// checkReads fails unless resp, the answer to a transaction of n reads,
+// has a header and n responses, as etcd's contract says: a broken answer
+// is an error, not an index out of range.
+func checkReads(resp *clientv3.TxnResponse, n int) error {
+	if resp.Header == nil || len(resp.Responses) != n {
+		return fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", n, len(resp.Responses), resp.Header != nil)
+	}
+	return nil
+}
+
+// leaseReadsAt is the lease key and grant marker read at responses i and
+// i+1 of resp, which checkReads has checked: an error if either answer is
+// not a range read's.
+func leaseReadsAt(resp *clientv3.TxnResponse, i int, ref leaseRef) (keys, markers []*mvccpb.KeyValue, err error) {
+	k, m := resp.Responses[i].GetResponseRange(), resp.Responses[i+1].GetResponseRange()
+	if k == nil || m == nil {
+		return nil, nil, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", ref.namespace, ref.name)
+	}
+	return k.Kvs, m.Kvs, nil
 }
 
 // grantOf is the grant a lease key's read shows, given the key's and its

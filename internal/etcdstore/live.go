@@ -3,15 +3,12 @@ package etcdstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
 // Live is a lease key as a linearizable read saw it.
@@ -212,8 +209,7 @@ type liveResult struct {
 func (s *Store) readLives(ctx context.Context, refs []leaseRef) ([]liveResult, error) {
 	ops := make([]clientv3.Op, 0, 2*len(refs))
 	for _, ref := range refs {
-		ops = append(ops, clientv3.OpGet(etcdkeys.LeaseKey(s.prefix, ref.namespace, ref.name)),
-			clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, ref.namespace, ref.name)))
+		ops = append(ops, s.leaseReads(ref)...)
 	}
 	resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
@@ -232,22 +228,12 @@ func livesOf(refs []leaseRef, resp *clientv3.TxnResponse) ([]liveResult, error) 
 	}
 	out := make([]liveResult, len(refs))
 	for i, ref := range refs {
-		keys, markers := resp.Responses[2*i].GetResponseRange(), resp.Responses[2*i+1].GetResponseRange()
-		if keys == nil || markers == nil {
-			return nil, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", ref.namespace, ref.name)
+		keys, markers, err := leaseReadsAt(resp, 2*i, ref)
+		if err != nil {
+			return nil, err
 		}
-		g, err := grantOf(keys.Kvs, markers.Kvs)
+		g, err := grantOf(keys, markers)
 		out[i] = liveResult{live: liveOf(g, resp.Header.Revision), err: err}
 	}
 	return out, nil
-}
-
-// checkReads fails unless resp, the answer to a transaction of n reads,
-// has a header and n responses, as etcd's contract says: a broken answer
-// is an error, not an index out of range.
-func checkReads(resp *clientv3.TxnResponse, n int) error {
-	if resp.Header == nil || len(resp.Responses) != n {
-		return fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", n, len(resp.Responses), resp.Header != nil)
-	}
-	return nil
 }
