@@ -160,7 +160,7 @@ clean: ## Remove bin/ (tool builds included; the next build is cold).
 BENCHTIME ?= 2s
 BENCH_OUT := $(BIN)/bench/latest.txt
 .PHONY: bench
-bench: tools ## Every measurement of docs/performance.md: Go benchmarks (IDs with their anchors, webhook handler), failover vs client-go and etcd elections, admission, scale. Tables on stdout, results in bin/bench/latest.txt, charts in docs/perf/.
+bench: tools ## Every measurement of docs/performance.md: Go benchmarks (IDs with their anchors, webhook handler, live-token reader), failover vs client-go and etcd elections, admission, scale. Tables on stdout, results in bin/bench/latest.txt, charts in docs/perf/.
 	@mkdir -p $(BIN)/bench && rm -f $(BENCH_OUT)
 	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/etcdstore/ ./internal/webhook/ ./pkg/... | tee -a $(BENCH_OUT) | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
 	@echo "pkg: github.com/fencer-io/fencer/test/bench" >> $(BENCH_OUT)
