@@ -18,7 +18,10 @@ import (
 
 // RefusalEventInterval is the least time between two Warning Events for
 // refused writes on one Lease: a client retrying in a loop costs one Event
-// per interval, not one per attempt. Every refusal is logged and counted.
+// per interval, not one per attempt. Every refusal is counted in the
+// metric and the audit annotations; the log line is subject to the
+// logger's sampling (controller-runtime's production logger: the first 100
+// a second, then every 100th), so a flood does not flood the log.
 const RefusalEventInterval = 10 * time.Second
 
 // ReasonWriteRefused is the reason of the Warning Event on a Lease when a
