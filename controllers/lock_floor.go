@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -71,7 +72,10 @@ func (f *LockFloor) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rev := resp.Header.Revision
+	rev, err := etcdreply.Revision(resp.Header)
+	if err != nil {
+		return err
+	}
 	cm := &corev1.ConfigMap{}
 	err = f.Reader.Get(ctx, f.Record, cm)
 	if err != nil && !apierrors.IsNotFound(err) {

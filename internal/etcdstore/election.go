@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -55,6 +56,11 @@ func (t Term) heldIn(resp *clientv3.TxnResponse) bool {
 func (t Term) commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.Cmp, ops ...clientv3.Op) (resp *clientv3.TxnResponse, ok bool, err error) {
 	resp, err = cli.Txn(ctx).If(append([]clientv3.Cmp{t.cmp()}, cmps...)...).Then(ops...).Else(t.orElse()...).Commit()
 	if err != nil {
+		return nil, false, err
+	}
+	// Callers take a grant's token from the header: an answer without one
+	// fails like a write whose outcome is unknown.
+	if _, err := etcdreply.Revision(resp.Header); err != nil {
 		return nil, false, err
 	}
 	if !resp.Succeeded && !t.heldIn(resp) {

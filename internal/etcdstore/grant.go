@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -124,7 +125,7 @@ func (s *Store) readGrant(ctx context.Context, namespace, name string) (*Grant, 
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := checkReads(resp, 2); err != nil {
+	if err := etcdreply.Txn(resp, 2); err != nil {
 		return nil, 0, err
 	}
 	keys, markers, err := leaseReadsAt(resp, 0, ref)
@@ -142,25 +143,18 @@ func (s *Store) leaseReads(ref leaseRef) []clientv3.Op {
 		clientv3.OpGet(etcdkeys.GrantMarkerKey(s.prefix, ref.namespace, ref.name))}
 }
 
-// checkReads fails unless resp, the answer to a transaction of n reads,
-// has a header and n responses, as etcd's contract says: a broken answer
-// is an error, not an index out of range.
-func checkReads(resp *clientv3.TxnResponse, n int) error {
-	if resp.Header == nil || len(resp.Responses) != n {
-		return fmt.Errorf("etcd answered a read of %d keys with %d responses (header present: %t)", n, len(resp.Responses), resp.Header != nil)
-	}
-	return nil
-}
-
 // leaseReadsAt is the lease key and grant marker read at responses i and
-// i+1 of resp, which checkReads has checked: an error if either answer is
-// not a range read's.
+// i+1 of resp, which etcdreply.Txn has checked: an error if either answer
+// is not a range read's.
 func leaseReadsAt(resp *clientv3.TxnResponse, i int, ref leaseRef) (keys, markers []*mvccpb.KeyValue, err error) {
-	k, m := resp.Responses[i].GetResponseRange(), resp.Responses[i+1].GetResponseRange()
-	if k == nil || m == nil {
-		return nil, nil, fmt.Errorf("etcd answered the range reads of lease %s/%s with another kind of response", ref.namespace, ref.name)
+	keys, err = etcdreply.Range(resp, i)
+	if err == nil {
+		markers, err = etcdreply.Range(resp, i+1)
 	}
-	return k.Kvs, m.Kvs, nil
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading lease %s/%s: %w", ref.namespace, ref.name, err)
+	}
+	return keys, markers, nil
 }
 
 // grantOf is the grant a lease key's read shows, given the key's and its

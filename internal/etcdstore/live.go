@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-io/fencer/internal/etcdreply"
 )
 
 // Live is a lease key as a linearizable read saw it.
@@ -223,7 +225,7 @@ func (s *Store) readLives(ctx context.Context, refs []leaseRef) ([]liveResult, e
 // of another kind) is an error for every Lease in it, never a panic: the
 // reviews waiting on it are refused with it, and no read slot is lost.
 func livesOf(refs []leaseRef, resp *clientv3.TxnResponse) ([]liveResult, error) {
-	if err := checkReads(resp, 2*len(refs)); err != nil {
+	if err := etcdreply.Txn(resp, 2*len(refs)); err != nil {
 		return nil, err
 	}
 	out := make([]liveResult, len(refs))

@@ -417,9 +417,9 @@ func TestLivesOfAnAnswerOfTheWrongShape(t *testing.T) {
 		want string
 	}{
 		{"no header", &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), rng()}}, "header present: false"},
-		{"a response short", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng()}}, "read of 4 keys with 3 responses"},
-		{"a put where a range was asked", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), put}}, "lease ns/b with another kind"},
-		{"a nil response", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{nil, rng(), rng(), rng()}}, "lease ns/a with another kind"},
+		{"a response short", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng()}}, "4 operations was answered with 3 responses"},
+		{"a put where a range was asked", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), put}}, "lease ns/b: etcd's answer does not match its request: operation 3, a range read, was answered with another kind"},
+		{"a nil response", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{nil, rng(), rng(), rng()}}, "lease ns/a: etcd's answer does not match its request: operation 0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lives, err := livesOf(refs, c.resp)

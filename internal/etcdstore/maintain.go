@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/internal/metrics"
 )
 
@@ -120,7 +121,7 @@ func (m *Maintainer) revision(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return resp.Header.Revision, nil
+	return etcdreply.Revision(resp.Header)
 }
 
 func (m *Maintainer) compactTo(ctx context.Context, rev int64) error {

@@ -7,6 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -36,6 +37,12 @@ func InstallOf(ctx context.Context, cli *clientv3.Client, prefix string) (string
 	resp, err := cli.Get(ctx, etcdkeys.LockFloorKey(prefix), clientv3.WithCountOnly())
 	if err != nil {
 		return "", fmt.Errorf("dbfence: reading etcd's cluster ID: %w", err)
+	}
+	if resp.Header == nil || resp.Header.ClusterId == 0 {
+		// Never "prefix@0": tokens guarded under another install's name go
+		// to rows of their own and are never compared with this install's,
+		// so that name would not fence writes guarded under the real one.
+		return "", fmt.Errorf("dbfence: reading etcd's cluster ID: %w: no cluster ID in the header", etcdreply.ErrMalformed)
 	}
 	return fmt.Sprintf("%s@%x", prefix, resp.Header.ClusterId), nil
 }

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/dbfence"
 	"github.com/fencer-io/fencer/test/support/testenv"
 )
@@ -49,5 +50,15 @@ func TestClaimRaisesTheFloorBeforeAnyWrite(t *testing.T) {
 	var stale *dbfence.StaleError
 	if err := write(ctx, db, table, nil, 10, "stale"); !errors.As(err, &stale) || stale.Floor != 20 {
 		t.Fatalf("the old holder after the claim: %v", err)
+	}
+}
+
+// An answer without a header names no install: an error, never a name
+// like "/fencer@0" under which tokens would go to rows of their own.
+func TestInstallOfAnAnswerWithoutAHeader(t *testing.T) {
+	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
+	b.Next(testenv.KVRange, testenv.NoHeader)
+	if name, err := dbfence.InstallOf(context.Background(), cli, ""); !errors.Is(err, etcdreply.ErrMalformed) {
+		t.Fatalf("InstallOf: %q, %v; want an error naming the broken answer", name, err)
 	}
 }

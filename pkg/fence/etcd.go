@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -125,8 +126,15 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return nil, err
 	}
 	if !resp.Succeeded {
-		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered,
-			Current: x.fence.current(resp.Responses[0].GetResponseRange().Kvs)}
+		// The Else branch ran: nothing was written.
+		if err := etcdreply.Txn(resp, 1); err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+		kvs, err := etcdreply.Range(resp, 0)
+		if err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered, Current: x.fence.current(kvs)}
 	}
 	return resp, nil
 }
@@ -149,6 +157,10 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	if err != nil {
 		return nil, err
 	}
+	readAt, err := etcdreply.Revision(resp.Header)
+	if err != nil {
+		return nil, fmt.Errorf("fence: reading %s: %w", key, err)
+	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
 		e := &FencedError{Key: key, Offered: t.Value}
 		if len(resp.Kvs) > 0 {
@@ -167,7 +179,7 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	ttl := time.Duration(ttlResp.GrantedTTL) * time.Second
 	go keepAlive(held, lose, cli, clientv3.LeaseID(t.LeaseID), ttl)
 	go func() {
-		if err := WatchHeld(held, cli, key, t.Value, resp.Header.Revision); errors.Is(err, ErrLeaseLost) {
+		if err := WatchHeld(held, cli, key, t.Value, readAt); errors.Is(err, ErrLeaseLost) {
 			lose(err)
 		}
 	}()
@@ -243,10 +255,14 @@ func WatchHeld(ctx context.Context, cli *clientv3.Client, key string, token, fro
 		if err != nil {
 			continue // etcd is away; try again
 		}
+		readAt, err := etcdreply.Revision(resp.Header)
+		if err != nil {
+			continue // as if etcd were away: an answer that cannot be read
+		}
 		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != token {
 			return fmt.Errorf("key %s was deleted or granted anew: %w", key, ErrLeaseLost)
 		}
-		fromRev = max(fromRev, resp.Header.Revision)
+		fromRev = max(fromRev, readAt)
 	}
 	return ctx.Err()
 }

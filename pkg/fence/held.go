@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -52,10 +53,14 @@ func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
 	if err != nil {
 		return 0, err
 	}
+	rev, err = etcdreply.Revision(resp.Header)
+	if err != nil {
+		return 0, fmt.Errorf("fence: reading lease %s/%s: %w", e.Namespace, t.Lease, err)
+	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
 		return 0, fmt.Errorf("lease %s/%s is no longer held under token %d: %w", e.Namespace, t.Lease, t.Value, ErrLeaseLost)
 	}
-	return resp.Header.Revision, nil
+	return rev, nil
 }
 
 // UntilLost watches the Lease's key until it stops holding t's grant.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -219,7 +220,10 @@ func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
 			case !resp.Succeeded:
 				return fmt.Errorf("%w: the waiter key for %q was deleted while it queued", ErrLockLost, k)
 			}
-			ahead := resp.Responses[0].GetResponseRange().Kvs
+			ahead, err := waiterAhead(resp)
+			if err != nil {
+				return fmt.Errorf("fence: waiting for %q: %w", k, err)
+			}
 			if len(ahead) == 0 {
 				break
 			}
@@ -229,6 +233,15 @@ func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
 		}
 	}
 	return nil
+}
+
+// waiterAhead is the waiter that waitTurn's transaction read ahead of its
+// own, if any.
+func waiterAhead(resp *clientv3.TxnResponse) ([]*mvccpb.KeyValue, error) {
+	if err := etcdreply.Txn(resp, 1); err != nil {
+		return nil, err
+	}
+	return etcdreply.Range(resp, 0)
 }
 
 // waitDeleted returns once key no longer holds the waiter created at
@@ -287,8 +300,15 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		if err != nil {
 			return nil, err
 		}
-		for i, r := range resp.Responses {
-			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
+		if err := etcdreply.Txn(resp, len(ops)); err != nil {
+			return nil, err
+		}
+		for i := range ops {
+			kvs, err := etcdreply.Range(resp, i)
+			if err != nil {
+				return nil, err
+			}
+			if len(kvs) > 0 {
 				revs[i] = kvs[0].CreateRevision
 			}
 		}
@@ -304,6 +324,9 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 	if len(ops) > 0 {
 		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
+			return nil, err
+		}
+		if err := etcdreply.Txn(resp, len(ops)); err != nil {
 			return nil, err
 		}
 		j := 0
@@ -383,6 +406,10 @@ func (l *Locker) sweep(ctx context.Context, key string) {
 		gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 		resp, err := l.cli.Get(gctx, key)
 		cancel()
+		var readAt int64
+		if err == nil {
+			readAt, err = etcdreply.Revision(resp.Header)
+		}
 		if err != nil {
 			select {
 			case <-ctx.Done():
@@ -393,7 +420,7 @@ func (l *Locker) sweep(ctx context.Context, key string) {
 		if len(resp.Kvs) > 0 {
 			l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
 		}
-		for wr := range l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete()) {
+		for wr := range l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(readAt+1), clientv3.WithFilterDelete()) {
 			if wr.Err() != nil || wr.CompactRevision != 0 {
 				break
 			}

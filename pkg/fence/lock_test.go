@@ -52,14 +52,21 @@ func (e *lockEtcd) client(t testing.TB, ns string, calls *callCounter, endpoint 
 	if len(endpoint) == 0 {
 		endpoint = []string{e.Endpoint}
 	}
+	var opts []grpc.DialOption
+	if calls != nil {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(calls.intercept))
+	}
+	return e.dial(t, ns, endpoint, opts...)
+}
+
+// dial connects as namespace ns's identity to endpoint, with opts.
+func (e *lockEtcd) dial(t testing.TB, ns string, endpoint []string, opts ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
 	tlsCfg, err := e.PKI.TLS(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := clientv3.Config{Endpoints: endpoint, TLS: tlsCfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
-	if calls != nil {
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(calls.intercept))
-	}
+	cfg := clientv3.Config{Endpoints: endpoint, TLS: tlsCfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: opts}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatal(err)

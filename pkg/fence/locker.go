@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -357,6 +358,9 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	sentAfter := l.maxRev.Load()
 	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
 	if err == nil {
+		err = checkEnqueued(resp, len(lk.keys))
+	}
+	if err == nil {
 		l.seen(resp.Header.Revision)
 	}
 	switch {
@@ -377,7 +381,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		go l.revoke(lk.sess.id)
 		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, sentAfter)
 	case !resp.Succeeded:
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if kvs, _ := etcdreply.Range(resp, 0); len(kvs) > 0 {
 			lk.sess.give(lk.slot) // nothing was written
 			return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, kvs[0].Value)
 		}
@@ -389,9 +393,31 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	lk.token = resp.Header.Revision
 	n := len(lk.keys)
 	for i := range lk.keys {
-		if first := resp.Responses[n+i].GetResponseRange().Kvs; len(first) == 0 || first[0].CreateRevision != lk.token {
+		if first, _ := etcdreply.Range(resp, n+i); len(first) == 0 || first[0].CreateRevision != lk.token {
 			ahead = true
 		}
 	}
 	return ahead, nil
+}
+
+// checkEnqueued checks the shape of the answer to enqueue's transaction
+// for n keys before enqueue reads it: n puts and n range reads when it
+// succeeded, the floor key's range read when it did not.
+func checkEnqueued(resp *clientv3.TxnResponse, n int) error {
+	if !resp.Succeeded {
+		if err := etcdreply.Txn(resp, 1); err != nil {
+			return err
+		}
+		_, err := etcdreply.Range(resp, 0)
+		return err
+	}
+	if err := etcdreply.Txn(resp, 2*n); err != nil {
+		return err
+	}
+	for i := n; i < 2*n; i++ {
+		if _, err := etcdreply.Range(resp, i); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
 )
@@ -161,7 +163,10 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if err != nil {
 		return nil, err
 	}
-	slot := resp.Responses[0].GetResponseRange().Kvs
+	slot, clock, err := slotAndClock(resp)
+	if err != nil {
+		return nil, fmt.Errorf("idgen: reading slot %d: %w", o.Slot, err)
+	}
 	if len(slot) == 0 || slot[0].CreateRevision != o.Token {
 		return nil, fmt.Errorf("slot %d is not held under token %d: %w", o.Slot, o.Token, ErrSlotLost)
 	}
@@ -175,10 +180,10 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	}
 	// Reservations compare the value too: the slot must still name this pod.
 	g.slotValue = string(slot[0].Value)
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		g.clockRev = kvs[0].ModRevision
-		if g.lastMs, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
-			return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a millisecond count", g.clockKey, kvs[0].Value)
+	if len(clock) > 0 {
+		g.clockRev = clock[0].ModRevision
+		if g.lastMs, err = strconv.ParseInt(string(clock[0].Value), 10, 64); err != nil {
+			return nil, fmt.Errorf("idgen: etcd key %s holds %q, not a millisecond count", g.clockKey, clock[0].Value)
 		}
 	}
 	if back := time.Duration(g.lastMs-g.nowMs()) * time.Millisecond; back > o.Reserve+o.MaxRollback {
@@ -264,12 +269,32 @@ func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 	if err != nil {
 		return err
 	}
+	rev, err := etcdreply.Revision(resp.Header)
+	if err != nil {
+		// As after a timeout: the clock key may have been written, and the
+		// next reservation, comparing the old revision, finds out.
+		return fmt.Errorf("idgen: reserving IDs of slot %d: %w", g.o.Slot, err)
+	}
 	if !resp.Succeeded {
 		g.lost.Store(true)
 		return ErrSlotLost
 	}
-	g.reserved, g.clockRev = upTo, resp.Header.Revision
+	g.reserved, g.clockRev = upTo, rev
 	return nil
+}
+
+// slotAndClock is the slot key and clock key read by New's transaction.
+func slotAndClock(resp *clientv3.TxnResponse) (slot, clock []*mvccpb.KeyValue, err error) {
+	if err := etcdreply.Txn(resp, 2); err != nil {
+		return nil, nil, err
+	}
+	if slot, err = etcdreply.Range(resp, 0); err != nil {
+		return nil, nil, err
+	}
+	if clock, err = etcdreply.Range(resp, 1); err != nil {
+		return nil, nil, err
+	}
+	return slot, clock, nil
 }
 
 // watch marks the generator lost when its slot key is deleted or recreated.

@@ -1,0 +1,54 @@
+// Package etcdreply checks that an answer from etcd has the shape of the
+// request it answers before anything reads it: a header, one response per
+// operation of the branch that ran, and each response of its operation's
+// kind.
+//
+// etcd always answers so. A broken answer (a faulty proxy between client
+// and server, a server bug) would otherwise be a nil dereference or an
+// index out of range, which ends the process: the manager, or a user's
+// process running the SDK. With these checks it is an error wrapping
+// ErrMalformed, which the caller handles as it handles etcd being away:
+// it refuses, retries, or gives the lock up, and never reads a guess.
+package etcdreply
+
+import (
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrMalformed is the cause of every error this package returns.
+var ErrMalformed = errors.New("etcd's answer does not match its request")
+
+// Revision is the revision in an answer's header: an error if the answer
+// has no header.
+func Revision(h *etcdserverpb.ResponseHeader) (int64, error) {
+	if h == nil {
+		return 0, fmt.Errorf("%w: it has no header", ErrMalformed)
+	}
+	return h.Revision, nil
+}
+
+// Txn checks that resp, the answer to a transaction whose branch that ran
+// has n operations, has a header and n responses.
+func Txn(resp *clientv3.TxnResponse, n int) error {
+	if resp.Header == nil || len(resp.Responses) != n {
+		return fmt.Errorf("%w: a transaction of %d operations was answered with %d responses (header present: %t)",
+			ErrMalformed, n, len(resp.Responses), resp.Header != nil)
+	}
+	return nil
+}
+
+// Range is the KeyValues of the range read answered at response i of
+// resp, which Txn has checked: an error if that response is not a range
+// read's.
+func Range(resp *clientv3.TxnResponse, i int) ([]*mvccpb.KeyValue, error) {
+	r := resp.Responses[i].GetResponseRange()
+	if r == nil {
+		return nil, fmt.Errorf("%w: operation %d, a range read, was answered with another kind of response", ErrMalformed, i)
+	}
+	return r.Kvs, nil
+}

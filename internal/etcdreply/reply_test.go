@@ -1,0 +1,58 @@
+package etcdreply
+
+import (
+	"errors"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func rangeOf(kvs ...*mvccpb.KeyValue) *etcdserverpb.ResponseOp {
+	return &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponseRange{ResponseRange: &etcdserverpb.RangeResponse{Kvs: kvs}}}
+}
+
+var put = &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponsePut{ResponsePut: &etcdserverpb.PutResponse{}}}
+
+func TestRevision(t *testing.T) {
+	if rev, err := Revision(&etcdserverpb.ResponseHeader{Revision: 9}); rev != 9 || err != nil {
+		t.Fatalf("a header at revision 9: %d, %v", rev, err)
+	}
+	if _, err := Revision(nil); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("no header: %v, want ErrMalformed", err)
+	}
+}
+
+func TestTxnAndRange(t *testing.T) {
+	h := &etcdserverpb.ResponseHeader{Revision: 9}
+	kv := &mvccpb.KeyValue{Key: []byte("k"), CreateRevision: 3}
+	whole := &clientv3.TxnResponse{Header: h, Responses: []*etcdserverpb.ResponseOp{put, rangeOf(kv)}}
+	if err := Txn(whole, 2); err != nil {
+		t.Fatalf("a whole answer: %v", err)
+	}
+	if kvs, err := Range(whole, 1); err != nil || len(kvs) != 1 || kvs[0] != kv {
+		t.Fatalf("its range read: %v, %v", kvs, err)
+	}
+	if kvs, err := Range(&clientv3.TxnResponse{Header: h, Responses: []*etcdserverpb.ResponseOp{rangeOf()}}, 0); err != nil || len(kvs) != 0 {
+		t.Fatalf("a range read that found nothing: %v, %v", kvs, err)
+	}
+	for name, c := range map[string]struct {
+		resp *clientv3.TxnResponse
+		n    int
+	}{
+		"no header":           {&clientv3.TxnResponse{Responses: whole.Responses}, 2},
+		"a response short":    {&clientv3.TxnResponse{Header: h, Responses: whole.Responses[:1]}, 2},
+		"a response too many": {&clientv3.TxnResponse{Header: h, Responses: whole.Responses}, 1},
+	} {
+		if err := Txn(c.resp, c.n); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := Range(whole, 0); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a put where a read was asked: %v, want ErrMalformed", err)
+	}
+	if _, err := Range(&clientv3.TxnResponse{Header: h, Responses: []*etcdserverpb.ResponseOp{nil}}, 0); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a nil response: %v, want ErrMalformed", err)
+	}
+}
