@@ -104,10 +104,10 @@ func TestInstallDocCommands(t *testing.T) {
 			}
 			run(c)
 			installed = true
-		case c == "kubectl apply -k config/default":
+		case c == "kubectl apply -k config/default" || c == "kubectl apply -k config/lease-delete-webhook":
 			uninstall()
 			run(c)
-			removeKustomizeInstall(t)
+			removeKustomizeInstall(t, strings.Fields(c)[3])
 		case strings.HasPrefix(c, "helm upgrade "):
 			if !installed {
 				run(firstInstall)
@@ -150,15 +150,15 @@ func installCertManagerCRDs(t *testing.T) {
 	tool(t, "kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io")
 }
 
-// removeKustomizeInstall deletes what `kubectl apply -k config/default`
-// created, except the namespace and the backup PVC (envtest runs no
+// removeKustomizeInstall deletes what `kubectl apply -k <dir>` (config/default
+// or an overlay of it) created, except the namespace and the backup PVC (envtest runs no
 // controllers, so a deleted namespace would never finish terminating, nor a
 // PVC lose its pvc-protection finalizer) and the CRDs (kept, as Helm keeps
 // them; the next install adopts them).
-func removeKustomizeInstall(t *testing.T) {
+func removeKustomizeInstall(t *testing.T, dir string) {
 	t.Helper()
 	var keep []string
-	for _, doc := range strings.Split(tool(t, "kubectl", "kustomize", "config/default"), "\n---") {
+	for _, doc := range strings.Split(tool(t, "kubectl", "kustomize", dir), "\n---") {
 		var meta struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
 			t.Fatal(err)
