@@ -24,20 +24,29 @@ import (
 var ErrMalformed = errors.New("etcd's answer does not match its request")
 
 // Revision is the revision in an answer's header: an error if the answer
-// has no header.
+// has no header, or one without a revision. etcd's revisions start at 1,
+// so a 0 is no revision: read as one it would be a token of 0, or a
+// revision gone back, or a watch from the start of history.
 func Revision(h *etcdserverpb.ResponseHeader) (int64, error) {
 	if h == nil {
 		return 0, fmt.Errorf("%w: it has no header", ErrMalformed)
+	}
+	if h.Revision <= 0 {
+		return 0, fmt.Errorf("%w: its header has revision %d", ErrMalformed, h.Revision)
 	}
 	return h.Revision, nil
 }
 
 // Txn checks that resp, the answer to a transaction whose branch that ran
-// has n operations, has a header and n responses.
+// has n operations, has a header with a revision (Revision) and n
+// responses.
 func Txn(resp *clientv3.TxnResponse, n int) error {
-	if resp.Header == nil || len(resp.Responses) != n {
-		return fmt.Errorf("%w: a transaction of %d operations was answered with %d responses (header present: %t)",
-			ErrMalformed, n, len(resp.Responses), resp.Header != nil)
+	if _, err := Revision(resp.Header); err != nil {
+		return err
+	}
+	if len(resp.Responses) != n {
+		return fmt.Errorf("%w: a transaction of %d operations was answered with %d responses",
+			ErrMalformed, n, len(resp.Responses))
 	}
 	return nil
 }
@@ -51,4 +60,15 @@ func Range(resp *clientv3.TxnResponse, i int) ([]*mvccpb.KeyValue, error) {
 		return nil, fmt.Errorf("%w: operation %d, a range read, was answered with another kind of response", ErrMalformed, i)
 	}
 	return r.Kvs, nil
+}
+
+// Succeeded is whether the nested transaction answered at response i of
+// resp, which Txn has checked, succeeded: an error if that response is not
+// a transaction's.
+func Succeeded(resp *clientv3.TxnResponse, i int) (bool, error) {
+	r := resp.Responses[i].GetResponseTxn()
+	if r == nil {
+		return false, fmt.Errorf("%w: operation %d, a transaction, was answered with another kind of response", ErrMalformed, i)
+	}
+	return r.Succeeded, nil
 }

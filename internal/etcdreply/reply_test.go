@@ -19,8 +19,26 @@ func TestRevision(t *testing.T) {
 	if rev, err := Revision(&etcdserverpb.ResponseHeader{Revision: 9}); rev != 9 || err != nil {
 		t.Fatalf("a header at revision 9: %d, %v", rev, err)
 	}
-	if _, err := Revision(nil); !errors.Is(err, ErrMalformed) {
-		t.Fatalf("no header: %v, want ErrMalformed", err)
+	for name, h := range map[string]*etcdserverpb.ResponseHeader{"no header": nil, "revision 0": {}, "a negative revision": {Revision: -1}} {
+		if _, err := Revision(h); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
+func TestSucceeded(t *testing.T) {
+	h := &etcdserverpb.ResponseHeader{Revision: 9}
+	nested := func(ok bool) *etcdserverpb.ResponseOp {
+		return &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponseTxn{ResponseTxn: &etcdserverpb.TxnResponse{Succeeded: ok}}}
+	}
+	resp := &clientv3.TxnResponse{Header: h, Responses: []*etcdserverpb.ResponseOp{nested(true), nested(false), put}}
+	for i, want := range []bool{true, false} {
+		if ok, err := Succeeded(resp, i); ok != want || err != nil {
+			t.Errorf("nested transaction %d: %t, %v; want %t", i, ok, err, want)
+		}
+	}
+	if _, err := Succeeded(resp, 2); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a put where a transaction was asked: %v, want ErrMalformed", err)
 	}
 }
 

@@ -11,35 +11,64 @@ import (
 	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
-// A grant whose answer comes back without a header (what a faulty proxy
-// could send) has no token to read: it fails like a write whose outcome is
-// unknown, and the key it may have written goes with its revoked etcd
-// lease, so no grant is left that no status names.
+// A grant whose answer comes back without a header, or with one that has
+// no revision (what a faulty proxy could send), has no token to read: it
+// fails like a write whose outcome is unknown, never with token 0, and the
+// key it may have written goes with its revoked etcd lease (well before
+// the grant's TTL), so no grant is left that no status names.
 func TestAGrantAnsweredWithoutAHeaderLeavesNoGrant(t *testing.T) {
 	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
 	ctx := context.Background()
 	e, _ := win(t, cli, "a")
 	s := NewStore(cli, DefaultPrefix, e, nil)
-	b.Next(testenv.KVTxn, testenv.NoHeader)
-	if g, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 10*time.Second, time.Now()); !errors.Is(err, etcdreply.ErrMalformed) {
-		t.Fatalf("GrantLease answered without a header: %+v, %v; want an error naming it", g, err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := cli.Get(ctx, etcdkeys.LeaseKey(DefaultPrefix, "ns", "l"))
-		if err != nil {
-			t.Fatal(err)
+	for name, breaks := range map[string]func(any){"no header": testenv.NoHeader, "a header without a revision": testenv.EmptyHeader} {
+		b.Next(testenv.KVTxn, breaks)
+		if g, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 60*time.Second, time.Now()); !errors.Is(err, etcdreply.ErrMalformed) {
+			t.Fatalf("%s: GrantLease: %+v, %v; want an error naming the broken answer", name, g, err)
 		}
-		if len(resp.Kvs) == 0 {
-			break
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := cli.Get(ctx, etcdkeys.LeaseKey(DefaultPrefix, "ns", "l"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Kvs) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the grant's key outlived its revoked etcd lease", name)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the grant's key outlived its revoked etcd lease")
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	g, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 10*time.Second, time.Now())
 	if err != nil || g.Holder != "pod-b" {
 		t.Fatalf("the next grant: %+v, %v", g, err)
+	}
+}
+
+// etcd's election library reads a campaign's answers unchecked: a broken
+// one costs the Elector one campaign, not the process.
+func TestACampaignAnsweredBrokenIsRetried(t *testing.T) {
+	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
+	e := NewElector(cli, DefaultPrefix, "a", time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.Next(testenv.KVTxn, testenv.NoHeader)
+	done := make(chan error, 1)
+	go func() { done <- e.Start(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := e.Term(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Elector never won after a broken campaign answer")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("the Elector ended with %v", err)
 	}
 }

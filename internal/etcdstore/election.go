@@ -139,6 +139,20 @@ func (e *Elector) Start(ctx context.Context) error {
 	return nil
 }
 
+// campaignOnce is election.Campaign with a panic turned into an error.
+// etcd's concurrency package reads the campaign's answers without checking
+// their shape, so a broken answer (a faulty proxy) panics inside it; that
+// must cost one campaign, whose session campaign then revokes, not the
+// manager.
+func campaignOnce(ctx context.Context, election *concurrency.Election, identity string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("etcd's election library panicked (%v), most likely on a malformed answer: %w", p, etcdreply.ErrMalformed)
+		}
+	}()
+	return election.Campaign(ctx, identity)
+}
+
 func (e *Elector) campaign(ctx context.Context) error {
 	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(e.sessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
@@ -153,7 +167,7 @@ func (e *Elector) campaign(ctx context.Context) error {
 		_, _ = e.cli.Revoke(rctx, session.Lease())
 	}()
 	election := concurrency.NewElection(session, etcdkeys.LeaderKey(e.prefix))
-	if err := election.Campaign(ctx, e.identity); err != nil {
+	if err := campaignOnce(ctx, election, e.identity); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	e.setTerm(&Term{Key: election.Key(), Rev: election.Rev()})

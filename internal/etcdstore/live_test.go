@@ -416,7 +416,7 @@ func TestLivesOfAnAnswerOfTheWrongShape(t *testing.T) {
 		resp *clientv3.TxnResponse
 		want string
 	}{
-		{"no header", &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), rng()}}, "header present: false"},
+		{"no header", &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), rng()}}, "it has no header"},
 		{"a response short", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng()}}, "4 operations was answered with 3 responses"},
 		{"a put where a range was asked", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{rng(), rng(), rng(), put}}, "lease ns/b: etcd's answer does not match its request: operation 3, a range read, was answered with another kind"},
 		{"a nil response", &clientv3.TxnResponse{Header: header, Responses: []*etcdserverpb.ResponseOp{nil, rng(), rng(), rng()}}, "lease ns/a: etcd's answer does not match its request: operation 0"},

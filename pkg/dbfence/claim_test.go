@@ -57,8 +57,10 @@ func TestClaimRaisesTheFloorBeforeAnyWrite(t *testing.T) {
 // like "/fencer@0" under which tokens would go to rows of their own.
 func TestInstallOfAnAnswerWithoutAHeader(t *testing.T) {
 	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
-	b.Next(testenv.KVRange, testenv.NoHeader)
-	if name, err := dbfence.InstallOf(context.Background(), cli, ""); !errors.Is(err, etcdreply.ErrMalformed) {
-		t.Fatalf("InstallOf: %q, %v; want an error naming the broken answer", name, err)
+	for name, breaks := range map[string]func(any){"no header": testenv.NoHeader, "a header without a cluster ID": testenv.EmptyHeader} {
+		b.Next(testenv.KVRange, breaks)
+		if install, err := dbfence.InstallOf(context.Background(), cli, ""); !errors.Is(err, etcdreply.ErrMalformed) {
+			t.Fatalf("%s: InstallOf: %q, %v; want an error naming the broken answer", name, install, err)
+		}
 	}
 }

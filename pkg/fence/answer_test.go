@@ -38,34 +38,52 @@ func TestAFencedTxnAnsweredBrokenIsAnError(t *testing.T) {
 }
 
 func TestHoldAndHeldAnsweredWithoutAHeader(t *testing.T) {
+	if !errors.Is(ErrMalformedAnswer, etcdreply.ErrMalformed) {
+		t.Fatal("the SDK's ErrMalformedAnswer is not the error its calls wrap")
+	}
 	cli, b := testenv.BrokenClient(t, startEtcd(t))
 	tok := grant(t, cli, "job", 30)
-	b.Next(testenv.KVRange, testenv.NoHeader)
-	if _, err := Hold(context.Background(), cli, prefix, "ns", tok); !errors.Is(err, etcdreply.ErrMalformed) {
-		t.Fatalf("Hold read an answer without a header: %v; want an error naming it", err)
-	}
-	b.Next(testenv.KVRange, testenv.NoHeader)
-	err := EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}.Held(context.Background(), tok)
-	if !errors.Is(err, etcdreply.ErrMalformed) || errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("Held read an answer without a header: %v; want an error naming it, not a lost lease", err)
-	}
-	if err := (EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}).Held(context.Background(), tok); err != nil {
-		t.Fatalf("the next, whole answer: %v", err)
+	// A header at revision 0 would have Hold watch from the start of
+	// history, where the key's earlier grants were deleted.
+	for name, breaks := range map[string]func(any){"no header": testenv.NoHeader, "a header without a revision": testenv.EmptyHeader} {
+		t.Run(name, func(t *testing.T) {
+			b.Next(testenv.KVRange, breaks)
+			if _, err := Hold(context.Background(), cli, prefix, "ns", tok); !errors.Is(err, ErrMalformedAnswer) {
+				t.Fatalf("Hold read a broken answer: %v; want an error naming it", err)
+			}
+			b.Next(testenv.KVRange, breaks)
+			err := EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}.Held(context.Background(), tok)
+			if !errors.Is(err, ErrMalformedAnswer) || errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("Held read a broken answer: %v; want an error naming it, not a lost lease", err)
+			}
+			if err := (EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}).Held(context.Background(), tok); err != nil {
+				t.Fatalf("the next, whole answer: %v", err)
+			}
+		})
 	}
 }
 
 func TestALockQueueingAnsweredBrokenLeavesNoWaiter(t *testing.T) {
 	e := startLockEtcd(t)
 	for name, breaks := range map[string]func(any){
-		"no header": testenv.NoHeader, "no responses": testenv.NoResponses, "puts for the reads": testenv.PutsForReads,
+		"no header": testenv.NoHeader, "a header without a revision": testenv.EmptyHeader,
+		"no responses": testenv.NoResponses, "puts for the reads": testenv.PutsForReads,
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := &testenv.BrokenAnswers{}
 			l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, b.DialOption()), "a", LockerOptions{})
-			_ = mustLock(t, l, "warm").Unlock(context.Background()) // the session, before the broken answer
+			held := mustLock(t, l, "held") // the session, before the broken answer
 			b.Next(testenv.KVTxn, breaks)
 			if lk, err := l.Lock(context.Background(), "k"); !errors.Is(err, etcdreply.ErrMalformed) {
 				t.Fatalf("Lock answered broken: %v, %v; want an error naming the broken answer", lk, err)
+			}
+			// Not read as etcd gone back in time: the session and its
+			// other locks live on.
+			if err := held.Context().Err(); err != nil {
+				t.Fatalf("the session's other lock ended: %v", context.Cause(held.Context()))
+			}
+			if err := held.Unlock(context.Background()); err != nil {
+				t.Fatalf("the session's other lock: %v", err)
 			}
 			// The queueing applied in etcd: its waiter key must not block
 			// the lock for as long as the session lives.
@@ -87,7 +105,7 @@ func TestAWaiterAnsweredBrokenGivesUpItsPlace(t *testing.T) {
 		done <- err
 	}()
 	waitForWaiters(t, e.mgr, "a", "k", 2)
-	time.Sleep(200 * time.Millisecond) // the waiter watches the holder's key
+	time.Sleep(200 * time.Millisecond) // the waiter watches the holder's key: its next read is waitTurn's
 	b.Next(testenv.KVTxn, testenv.NoResponses)
 	if err := holder.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
@@ -102,4 +120,31 @@ func TestAWaiterAnsweredBrokenGivesUpItsPlace(t *testing.T) {
 	}
 	waitForWaiters(t, e.mgr, "a", "k", 0)
 	_ = mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k").Unlock(context.Background())
+}
+
+func TestALockSessionAnsweredWithoutAHeader(t *testing.T) {
+	e := startLockEtcd(t)
+	b := &testenv.BrokenAnswers{}
+	l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, b.DialOption()), "a", LockerOptions{})
+	b.Next(testenv.LeaseGrant, testenv.NoHeader)
+	if lk, err := l.Lock(context.Background(), "k"); !errors.Is(err, ErrMalformedAnswer) {
+		t.Fatalf("Lock with its session's grant answered without a header: %v, %v; want an error naming it", lk, err)
+	}
+	_ = mustLock(t, l, "k").Unlock(context.Background()) // the next session is whole
+}
+
+// An Unlock whose delete is answered with responses of the wrong kind does
+// not know whether its keys went: it says so, not that the lock was lost,
+// and deletes them again until they are gone.
+func TestAnUnlockAnsweredBrokenIsNotALostLock(t *testing.T) {
+	e := startLockEtcd(t)
+	b := &testenv.BrokenAnswers{}
+	l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, b.DialOption()), "a", LockerOptions{})
+	lk := mustLock(t, l, "k")
+	b.Next(testenv.KVTxn, testenv.PutsForReads)
+	if err := lk.Unlock(context.Background()); !errors.Is(err, ErrMalformedAnswer) || errors.Is(err, ErrLockLost) {
+		t.Fatalf("Unlock answered broken: %v; want an error naming the broken answer, not a lost lock", err)
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	_ = mustLock(t, l, "k").Unlock(context.Background()) // the session lives on
 }

@@ -139,6 +139,14 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	return resp, nil
 }
 
+// ErrMalformedAnswer is the cause of an error from an answer of etcd's that
+// does not match its request: no header or no revision in it, a response
+// missing, or one of another kind than its operation. etcd never sends
+// one; a faulty proxy between the client and etcd could. Nothing is read
+// from such an answer: handle it as etcd being unavailable. Every package
+// of this SDK (fence, idgen, dbfence) wraps it.
+var ErrMalformedAnswer = etcdreply.ErrMalformed
+
 // ErrLeaseLost is the cause of a Hold context's cancellation.
 var ErrLeaseLost = errors.New("fence: the lease was lost")
 

@@ -332,7 +332,9 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		j := 0
 		for i := range lk.keys {
 			if revs[i] != 0 {
-				out[i] = resp.Responses[j].GetResponseTxn().GetSucceeded()
+				if out[i], err = etcdreply.Succeeded(resp, j); err != nil {
+					return nil, err
+				}
 				j++
 			}
 		}
@@ -349,7 +351,7 @@ func (l *Locker) retryDelete(lk *Lock) {
 		if err == nil {
 			return
 		}
-		if !transient(err) {
+		if !transient(err) && !errors.Is(err, etcdreply.ErrMalformed) {
 			// Refused, not unreachable (a changed role): the keys would
 			// block their locks for as long as the session lives; end it.
 			lk.sess.lose(fmt.Errorf("deleting the waiter keys of %q: %w", lk.keys, err))

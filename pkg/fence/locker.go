@@ -185,7 +185,12 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
 	}
-	l.seen(resp.Revision)
+	rev, err := etcdreply.Revision(resp.ResponseHeader)
+	if err != nil {
+		// The etcd lease may exist; unused, it expires with its TTL.
+		return nil, fmt.Errorf("fence: starting the lock session: %w", err)
+	}
+	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
 	sess := &lockSession{id: resp.ID, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
 	go keepAliveFrom(sctx, sess.lose, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second, sent)

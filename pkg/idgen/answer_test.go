@@ -16,7 +16,7 @@ func TestASnowflakeAnsweredBrokenIsAnError(t *testing.T) {
 	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
 	tok := leaseSlot(t, cli, 1)
 	opts := SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: tok, PodUID: "uid-p"}
-	for name, breaks := range map[string]func(any){"no responses": testenv.NoResponses, "puts for the reads": testenv.PutsForReads} {
+	for name, breaks := range map[string]func(any){"no responses": testenv.NoResponses, "puts for the reads": testenv.PutsForReads, "a header without a revision": testenv.EmptyHeader} {
 		b.Next(testenv.KVTxn, breaks)
 		if g, err := NewSnowflake(context.Background(), cli, opts); !errors.Is(err, etcdreply.ErrMalformed) {
 			t.Fatalf("%s: NewSnowflake: %v, %v; want an error naming the broken answer", name, g, err)

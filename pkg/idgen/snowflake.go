@@ -271,8 +271,10 @@ func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 	}
 	rev, err := etcdreply.Revision(resp.Header)
 	if err != nil {
-		// As after a timeout: the clock key may have been written, and the
-		// next reservation, comparing the old revision, finds out.
+		// As after a timeout: the clock key may have been written, so the
+		// next reservation, comparing the old revision, fails, and the
+		// generator counts its slot as lost (ErrSlotLost) rather than
+		// risk an ID issued twice.
 		return fmt.Errorf("idgen: reserving IDs of slot %d: %w", g.o.Slot, err)
 	}
 	if !resp.Succeeded {

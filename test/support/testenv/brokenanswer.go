@@ -12,10 +12,11 @@ import (
 	"google.golang.org/grpc"
 )
 
-// The gRPC methods of etcd's KV service whose answers BrokenAnswers breaks.
+// The gRPC methods of etcd whose answers BrokenAnswers breaks.
 const (
-	KVRange = "/etcdserverpb.KV/Range"
-	KVTxn   = "/etcdserverpb.KV/Txn"
+	KVRange    = "/etcdserverpb.KV/Range"
+	KVTxn      = "/etcdserverpb.KV/Txn"
+	LeaseGrant = "/etcdserverpb.Lease/LeaseGrant"
 )
 
 // BrokenAnswers breaks etcd's answer to the next call of one method, after
@@ -56,13 +57,21 @@ func (b *BrokenAnswers) intercept(ctx context.Context, method string, req, reply
 	return err
 }
 
-// NoHeader drops the header of a range or transaction answer.
-func NoHeader(reply any) {
+// NoHeader drops the header of a range, transaction or lease grant answer.
+func NoHeader(reply any) { setHeader(reply, nil) }
+
+// EmptyHeader gives a range, transaction or lease grant answer a header
+// with no revision (0) and no cluster ID.
+func EmptyHeader(reply any) { setHeader(reply, &etcdserverpb.ResponseHeader{}) }
+
+func setHeader(reply any, h *etcdserverpb.ResponseHeader) {
 	switch r := reply.(type) {
 	case *etcdserverpb.RangeResponse:
-		r.Header = nil
+		r.Header = h
 	case *etcdserverpb.TxnResponse:
-		r.Header = nil
+		r.Header = h
+	case *etcdserverpb.LeaseGrantResponse:
+		r.Header = h
 	}
 }
 
