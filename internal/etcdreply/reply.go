@@ -62,6 +62,24 @@ func Range(resp *clientv3.TxnResponse, i int) ([]*mvccpb.KeyValue, error) {
 	return r.Kvs, nil
 }
 
+// Reads checks resp, the answer to a transaction whose branch that ran has
+// n operations, the last n-from of them range reads (Txn and Range), and
+// returns those reads' KeyValues, in order.
+func Reads(resp *clientv3.TxnResponse, n, from int) ([][]*mvccpb.KeyValue, error) {
+	if err := Txn(resp, n); err != nil {
+		return nil, err
+	}
+	reads := make([][]*mvccpb.KeyValue, 0, n-from)
+	for i := from; i < n; i++ {
+		kvs, err := Range(resp, i)
+		if err != nil {
+			return nil, err
+		}
+		reads = append(reads, kvs)
+	}
+	return reads, nil
+}
+
 // Succeeded is whether the nested transaction answered at response i of
 // resp, which Txn has checked, succeeded: an error if that response is not
 // a transaction's.

@@ -74,3 +74,19 @@ func TestTxnAndRange(t *testing.T) {
 		t.Errorf("a nil response: %v, want ErrMalformed", err)
 	}
 }
+
+func TestReads(t *testing.T) {
+	h := &etcdserverpb.ResponseHeader{Revision: 9}
+	kv := &mvccpb.KeyValue{Key: []byte("k")}
+	resp := &clientv3.TxnResponse{Header: h, Responses: []*etcdserverpb.ResponseOp{put, rangeOf(kv), rangeOf()}}
+	reads, err := Reads(resp, 3, 1)
+	if err != nil || len(reads) != 2 || len(reads[0]) != 1 || reads[0][0] != kv || len(reads[1]) != 0 {
+		t.Fatalf("the two reads after a put: %v, %v", reads, err)
+	}
+	if _, err := Reads(resp, 3, 0); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a put taken for a read: %v, want ErrMalformed", err)
+	}
+	if _, err := Reads(resp, 2, 1); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a response too many: %v, want ErrMalformed", err)
+	}
+}

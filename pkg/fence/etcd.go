@@ -127,14 +127,11 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	}
 	if !resp.Succeeded {
 		// The Else branch ran: nothing was written.
-		if err := etcdreply.Txn(resp, 1); err != nil {
-			return nil, fmt.Errorf("fence: %w", err)
-		}
-		kvs, err := etcdreply.Range(resp, 0)
+		reads, err := etcdreply.Reads(resp, 1, 0)
 		if err != nil {
 			return nil, fmt.Errorf("fence: %w", err)
 		}
-		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered, Current: x.fence.current(kvs)}
+		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered, Current: x.fence.current(reads[0])}
 	}
 	return resp, nil
 }

@@ -220,10 +220,11 @@ func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
 			case !resp.Succeeded:
 				return fmt.Errorf("%w: the waiter key for %q was deleted while it queued", ErrLockLost, k)
 			}
-			ahead, err := waiterAhead(resp)
+			reads, err := etcdreply.Reads(resp, 1, 0)
 			if err != nil {
 				return fmt.Errorf("fence: waiting for %q: %w", k, err)
 			}
+			ahead := reads[0] // the waiter before this one, if any
 			if len(ahead) == 0 {
 				break
 			}
@@ -233,15 +234,6 @@ func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
 		}
 	}
 	return nil
-}
-
-// waiterAhead is the waiter that waitTurn's transaction read ahead of its
-// own, if any.
-func waiterAhead(resp *clientv3.TxnResponse) ([]*mvccpb.KeyValue, error) {
-	if err := etcdreply.Txn(resp, 1); err != nil {
-		return nil, err
-	}
-	return etcdreply.Range(resp, 0)
 }
 
 // waitDeleted returns once key no longer holds the waiter created at
@@ -300,14 +292,11 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		if err != nil {
 			return nil, err
 		}
-		if err := etcdreply.Txn(resp, len(ops)); err != nil {
+		reads, err := etcdreply.Reads(resp, len(ops), 0)
+		if err != nil {
 			return nil, err
 		}
-		for i := range ops {
-			kvs, err := etcdreply.Range(resp, i)
-			if err != nil {
-				return nil, err
-			}
+		for i, kvs := range reads {
 			if len(kvs) > 0 {
 				revs[i] = kvs[0].CreateRevision
 			}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-io/fencer/internal/etcdreply"
@@ -362,8 +363,9 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	defer cancel()
 	sentAfter := l.maxRev.Load()
 	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
+	var reads [][]*mvccpb.KeyValue // the floor key's, or each key's first waiter's
 	if err == nil {
-		err = checkEnqueued(resp, len(lk.keys))
+		reads, err = enqueueReads(resp, len(lk.keys))
 	}
 	if err == nil {
 		l.seen(resp.Header.Revision)
@@ -386,7 +388,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		go l.revoke(lk.sess.id)
 		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, sentAfter)
 	case !resp.Succeeded:
-		if kvs, _ := etcdreply.Range(resp, 0); len(kvs) > 0 {
+		if kvs := reads[0]; len(kvs) > 0 {
 			lk.sess.give(lk.slot) // nothing was written
 			return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, kvs[0].Value)
 		}
@@ -396,33 +398,20 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		return false, errNameTaken
 	}
 	lk.token = resp.Header.Revision
-	n := len(lk.keys)
-	for i := range lk.keys {
-		if first, _ := etcdreply.Range(resp, n+i); len(first) == 0 || first[0].CreateRevision != lk.token {
+	for _, first := range reads {
+		if len(first) == 0 || first[0].CreateRevision != lk.token {
 			ahead = true
 		}
 	}
 	return ahead, nil
 }
 
-// checkEnqueued checks the shape of the answer to enqueue's transaction
-// for n keys before enqueue reads it: n puts and n range reads when it
-// succeeded, the floor key's range read when it did not.
-func checkEnqueued(resp *clientv3.TxnResponse, n int) error {
+// enqueueReads checks the answer to enqueue's transaction for n keys and
+// returns its reads: each key's first waiter's when it succeeded (after
+// its n puts), the floor key's when it did not.
+func enqueueReads(resp *clientv3.TxnResponse, n int) ([][]*mvccpb.KeyValue, error) {
 	if !resp.Succeeded {
-		if err := etcdreply.Txn(resp, 1); err != nil {
-			return err
-		}
-		_, err := etcdreply.Range(resp, 0)
-		return err
+		return etcdreply.Reads(resp, 1, 0)
 	}
-	if err := etcdreply.Txn(resp, 2*n); err != nil {
-		return err
-	}
-	for i := n; i < 2*n; i++ {
-		if _, err := etcdreply.Range(resp, i); err != nil {
-			return err
-		}
-	}
-	return nil
+	return etcdreply.Reads(resp, 2*n, n)
 }

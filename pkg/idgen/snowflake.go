@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -163,10 +162,11 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if err != nil {
 		return nil, err
 	}
-	slot, clock, err := slotAndClock(resp)
+	reads, err := etcdreply.Reads(resp, 2, 0)
 	if err != nil {
 		return nil, fmt.Errorf("idgen: reading slot %d: %w", o.Slot, err)
 	}
+	slot, clock := reads[0], reads[1]
 	if len(slot) == 0 || slot[0].CreateRevision != o.Token {
 		return nil, fmt.Errorf("slot %d is not held under token %d: %w", o.Slot, o.Token, ErrSlotLost)
 	}
@@ -283,20 +283,6 @@ func (g *Snowflake) reserve(ctx context.Context, ms int64) error {
 	}
 	g.reserved, g.clockRev = upTo, rev
 	return nil
-}
-
-// slotAndClock is the slot key and clock key read by New's transaction.
-func slotAndClock(resp *clientv3.TxnResponse) (slot, clock []*mvccpb.KeyValue, err error) {
-	if err := etcdreply.Txn(resp, 2); err != nil {
-		return nil, nil, err
-	}
-	if slot, err = etcdreply.Range(resp, 0); err != nil {
-		return nil, nil, err
-	}
-	if clock, err = etcdreply.Range(resp, 1); err != nil {
-		return nil, nil, err
-	}
-	return slot, clock, nil
 }
 
 // watch marks the generator lost when its slot key is deleted or recreated.
