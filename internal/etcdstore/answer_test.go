@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+
 	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/support/testenv"
@@ -70,5 +72,42 @@ func TestACampaignAnsweredBrokenIsRetried(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("the Elector ended with %v", err)
+	}
+}
+
+// A write refused by its comparison is told apart from a deposed term by
+// the Else branch's read of the leader key. An answer without that read
+// shows neither, so it is a broken answer (the caller retries as if etcd
+// were away), not ErrNotLeader, which would stand the controller down
+// while it still leads.
+func TestARefusedWriteAnsweredWithoutItsElseReadIsBroken(t *testing.T) {
+	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+	if _, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 60*time.Second, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for name, breaks := range map[string]func(any){"no responses": testenv.NoResponses, "a put for the read": testenv.PutsForReads} {
+		b.Next(testenv.KVTxn, breaks)
+		_, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 60*time.Second, time.Now())
+		if !errors.Is(err, etcdreply.ErrMalformed) || errors.Is(err, ErrNotLeader) {
+			t.Fatalf("%s: a refused grant: %v; want an error naming the broken answer", name, err)
+		}
+	}
+	if _, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-b", "uid-b", 60*time.Second, time.Now()); !errors.Is(err, ErrHeld) {
+		t.Fatalf("the same grant answered whole: %v, want ErrHeld", err)
+	}
+
+	// A block claim whose comparison failed, answered without the read.
+	b.Next(testenv.KVTxn, func(reply any) {
+		r := reply.(*etcdserverpb.TxnResponse)
+		r.Succeeded, r.Responses = false, nil
+	})
+	if _, _, err := s.ClaimBlock(ctx, "ns", "ids", 1, 1000, 10, "pod-a", "uid-a"); !errors.Is(err, etcdreply.ErrMalformed) || errors.Is(err, ErrNotLeader) {
+		t.Fatalf("a refused claim answered without its read: %v; want an error naming the broken answer", err)
+	}
+	if _, _, err := s.ClaimBlock(ctx, "ns", "ids", 1, 1000, 10, "pod-a", "uid-a"); err != nil {
+		t.Fatalf("the next claim: %v", err)
 	}
 }

@@ -46,7 +46,12 @@ func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max
 			return Block{}, 0, err
 		case claimed:
 			return b, b.Last + 1, nil
-		case !term.heldIn(resp):
+		}
+		held, err := term.heldIn(resp)
+		switch {
+		case err != nil:
+			return Block{}, 0, err
+		case !held:
 			return Block{}, 0, ErrNotLeader
 		}
 		// Another claimer moved next first: read it again.

@@ -39,14 +39,16 @@ func (t Term) orElse() []clientv3.Op { return []clientv3.Op{clientv3.OpGet(t.Key
 
 // heldIn reports whether a failed transaction whose Else branch is orElse
 // saw this term still in force. An answer without that read (which etcd
-// never sends) does not show the term: the caller stops writing as if it
-// were lost, rather than panic.
-func (t Term) heldIn(resp *clientv3.TxnResponse) bool {
-	if len(resp.Responses) == 0 {
-		return false
+// never sends) shows neither: it is an error wrapping
+// etcdreply.ErrMalformed, handled as etcd being away, not as the term
+// being lost.
+func (t Term) heldIn(resp *clientv3.TxnResponse) (bool, error) {
+	reads, err := etcdreply.Reads(resp, len(t.orElse()), 0)
+	if err != nil {
+		return false, err
 	}
-	kvs := resp.Responses[0].GetResponseRange().GetKvs()
-	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev
+	kvs := reads[0]
+	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev, nil
 }
 
 // commit runs the one shape of every controller write:
@@ -63,10 +65,17 @@ func (t Term) commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.
 	if _, err := etcdreply.Revision(resp.Header); err != nil {
 		return nil, false, err
 	}
-	if !resp.Succeeded && !t.heldIn(resp) {
+	if resp.Succeeded {
+		return resp, true, nil
+	}
+	held, err := t.heldIn(resp)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case !held:
 		return resp, false, ErrNotLeader
 	}
-	return resp, resp.Succeeded, nil
+	return resp, false, nil
 }
 
 // Elector campaigns for <prefix>/controller/leader with a short session TTL,

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/support/testenv"
 )
@@ -210,16 +211,16 @@ func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
 }
 
 // A failed controller transaction whose answer lacks the Else branch's read
-// of the leader key does not show the term held: the controller stops
-// writing (ErrNotLeader) instead of panicking.
+// of the leader key shows neither a held nor a lost term: it is a broken
+// answer, not a panic and not ErrNotLeader.
 func TestHeldInWithoutTheLeaderRead(t *testing.T) {
 	term := Term{Key: "/fencer/controller/leader/x", Rev: 5}
-	if term.heldIn(&clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}}) {
-		t.Fatal("an answer with no responses showed the term held")
+	if held, err := term.heldIn(&clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}}); !errors.Is(err, etcdreply.ErrMalformed) {
+		t.Fatalf("an answer with no responses: held %v, %v; want ErrMalformed", held, err)
 	}
-	held := &clientv3.TxnResponse{Responses: []*etcdserverpb.ResponseOp{{Response: &etcdserverpb.ResponseOp_ResponseRange{
+	held := &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}, Responses: []*etcdserverpb.ResponseOp{{Response: &etcdserverpb.ResponseOp_ResponseRange{
 		ResponseRange: &etcdserverpb.RangeResponse{Kvs: []*mvccpb.KeyValue{{Key: []byte(term.Key), CreateRevision: 5}}}}}}}
-	if !term.heldIn(held) {
-		t.Fatal("the leader key at the term's revision did not show the term held")
+	if ok, err := term.heldIn(held); !ok || err != nil {
+		t.Fatalf("the leader key at the term's revision: held %v, %v; want held", ok, err)
 	}
 }
