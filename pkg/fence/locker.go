@@ -188,7 +188,11 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	}
 	rev, err := etcdreply.Revision(resp.ResponseHeader)
 	if err != nil {
-		// The etcd lease may exist; unused, it expires with its TTL.
+		// etcd granted a lease this session will not use: end it now
+		// rather than leave it to its TTL.
+		if resp.ID != clientv3.NoLease {
+			go l.revoke(resp.ID)
+		}
 		return nil, fmt.Errorf("fence: starting the lock session: %w", err)
 	}
 	l.seen(rev)
