@@ -549,7 +549,8 @@ func denied(d *Denial) admission.Response {
 	resp := admission.Denied(d.Message)
 	resp.Result.Code = d.Code
 	resp.Result.Reason = statusReasons[d.Code]
-	causes := []metav1.StatusCause{{Type: fencerv1.CauseReason, Message: string(d.Reason)}}
+	causes := make([]metav1.StatusCause, 1, 6) // the reason, and the facts of a lease
+	causes[0] = metav1.StatusCause{Type: fencerv1.CauseReason, Message: string(d.Reason)}
 	if d.Lease != "" {
 		causes = append(causes,
 			metav1.StatusCause{Type: fencerv1.CauseLease, Message: d.Lease},

@@ -207,13 +207,26 @@ func errored(code int32, err error, uid types.UID) admission.Response {
 	return resp
 }
 
+// answers recycles the buffers responses are encoded into, as bodies does
+// for requests: a Write never keeps the bytes it is given.
+var answers = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// jsonContentType is the Content-Type of every answer, set without the
+// allocation of Header.Set; no one appends to it in place.
+var jsonContentType = []string{"application/json"}
+
 // writeReview writes resp in an admission.k8s.io/v1 AdmissionReview.
 func writeReview(w http.ResponseWriter, resp admission.Response) {
-	out := appendReview(make([]byte, 0, 512), &resp.AdmissionResponse)
-	w.Header().Set("Content-Type", "application/json")
+	buf := answers.Get().(*[]byte)
+	out := appendReview((*buf)[:0], &resp.AdmissionResponse)
+	w.Header()["Content-Type"] = jsonContentType
 	// A failed write means the connection is gone: the apiserver times
 	// out and applies the webhook's failurePolicy (Fail).
 	_, _ = w.Write(out)
+	if cap(out) <= pooledBodyBytes {
+		*buf = out
+		answers.Put(buf)
+	}
 }
 
 // reviewJSON is the AdmissionReview written when appendReview cannot
