@@ -188,11 +188,9 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	}
 	rev, err := etcdreply.Revision(resp.ResponseHeader)
 	if err != nil {
-		// etcd granted a lease this session will not use: end it now
-		// rather than leave it to its TTL.
-		if resp.ID != clientv3.NoLease {
-			go l.revoke(resp.ID)
-		}
+		// The etcd lease may exist; unused, with no keys, it expires with
+		// its TTL. It is not revoked: its ID comes from the answer that
+		// failed its check, and a wrong ID could end another session.
 		return nil, fmt.Errorf("fence: starting the lock session: %w", err)
 	}
 	l.seen(rev)
