@@ -77,9 +77,9 @@ func TestACampaignAnsweredBrokenIsRetried(t *testing.T) {
 
 // A write refused by its comparison is told apart from a deposed term by
 // the Else branch's read of the leader key. An answer without that read
-// shows neither, so it is a broken answer (the caller retries as if etcd
-// were away), not ErrNotLeader, which would stand the controller down
-// while it still leads.
+// shows neither, so it is a broken answer (the reconcile reports it and
+// retries, as when etcd is away), not ErrNotLeader, which the controller
+// takes, silently, for a lost term.
 func TestARefusedWriteAnsweredWithoutItsElseReadIsBroken(t *testing.T) {
 	cli, b := testenv.BrokenClient(t, testenv.Etcd(t))
 	ctx := context.Background()

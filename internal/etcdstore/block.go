@@ -47,12 +47,8 @@ func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max
 		case claimed:
 			return b, b.Last + 1, nil
 		}
-		held, err := term.heldIn(resp)
-		switch {
-		case err != nil:
+		if err := term.heldIn(resp); err != nil {
 			return Block{}, 0, err
-		case !held:
-			return Block{}, 0, ErrNotLeader
 		}
 		// Another claimer moved next first: read it again.
 	}

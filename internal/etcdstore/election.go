@@ -37,18 +37,20 @@ func (t Term) cmp() clientv3.Cmp {
 // comparison (heldIn).
 func (t Term) orElse() []clientv3.Op { return []clientv3.Op{clientv3.OpGet(t.Key)} }
 
-// heldIn reports whether a failed transaction whose Else branch is orElse
-// saw this term still in force. An answer without that read (which etcd
-// never sends) shows neither: it is an error wrapping
-// etcdreply.ErrMalformed, handled as etcd being away, not as the term
-// being lost.
-func (t Term) heldIn(resp *clientv3.TxnResponse) (bool, error) {
+// heldIn says why a transaction whose Else branch is orElse failed: nil
+// when the answer shows this term still in force (a comparison of the
+// caller's failed), ErrNotLeader when it shows the term gone. An answer
+// without that read (which etcd never sends) shows neither: the error
+// wraps etcdreply.ErrMalformed, and is handled as etcd being away.
+func (t Term) heldIn(resp *clientv3.TxnResponse) error {
 	reads, err := etcdreply.Reads(resp, len(t.orElse()), 0)
 	if err != nil {
-		return false, err
+		return err
 	}
-	kvs := reads[0]
-	return len(kvs) == 1 && kvs[0].CreateRevision == t.Rev, nil
+	if kvs := reads[0]; len(kvs) != 1 || kvs[0].CreateRevision != t.Rev {
+		return ErrNotLeader
+	}
+	return nil
 }
 
 // commit runs the one shape of every controller write:
@@ -68,12 +70,8 @@ func (t Term) commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.
 	if resp.Succeeded {
 		return resp, true, nil
 	}
-	held, err := t.heldIn(resp)
-	switch {
-	case err != nil:
+	if err := t.heldIn(resp); err != nil {
 		return nil, false, err
-	case !held:
-		return resp, false, ErrNotLeader
 	}
 	return resp, false, nil
 }

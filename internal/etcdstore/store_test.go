@@ -215,12 +215,17 @@ func TestRecreatedLeaseKeyReadsAsUnissued(t *testing.T) {
 // answer, not a panic and not ErrNotLeader.
 func TestHeldInWithoutTheLeaderRead(t *testing.T) {
 	term := Term{Key: "/fencer/controller/leader/x", Rev: 5}
-	if held, err := term.heldIn(&clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}}); !errors.Is(err, etcdreply.ErrMalformed) {
-		t.Fatalf("an answer with no responses: held %v, %v; want ErrMalformed", held, err)
+	if err := term.heldIn(&clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}}); !errors.Is(err, etcdreply.ErrMalformed) || errors.Is(err, ErrNotLeader) {
+		t.Fatalf("an answer with no responses: %v; want ErrMalformed", err)
 	}
-	held := &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}, Responses: []*etcdserverpb.ResponseOp{{Response: &etcdserverpb.ResponseOp_ResponseRange{
-		ResponseRange: &etcdserverpb.RangeResponse{Kvs: []*mvccpb.KeyValue{{Key: []byte(term.Key), CreateRevision: 5}}}}}}}
-	if ok, err := term.heldIn(held); !ok || err != nil {
-		t.Fatalf("the leader key at the term's revision: held %v, %v; want held", ok, err)
+	answer := func(createRev int64) *clientv3.TxnResponse {
+		return &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 9}, Responses: []*etcdserverpb.ResponseOp{{Response: &etcdserverpb.ResponseOp_ResponseRange{
+			ResponseRange: &etcdserverpb.RangeResponse{Kvs: []*mvccpb.KeyValue{{Key: []byte(term.Key), CreateRevision: createRev}}}}}}}
+	}
+	if err := term.heldIn(answer(5)); err != nil {
+		t.Fatalf("the leader key at the term's revision: %v; want the term held", err)
+	}
+	if err := term.heldIn(answer(7)); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("the leader key of a later term: %v; want ErrNotLeader", err)
 	}
 }
