@@ -78,17 +78,17 @@ func (b *bodySlice) UnmarshalJSON(data []byte) error {
 }
 
 // bodies recycles the buffers reviews are read into. Buffers that grew
-// past pooledBodyBytes (a review of large objects) are dropped, so one
-// large review does not pin its memory.
+// past pooledBufferBytes (a review of large objects) are dropped, so one
+// large review does not pin its memory; answers does the same.
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-const pooledBodyBytes = 256 << 10
+const pooledBufferBytes = 256 << 10
 
 func (v *Review) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	buf := bodies.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer func() {
-		if buf.Cap() <= pooledBodyBytes {
+		if buf.Cap() <= pooledBufferBytes {
 			bodies.Put(buf)
 		}
 	}()
@@ -223,7 +223,7 @@ func writeReview(w http.ResponseWriter, resp admission.Response) {
 	// A failed write means the connection is gone: the apiserver times
 	// out and applies the webhook's failurePolicy (Fail).
 	_, _ = w.Write(out)
-	if cap(out) <= pooledBodyBytes {
+	if cap(out) <= pooledBufferBytes {
 		*buf = out
 		answers.Put(buf)
 	}
