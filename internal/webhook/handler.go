@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/go-logr/logr"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -20,7 +22,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -71,7 +72,7 @@ type objectMeta struct {
 		// DeletionTimestamp is only tested for presence: whether a write
 		// may be a finalizer release (finalizersReleased), which needs a
 		// full decode of both objects that most writes can skip.
-		DeletionTimestamp any `json:"deletionTimestamp"`
+		DeletionTimestamp present `json:"deletionTimestamp"`
 	} `json:"metadata"`
 }
 
@@ -455,22 +456,36 @@ func decodeBoth(req admission.Request) (obj, old *objectMeta, d *Denial) {
 // reads them: keys match case-sensitively. encoding/json would also take a
 // stored top-level "Metadata" (a custom resource that keeps unknown fields
 // may hold one) for "metadata", and fencer would judge labels the object
-// does not have.
+// does not have. As decodeReview, it refuses a name twice in one object
+// and a string that is not UTF-8, which the apiserver never sends.
 func decodeMeta(raw []byte) (*objectMeta, error) {
 	if len(raw) == 0 {
 		return nil, nil
 	}
 	m := &objectMeta{}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, m); err != nil {
+	if err := jsonv2.Unmarshal(raw, m); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
+// present records whether a JSON value other than null was there, without
+// decoding it.
+type present bool
+
+func (p *present) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	kind := dec.PeekKind()
+	if err := dec.SkipValue(); err != nil {
+		return err
+	}
+	*p = kind != 'n'
+	return nil
+}
+
 // beingDeleted says whether m carries a deletionTimestamp (a CREATE has no
 // old object, so is not).
 func beingDeleted(m *objectMeta) bool {
-	return m != nil && m.Metadata.DeletionTimestamp != nil
+	return m != nil && bool(m.Metadata.DeletionTimestamp)
 }
 
 func labelOf(m *objectMeta) string {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 
 	"github.com/fencer-io/fencer/internal/metrics"
 )
@@ -32,8 +33,9 @@ const MaxReviewBytes = 7 << 20
 // write in the cluster passes through it:
 //   - the body is read into a pooled buffer;
 //   - the AdmissionReview is decoded, case-sensitively as the apiserver
-//     decodes it, into only the fields a decision reads, and the objects
-//     are not copied out of the body;
+//     decodes it, into only the fields a decision reads, by the JSON v2
+//     decoder (two to three times faster than encoding/json's), and the
+//     objects are not copied out of the body;
 //   - the response is encoded without reflection (appendReview).
 //
 // FuzzReviewDecode holds that it reads what the apiserver's own decoder
@@ -59,22 +61,40 @@ type requestIn struct {
 	Namespace   string                      `json:"namespace"`
 	Operation   admissionv1.Operation       `json:"operation"`
 	UserInfo    authenticationv1.UserInfo   `json:"userInfo"`
-	Object      bodySlice                   `json:"object"`
-	OldObject   bodySlice                   `json:"oldObject"`
+	Object      span                        `json:"object"`
+	OldObject   span                        `json:"oldObject"`
 	DryRun      *bool                       `json:"dryRun"`
 }
 
-// bodySlice keeps a JSON value as the bytes of the body it came from, not a
-// copy: the body outlives the review's handling (ServeHTTP returns its
-// buffer to the pool only after the response is written). A JSON null is
-// no object, as runtime.RawExtension reads it.
-type bodySlice []byte
+// span is where a JSON value sits in the body it was decoded from, so that
+// an object is sliced from the body, not copied out of it: the body
+// outlives the review's handling (ServeHTTP returns its buffer to the pool
+// only after the response is written). A JSON null is no object, as
+// runtime.RawExtension reads it.
+type span struct{ start, end int64 }
 
-func (b *bodySlice) UnmarshalJSON(data []byte) error {
-	if string(data) != "null" {
-		*b = data
+func (s *span) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	v, err := dec.ReadValue()
+	if err != nil {
+		return err
 	}
+	if v.Kind() == 'n' {
+		*s = span{}
+		return nil
+	}
+	// The decoder stands just past the value it returned, as written in
+	// the body (ReadValue returns the raw bytes).
+	end := dec.InputOffset()
+	*s = span{end - int64(len(v)), end}
 	return nil
+}
+
+// of is the value s spans in body, or nil for none.
+func (s span) of(body []byte) []byte {
+	if s.end == 0 {
+		return nil
+	}
+	return body[s.start:s.end:s.end]
 }
 
 // bodies recycles the buffers reviews are read into. Buffers that grew
@@ -123,17 +143,23 @@ func readReview(r *http.Request, buf *bytes.Buffer) (req admission.Request, code
 	if err != nil {
 		return req, http.StatusBadRequest, err
 	}
-	return in.request(), 0, nil
+	return in.request(buf.Bytes()), 0, nil
 }
 
 // decodeReview decodes body as the apiserver's decoder does: keys match
-// case-sensitively, numbers are kept as written, unknown fields are
-// ignored, and a missing apiVersion or kind reads as the AdmissionReview's.
-// fencer's webhook configurations ask for admission.k8s.io/v1 only, so a
-// review that names another version or kind is refused, not guessed at.
+// case-sensitively, unknown fields are ignored, and a missing apiVersion or
+// kind reads as the AdmissionReview's. fencer's webhook configurations ask
+// for admission.k8s.io/v1 only, so a review that names another version or
+// kind is refused, not guessed at.
+//
+// It refuses two things the apiserver's decoder takes: a name twice in one
+// object, and a string that is not UTF-8. The apiserver writes every
+// review with its own encoder, which writes neither, and where
+// encoding/json merges a repeated object into the first, the apiserver
+// keeps the last: refusing is the one reading that cannot differ from it.
 func decodeReview(body []byte) (*reviewIn, error) {
 	in := &reviewIn{}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(body, in); err != nil {
+	if err := jsonv2.Unmarshal(body, in); err != nil {
 		return nil, fmt.Errorf("cannot decode the AdmissionReview: %w", err)
 	}
 	if !slices.Contains([]string{"", reviewAPIVersion}, in.APIVersion) || !slices.Contains([]string{"", "AdmissionReview"}, in.Kind) {
@@ -148,13 +174,14 @@ func decodeReview(body []byte) (*reviewIn, error) {
 
 var reviewAPIVersion = admissionv1.SchemeGroupVersion.String()
 
-// request is in as the admission.Request the handlers take.
-func (in *reviewIn) request() admission.Request {
+// request is in, decoded from body, as the admission.Request the handlers
+// take.
+func (in *reviewIn) request(body []byte) admission.Request {
 	r := in.Request
 	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: r.UID, Kind: r.Kind, Resource: r.Resource, SubResource: r.SubResource,
 		Name: r.Name, Namespace: r.Namespace, Operation: r.Operation, UserInfo: r.UserInfo,
-		Object: runtime.RawExtension{Raw: r.Object}, OldObject: runtime.RawExtension{Raw: r.OldObject}, DryRun: r.DryRun,
+		Object: runtime.RawExtension{Raw: r.Object.of(body)}, OldObject: runtime.RawExtension{Raw: r.OldObject.of(body)}, DryRun: r.DryRun,
 	}}
 }
 
