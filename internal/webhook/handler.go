@@ -66,14 +66,33 @@ type Checker struct {
 // the allocations of managedFields, often most of an object's metadata, on
 // every fenced write.
 type objectMeta struct {
-	Metadata struct {
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
-		// DeletionTimestamp is only tested for presence: whether a write
-		// may be a finalizer release (finalizersReleased), which needs a
-		// full decode of both objects that most writes can skip.
-		DeletionTimestamp present `json:"deletionTimestamp"`
-	} `json:"metadata"`
+	Metadata metaFields `json:"metadata"`
+}
+
+type metaFields struct {
+	Labels      stringMap `json:"labels"`
+	Annotations stringMap `json:"annotations"`
+	// DeletionTimestamp is only tested for presence: whether a write
+	// may be a finalizer release (finalizersReleased), which needs a
+	// full decode of both objects that most writes can skip.
+	DeletionTimestamp present `json:"deletionTimestamp"`
+}
+
+// UnmarshalJSONFrom reads the metadata afresh, so that a second "metadata"
+// replaces the first: the apiserver decodes an object into maps, where the
+// last value of a name wins, and encoding/json would merge the two.
+func (m *metaFields) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	type fields metaFields // without this method
+	*m = metaFields{}
+	return jsonv2.UnmarshalDecode(dec, (*fields)(m))
+}
+
+// stringMap is labels or annotations, read afresh for the same reason.
+type stringMap map[string]string
+
+func (s *stringMap) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	*s = nil
+	return jsonv2.UnmarshalDecode(dec, (*map[string]string)(s))
 }
 
 // Record is the mutating webhook (RecordPath): it judges a CREATE or UPDATE
@@ -456,14 +475,13 @@ func decodeBoth(req admission.Request) (obj, old *objectMeta, d *Denial) {
 // reads them: keys match case-sensitively. encoding/json would also take a
 // stored top-level "Metadata" (a custom resource that keeps unknown fields
 // may hold one) for "metadata", and fencer would judge labels the object
-// does not have. As decodeReview, it refuses a name twice in one object
-// and a string that is not UTF-8, which the apiserver never sends.
+// does not have.
 func decodeMeta(raw []byte) (*objectMeta, error) {
 	if len(raw) == 0 {
 		return nil, nil
 	}
 	m := &objectMeta{}
-	if err := jsonv2.Unmarshal(raw, m); err != nil {
+	if err := jsonv2.Unmarshal(raw, m, asTheAPIServerReads); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -12,6 +12,7 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,8 +35,9 @@ const MaxReviewBytes = 7 << 20
 //   - the body is read into a pooled buffer;
 //   - the AdmissionReview is decoded, case-sensitively as the apiserver
 //     decodes it, into only the fields a decision reads, by the JSON v2
-//     decoder (two to three times faster than encoding/json's), and the
-//     objects are not copied out of the body;
+//     decoder with encoding/json's semantics (asTheAPIServerReads), whose
+//     scanner is faster than encoding/json's, and the objects are not
+//     copied out of the body;
 //   - the response is encoded without reflection (appendReview).
 //
 // FuzzReviewDecode holds that it reads what the apiserver's own decoder
@@ -79,8 +81,7 @@ func (s *span) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 		return err
 	}
 	if v.Kind() == 'n' {
-		*s = span{}
-		return nil
+		return nil // as RawExtension reads a null: no change
 	}
 	// The decoder stands just past the value it returned, as written in
 	// the body (ReadValue returns the raw bytes).
@@ -151,15 +152,9 @@ func readReview(r *http.Request, buf *bytes.Buffer) (req admission.Request, code
 // kind reads as the AdmissionReview's. fencer's webhook configurations ask
 // for admission.k8s.io/v1 only, so a review that names another version or
 // kind is refused, not guessed at.
-//
-// It refuses two things the apiserver's decoder takes: a name twice in one
-// object, and a string that is not UTF-8. The apiserver writes every
-// review with its own encoder, which writes neither, and where
-// encoding/json merges a repeated object into the first, the apiserver
-// keeps the last: refusing is the one reading that cannot differ from it.
 func decodeReview(body []byte) (*reviewIn, error) {
 	in := &reviewIn{}
-	if err := jsonv2.Unmarshal(body, in); err != nil {
+	if err := jsonv2.Unmarshal(body, in, asTheAPIServerReads); err != nil {
 		return nil, fmt.Errorf("cannot decode the AdmissionReview: %w", err)
 	}
 	if !slices.Contains([]string{"", reviewAPIVersion}, in.APIVersion) || !slices.Contains([]string{"", "AdmissionReview"}, in.Kind) {
@@ -173,6 +168,15 @@ func decodeReview(body []byte) (*reviewIn, error) {
 }
 
 var reviewAPIVersion = admissionv1.SchemeGroupVersion.String()
+
+// asTheAPIServerReads are the JSON v2 options that read JSON as the
+// apiserver's decoder (sigs.k8s.io/json) does: encoding/json's semantics,
+// with names matched case-sensitively. They read, not refuse, a name
+// repeated in one object and a string that is not UTF-8 (mended to
+// U+FFFD): the apiserver passes some embedded JSON on as its client sent
+// it (a ControllerRevision's data), and a review that carries it must be
+// judged like any other.
+var asTheAPIServerReads = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsonv2.MatchCaseInsensitiveNames(false))
 
 // request is in, decoded from body, as the admission.Request the handlers
 // take.
