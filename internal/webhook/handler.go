@@ -69,6 +69,7 @@ type objectMeta struct {
 	Metadata metaFields `json:"metadata"`
 }
 
+// metaFields is the part of an object's metadata that the webhook reads.
 type metaFields struct {
 	Labels      stringMap `json:"labels"`
 	Annotations stringMap `json:"annotations"`
