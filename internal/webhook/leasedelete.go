@@ -6,9 +6,9 @@ import (
 	"net/http"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -86,7 +86,7 @@ func deletedLease(raw []byte, namespace, name string) (leaseMeta, error) {
 			UID       string `json:"uid"`
 		} `json:"metadata"`
 	}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &obj); err != nil {
+	if err := jsonv2.Unmarshal(raw, &obj, asTheAPIServerReads); err != nil {
 		return leaseMeta{}, err
 	}
 	m := obj.Metadata

@@ -4,10 +4,10 @@ import (
 	"context"
 	"slices"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -51,7 +51,7 @@ func (f *LeaseFinalizer) Handle(_ context.Context, req admission.Request) admiss
 	}
 	// (The apiserver sends the object as it encodes it: "metadata" is
 	// there, spelled so.)
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(req.Object.Raw, &lease); err != nil || lease.Metadata == nil {
+	if err := jsonv2.Unmarshal(req.Object.Raw, &lease, asTheAPIServerReads); err != nil || lease.Metadata == nil {
 		return admission.Allowed("fencer could not read the Lease; its controller adds the finalizer")
 	}
 	fin := lease.Metadata.Finalizers
