@@ -109,8 +109,11 @@ var ErrNoToken = errors.New("dbfence: a fencing token must be positive")
 // yours, so two holders cannot deadlock on the rows between them. A
 // holder paused inside its transaction after its guard holds that lock:
 // bound your transactions (lock_timeout, idle_in_transaction_session_timeout).
-// Rolling back to a savepoint taken before a refused guard would undo the
-// refusal: do not.
+// Never roll back to a savepoint taken before a guard: rolling back a
+// refused guard undoes its abort, and rolling back one that passed
+// releases its row lock, so a newer holder's transaction commits while
+// yours still can. A guard inside a savepoint is safe only after the same
+// guard outside it.
 func (t Table) Guard(ctx context.Context, tx *sql.Tx, res Resource, token int64) error {
 	return t.guard(ctx, tx, res, token, 0, false)
 }
@@ -192,6 +195,11 @@ func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, 
 	if err != nil {
 		return nil, err
 	}
+	// The guard's parameters follow the caller's: a placeholder past the
+	// caller's arguments would bind the guard's instead of failing.
+	if n := highestPlaceholder(query); n > len(args) {
+		return nil, fmt.Errorf("dbfence: Exec: the statement refers to $%d but has %d argument(s): pass one argument per placeholder", n, len(args))
+	}
 	// A copy: appending to args could write into the caller's array.
 	all := append(args[:len(args):len(args)], res.String(), token, int64(0))
 	r, err := tx.ExecContext(ctx, `WITH fencer_guard AS (`+guard+`) `+query, all...)
@@ -234,6 +242,9 @@ var floorInMessage = regexp.MustCompile(`is below token (\d+) \(seq (\d+)\)`)
 func (t Table) Floor(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, res Resource) (token, seq int64, err error) {
+	if err := res.validate(); err != nil {
+		return 0, 0, err
+	}
 	table, err := t.qualified()
 	if err != nil {
 		return 0, 0, err

@@ -60,15 +60,16 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 	if result, err = do(); err != nil {
 		// The record is in tx: committed without a result, it would answer
 		// every retry with nothing, as if done. Abort tx.
-		t.abort(ctx, tx, "operation "+opID+" failed; its transaction is aborted")
-		return nil, false, err
+		return nil, false, t.aborted(ctx, tx, "operation "+opID+" failed; its transaction is aborted", err)
 	}
 	if len(result) > MaxResult {
-		t.abort(ctx, tx, "operation "+opID+"'s result is over 64 KiB; its transaction is aborted")
-		return nil, false, fmt.Errorf("%w (%d bytes)", ErrResultTooLarge, len(result))
+		return nil, false, t.aborted(ctx, tx, "operation "+opID+"'s result is over 64 KiB; its transaction is aborted",
+			fmt.Errorf("%w (%d bytes)", ErrResultTooLarge, len(result)))
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE `+q+`_ops SET result = $3 WHERE resource = $1 AND op_id = $2`, res.String(), opID, result); err != nil {
-		return nil, false, err
+		// Not stored (a deadline, most likely): the record without its
+		// result must not commit either.
+		return nil, false, t.aborted(ctx, tx, "operation "+opID+"'s result was not stored; its transaction is aborted", err)
 	}
 	return result, false, nil
 }
@@ -113,13 +114,43 @@ func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Durati
 	return r.RowsAffected()
 }
 
+// sqlStateInFailedTransaction answers a statement in a transaction that
+// an earlier error already aborted.
+const sqlStateInFailedTransaction = "25P02"
+
+// abortTimeout bounds the statement that aborts a transaction: it runs
+// after the caller's context is done, so it needs a bound of its own.
+const abortTimeout = 10 * time.Second
+
 // abort makes tx fail, so that nothing of it can commit: its exception
-// aborts the transaction (the error it returns is that abort).
-func (t Table) abort(ctx context.Context, tx *sql.Tx, reason string) {
+// aborts the transaction. It runs even when ctx is done, which is the
+// usual reason an operation failed: a request's deadline must not leave
+// its transaction committable. It returns nil once the database has
+// aborted tx (or tx has already ended), and otherwise says to roll back.
+func (t Table) abort(ctx context.Context, tx *sql.Tx, reason string) error {
 	q, err := t.qualified()
 	if err != nil {
-		return
+		return fmt.Errorf("%w: it could not be aborted, so roll it back: never commit it", err)
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
 	var n int64
-	_ = tx.QueryRowContext(ctx, `SELECT `+q+`_abort($1)`, reason).Scan(&n)
+	err = tx.QueryRowContext(ctx, `SELECT `+q+`_abort($1)`, reason).Scan(&n)
+	var pg sqlStater
+	switch {
+	case errors.As(err, &pg) && (pg.SQLState() == SQLStateAborted || pg.SQLState() == sqlStateInFailedTransaction), errors.Is(err, sql.ErrTxDone):
+		return nil // aborted now, or already: nothing of tx can commit
+	case err == nil:
+		err = errors.New("the abort function returned instead of raising; apply the Migration again")
+	}
+	return fmt.Errorf("dbfence: the transaction could not be aborted (%s), so roll it back: never commit it: %w", reason, err)
+}
+
+// aborted aborts tx and returns why: cause, and the abort's own failure
+// if it failed.
+func (t Table) aborted(ctx context.Context, tx *sql.Tx, reason string, cause error) error {
+	if err := t.abort(ctx, tx, reason); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
 }

@@ -41,6 +41,11 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	if !qualifiedName.MatchString(r.Table) {
 		return fmt.Errorf("dbfence: table %q is not a plain lower-case (schema.)table name", r.Table)
 	}
+	// The fence table's abort is what makes a refusal stick: a name it
+	// cannot use would leave a refused transaction committable.
+	if _, err := r.Fence.qualified(); err != nil {
+		return fmt.Errorf("dbfence: Row.Fence: %w", err)
+	}
 	stmt := fmt.Sprintf(`UPDATE %s SET %s, %s = $1::bigint WHERE %s = $2 AND %s <= $1::bigint`, r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
 	res, err := tx.ExecContext(ctx, stmt, append([]any{token, key}, args...)...)
 	if err != nil {
@@ -57,9 +62,9 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	case err != nil:
 		return err
 	case !held.Valid:
-		r.Fence.abort(ctx, tx, "a fenced row's token is NULL")
-		return fmt.Errorf("dbfence: %s %v: the token column %s is NULL; make it bigint NOT NULL DEFAULT 0", r.Table, key, r.TokenColumn)
+		return r.Fence.aborted(ctx, tx, "a fenced row's token is NULL",
+			fmt.Errorf("dbfence: %s %v: the token column %s is NULL; make it bigint NOT NULL DEFAULT 0", r.Table, key, r.TokenColumn))
 	}
-	r.Fence.abort(ctx, tx, fmt.Sprintf("token %d refused for %s", token, r.Table))
-	return &StaleError{Resource: fmt.Sprintf("%s %v", r.Table, key), Offered: token, Floor: held.Int64}
+	return r.Fence.aborted(ctx, tx, fmt.Sprintf("token %d refused for %s", token, r.Table),
+		&StaleError{Resource: fmt.Sprintf("%s %v", r.Table, key), Offered: token, Floor: held.Int64})
 }

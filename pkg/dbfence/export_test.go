@@ -1,0 +1,20 @@
+package dbfence
+
+// HighestPlaceholder is highestPlaceholder, for the tests that ask a real
+// PostgreSQL.
+var HighestPlaceholder = highestPlaceholder
+
+// PlaceholderCase is a statement and the highest parameter it takes.
+type PlaceholderCase struct {
+	Query string
+	Want  int
+}
+
+// PlaceholderCases are placeholderCases, for the same tests.
+func PlaceholderCases() []PlaceholderCase {
+	var cs []PlaceholderCase
+	for _, c := range placeholderCases {
+		cs = append(cs, PlaceholderCase{c.query, c.want})
+	}
+	return cs
+}

@@ -1,0 +1,143 @@
+package dbfence_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencer-io/fencer/pkg/dbfence"
+)
+
+// These tests are the careless caller: what the SDK's happy path never
+// sends, each of which once ended in a silent success or a committable
+// transaction that should not have been.
+
+// Exec numbers the guard's parameters after the caller's: a statement
+// that refers to one more than it was given must be refused, not bound
+// to the guard's resource.
+func TestExecRefusesAPlaceholderWithoutItsArgument(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	_, err := table.Exec(ctx, tx, res, 10, `INSERT INTO reports VALUES (1, $2, $1)`, int64(10))
+	if err == nil || !strings.Contains(err.Error(), "refers to $2 but has 1 argument") {
+		t.Fatalf("Exec with $2 and one argument: %v, want a refusal naming $2", err)
+	}
+	// A placeholder in a literal or a comment is not one.
+	if _, err := table.Exec(ctx, tx, res, 10, `INSERT INTO reports VALUES (1, '$2' /* $3 */, $1)`, int64(10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := body(t, db); got != "$2" {
+		t.Fatalf("body %q, want the literal $2", got)
+	}
+}
+
+// The scanner Exec checks with reads parameters as PostgreSQL does: a
+// real server prepares each SELECT and says how many it takes.
+func TestHighestPlaceholderAgreesWithPostgreSQL(t *testing.T) {
+	db, _ := setup(t)
+	ctx := context.Background()
+	expected := regexp.MustCompile(`expected (\d+) arguments, got 0`)
+	asked := 0
+	for _, c := range dbfence.PlaceholderCases() {
+		if !strings.HasPrefix(c.Query, "SELECT ") || c.Want == 1<<20 {
+			continue
+		}
+		asked++
+		stmt, err := db.PrepareContext(ctx, c.Query)
+		if err != nil {
+			t.Errorf("PostgreSQL refused %q: %v", c.Query, err)
+			continue
+		}
+		n := 0
+		if _, err := stmt.ExecContext(ctx); err != nil {
+			m := expected.FindStringSubmatch(err.Error())
+			if m == nil {
+				t.Errorf("%q: %v", c.Query, err)
+				_ = stmt.Close()
+				continue
+			}
+			n, _ = strconv.Atoi(m[1])
+		}
+		_ = stmt.Close()
+		if got := dbfence.HighestPlaceholder(c.Query); got != n {
+			t.Errorf("%q: PostgreSQL takes %d parameters, the scanner reads %d", c.Query, n, got)
+		}
+	}
+	if asked < 15 {
+		t.Fatalf("asked PostgreSQL about %d statements only", asked)
+	}
+}
+
+// An operation that fails because its request's deadline passed is the
+// usual failure: its abort must still reach the database, even with the
+// transaction begun under a longer context, so that committing anyway
+// commits no record without a result.
+func TestOnceAbortsAfterItsContextExpired(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	reqCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, _, err := table.Once(reqCtx, tx, res, "slow", 10, func() ([]byte, error) {
+		<-reqCtx.Done()
+		return nil, reqCtx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Once: %v, want the operation's deadline", err)
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the transaction of an operation that ran out of time committed")
+	}
+	tx2 := begin(t, db)
+	got, replayed, err := table.Once(ctx, tx2, res, "slow", 10, func() ([]byte, error) { return []byte("ran"), nil })
+	if err != nil || replayed || string(got) != "ran" {
+		t.Fatalf("the retry: %q replayed %v, %v; want it to run the operation", got, replayed, err)
+	}
+}
+
+// Row.Update's refusal sticks through its fence table's abort function; a
+// fence table it cannot name is refused before any statement.
+func TestRowUpdateRefusesAFenceTableItCannotName(t *testing.T) {
+	db, _ := setup(t)
+	ctx := context.Background()
+	if _, err := db.Exec(`CREATE TABLE tasks (id int PRIMARY KEY, result text, token bigint NOT NULL DEFAULT 0); INSERT INTO tasks (id, token) VALUES (42, 7)`); err != nil {
+		t.Fatal(err)
+	}
+	tx := begin(t, db)
+	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token", Fence: dbfence.Table{Schema: "App"}}
+	if err := row.Update(ctx, tx, 42, 6, "result = $3", "x"); err == nil || !strings.Contains(err.Error(), "Row.Fence") {
+		t.Fatalf("Update with a bad fence table: %v, want a refusal naming Row.Fence", err)
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT token FROM tasks WHERE id = 42`).Scan(&n); err != nil || n != 7 {
+		t.Fatalf("the row after the refusal: token %d, %v", n, err)
+	}
+}
+
+// Floor checks its resource as Guard does.
+func TestFloorRefusesAResourceWithoutItsParts(t *testing.T) {
+	db, table := setup(t)
+	if _, _, err := table.Floor(context.Background(), db, dbfence.Resource{}); err == nil || !strings.Contains(err.Error(), "install") {
+		t.Fatalf("Floor of the zero resource: %v, want a refusal", err)
+	}
+}
+
+// begin starts a transaction, rolled back when t ends unless committed.
+func begin(t *testing.T, db *sql.DB) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
