@@ -428,6 +428,12 @@ func TestTryLockGivesUpAndLeavesNoWaiter(t *testing.T) {
 		waitForWaiters(t, e.mgr, "a", "k", 1)
 		waitForWaiters(t, e.mgr, "a", "free", 0)
 	}
+	// A key that is no key is not busy, whatever the wait.
+	for _, keys := range [][]string{{""}, {"k", "k"}} {
+		if _, err := l.TryLock(context.Background(), 0, keys...); errors.Is(err, ErrLockBusy) || !errors.Is(err, etcdkeys.ErrBadLockKey) {
+			t.Fatalf("TryLock(0, %q): %v, want ErrBadLockKey", keys, err)
+		}
+	}
 	// Lock's own ctx ending cleans up too.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -271,7 +271,10 @@ func (l *Locker) TryLock(ctx context.Context, wait time.Duration, keys ...string
 	wctx, cancel := context.WithTimeoutCause(ctx, wait, ErrLockBusy)
 	defer cancel()
 	lk, err := l.lock(ctx, wctx, keys)
-	if err != nil && errors.Is(context.Cause(wctx), ErrLockBusy) && ctx.Err() == nil {
+	// Only the wait running out is ErrLockBusy (lock returns wctx's
+	// cause): a bad key, a closed Locker or an unreachable etcd keeps its
+	// own error, even when the wait has run out by then.
+	if errors.Is(err, ErrLockBusy) {
 		return nil, fmt.Errorf("%w: %q not free within %s", ErrLockBusy, keys, wait)
 	}
 	return lk, err
