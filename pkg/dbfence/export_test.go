@@ -4,6 +4,10 @@ package dbfence
 // PostgreSQL.
 var HighestPlaceholder = highestPlaceholder
 
+// MaxPlaceholder is maxPlaceholder, the number a run of digits too long
+// for PostgreSQL reads as.
+const MaxPlaceholder = maxPlaceholder
+
 // PlaceholderCase is a statement and the highest parameter it takes.
 type PlaceholderCase struct {
 	Query string
