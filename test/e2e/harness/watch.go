@@ -21,9 +21,10 @@ import (
 )
 
 // startWatches records every version of the fenced ConfigMaps and every
-// Lease status, from before the workload starts. A watch that cannot resume
-// where it stopped (410 Gone) would leave a gap, and fails the run.
-func (h *Harness) startWatches(context.Context) error {
+// Lease status, from before the workload starts: it returns once both
+// watches have listed what is there. A watch that cannot resume where it
+// stopped (410 Gone) would leave a gap, and fails the run.
+func (h *Harness) startWatches(ctx context.Context) error {
 	var err error
 	if h.objects, err = history.Create(filepath.Join(h.opts.Dir, "objects.jsonl")); err != nil {
 		return err
@@ -38,10 +39,11 @@ func (h *Harness) startWatches(context.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	wctx, cancel := context.WithCancel(context.Background())
 	h.stopWatch = cancel
+	listed := make(chan error, 2)
 	h.watchers.Go(func() {
-		h.follow(ctx, wc, &corev1.ConfigMapList{}, &h.seenCM, func(obj client.Object, typ watch.EventType) error {
+		h.follow(wctx, wc, listed, &corev1.ConfigMapList{}, &h.seenCM, func(obj client.Object, typ watch.EventType) error {
 			cm := obj.(*corev1.ConfigMap)
 			if cm.Labels["fencer.io/lease"] == "" {
 				return nil
@@ -54,11 +56,21 @@ func (h *Harness) startWatches(context.Context) error {
 		})
 	})
 	h.watchers.Go(func() {
-		h.follow(ctx, wc, &fencerv1.LeaseList{}, &h.seenLease, func(obj client.Object, _ watch.EventType) error {
+		h.follow(wctx, wc, listed, &fencerv1.LeaseList{}, &h.seenLease, func(obj client.Object, _ watch.EventType) error {
 			l := obj.(*fencerv1.Lease)
 			return h.leases.Add(history.LeaseEvent{Name: l.Name, ResourceVersion: rvOf(l), Token: l.Status.Token, Holder: l.Status.Holder, At: time.Now()})
 		})
 	})
+	for range 2 {
+		select {
+		case err := <-listed:
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	return nil
 }
 
@@ -103,16 +115,29 @@ func (h *Harness) stopWatches() {
 	}
 }
 
-// follow lists, then watches from the list's resourceVersion, resuming each
-// broken watch at the last version seen.
-func (h *Harness) follow(ctx context.Context, wc client.WithWatch, list client.ObjectList, seen *atomic.Int64, emit func(client.Object, watch.EventType) error) {
+// follow lists, records what the list holds, then watches from the list's
+// resourceVersion, resuming each broken watch at the last version seen. It
+// sends the list's outcome on listed. The listed objects are recorded as
+// ADDED: a status written before the list (the managers' first grants, on a
+// slow machine) is otherwise in neither the list's record nor the watch's,
+// and a pod reporting the token it gave would read as holding a token the
+// status never gave it.
+func (h *Harness) follow(ctx context.Context, wc client.WithWatch, listed chan<- error, list client.ObjectList, seen *atomic.Int64, emit func(client.Object, watch.EventType) error) {
 	fail := func(err error) {
 		if ctx.Err() == nil {
 			h.watchErr <- err
 		}
 	}
-	if err := wc.List(ctx, list, client.InNamespace(Namespace)); err != nil {
-		fail(err)
+	err := wc.List(ctx, list, client.InNamespace(Namespace))
+	if err == nil {
+		err = meta.EachListItem(list, func(o runtime.Object) error {
+			obj := o.(client.Object)
+			seen.Store(max(seen.Load(), rvOf(obj)))
+			return emit(obj, watch.Added)
+		})
+	}
+	listed <- err
+	if err != nil {
 		return
 	}
 	rv := list.GetResourceVersion()
