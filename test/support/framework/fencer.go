@@ -229,16 +229,6 @@ func (f *Fencer) StartController(t *testing.T, identity string) (stop func()) {
 	return stop
 }
 
-// Namespace creates a fresh namespace for one test.
-func (f *Fencer) Namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%d", f.nsSeq.Add(1))}}
-	if err := f.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
-
 // ReadyPod creates a pod labeled app=<app> and marks it Ready, as a kubelet
 // would. sa names its service account ("" for none).
 func (f *Fencer) ReadyPod(t *testing.T, ns, name, app, sa string) *corev1.Pod {
