@@ -166,7 +166,7 @@ func (lk *Lock) unlock(ctx context.Context) error {
 			if lost == nil {
 				lost = errors.New("its waiter key was gone")
 			}
-			return fmt.Errorf("%w: %q under token %d was no longer held at Unlock (%w); nothing else was deleted", ErrLockLost, lk.keys[i], lk.token, lost)
+			return fmt.Errorf("%w: %q under token %d was no longer held at Unlock (%w); only this acquisition's own waiter keys were deleted, none of another holder's", ErrLockLost, lk.keys[i], lk.token, lost)
 		}
 	}
 	if lost != nil {

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -72,9 +74,10 @@ type Locker struct {
 	namespace string
 	opts      LockerOptions
 
-	// ctx ends with Close; every session derives from it.
+	// ctx ends with Close, with errClosed; every session derives from it,
+	// so a held lock's Context ends with ErrLockLost then too.
 	ctx   context.Context
-	close context.CancelFunc
+	close context.CancelCauseFunc
 
 	mu   sync.Mutex
 	sess *lockSession
@@ -122,6 +125,9 @@ func (s *lockSession) give(slot uint64) {
 	s.free = append(s.free, slot)
 }
 
+// errClosed is what Close ends the Locker's locks with.
+var errClosed = fmt.Errorf("%w: the Locker was closed", ErrLockLost)
+
 // NewLocker makes the Locker of namespace, whose etcd identity cli
 // connects as (LoadEtcdAccess), under fencer's key prefix. The session is
 // created by the first Lock.
@@ -133,21 +139,25 @@ func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOption
 		opts.Timeout = DefaultLockTimeout
 	}
 	switch {
+	case cli == nil:
+		return nil, errors.New("fence: NewLocker needs an etcd client connected as the namespace's identity (LoadEtcdAccess)")
 	case namespace == "":
 		return nil, errors.New("fence: NewLocker needs the namespace whose locks it takes (the pod's own)")
+	case len(validation.IsDNS1123Label(namespace)) > 0:
+		return nil, fmt.Errorf("fence: NewLocker's namespace %q is no Kubernetes namespace name: %s", namespace, strings.Join(validation.IsDNS1123Label(namespace), "; "))
 	case opts.TTL < 2*time.Second:
 		return nil, fmt.Errorf("fence: lock TTL %s is under 2s; etcd grants whole seconds and keepalives go every TTL/3", opts.TTL)
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("fence: lock timeout %s is negative", opts.Timeout)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Locker{cli: cli, prefix: etcdkeys.OrDefault(prefix), namespace: namespace, opts: opts, ctx: ctx, close: cancel}, nil
 }
 
 // Close ends the session, releasing every lock the Locker holds at once
 // (its etcd lease is revoked), and makes later Locks fail.
 func (l *Locker) Close(ctx context.Context) error {
-	l.close() // first: no session is granted after this
+	l.close(errClosed) // first: no session is granted after this
 	l.mu.Lock()
 	sess := l.sess
 	l.mu.Unlock()
@@ -182,11 +192,11 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	// etcd's TTL runs from when it applies the grant, which is after this:
 	// the keepalive deadline counts from here, never after etcd's expiry.
 	sent := time.Now()
-	resp, err := l.cli.Grant(gctx, int64(l.opts.TTL/time.Second))
+	resp, err := grantSession(gctx, l.cli, int64(l.opts.TTL/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
 	}
-	rev, err := etcdreply.Revision(resp.ResponseHeader)
+	rev, err := etcdreply.Revision(resp.Header)
 	if err != nil {
 		// The etcd lease may exist; unused, with no keys, it expires with
 		// its TTL. It is not revoked: its ID comes from the answer that
@@ -195,8 +205,8 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	}
 	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
-	sess := &lockSession{id: resp.ID, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
-	go keepAliveFrom(sctx, sess.lose, l.cli, resp.ID, time.Duration(resp.TTL)*time.Second, sent)
+	sess := &lockSession{id: clientv3.LeaseID(resp.ID), ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
+	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent)
 	l.sess = sess
 	return sess, nil
 }
@@ -381,6 +391,12 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		// transaction can still apply after this. They must not block
 		// their locks until the session ends (retire).
 		l.retire(lk)
+		if sessionUnusable(err) {
+			// Nothing put under this session will succeed again: the next
+			// Lock starts another.
+			lk.sess.lose(fmt.Errorf("etcd refused a put under session lease %x: %w", int64(lk.sess.id), err))
+			return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, context.Cause(lk.sess.ctx))
+		}
 		return false, fmt.Errorf("fence: queueing for %q: %w", lk.keys, l.unavailable(tctx, err))
 	case behind(resp.Header.Revision, sentAfter):
 		// etcd answers below a revision it gave before: it went back in
