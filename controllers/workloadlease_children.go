@@ -27,6 +27,13 @@ const (
 	// (runOrder), so that it never moves back to an older one when the
 	// newer run's Job is deleted.
 	runAnnotation = "fencer.io/workloadlease-run"
+	// runUIDAnnotation is the UID of that run's Job: its selector, when
+	// the Job is deleted and the Lease stays with its pods.
+	runUIDAnnotation = "fencer.io/workloadlease-run-uid"
+	// runClockSkew is how far past the manager's clock a run's scheduled
+	// time may be: the apiserver's and the CronJob controller's clocks
+	// differ from it a little.
+	runClockSkew = 5 * time.Minute
 )
 
 // maxLeaseName is the longest Lease name (the pod annotation key's limit).
@@ -105,6 +112,7 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	}}
 	if m.run != "" {
 		l.Annotations[runAnnotation] = m.runOrder
+		l.Annotations[runUIDAnnotation] = m.runUID
 	}
 	memberSpec(&l.Spec, wl, m)
 	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
@@ -153,14 +161,25 @@ func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.Wo
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
 	if cur := l.Annotations[runAnnotation]; m.run != "" && cur > m.runOrder {
-		// The run it selects is newer than the newest Job left: that
-		// Job was deleted, and its pods may still run. Stay.
-		m.selector, m.run, m.runOrder = l.Spec.HolderSelector, "", cur
+		stay, corrected, ok := r.stayOnDeletedRun(l, m)
+		switch {
+		case !ok:
+			out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted,
+				"Lease %s records run %q but no Job UID for it (annotation %s), and no tenure of it is open; set back to the newest run, Job %s",
+				l.Name, cur, runUIDAnnotation, m.run)
+		case corrected:
+			out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted,
+				"Lease %s's annotation %s was %q, which no run of the CronJob can have yet; set to %q, when its holder's tenure began",
+				l.Name, runAnnotation, cur, stay.runOrder)
+		}
+		if ok {
+			m = stay
+		}
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Annotations[runAnnotation] == m.runOrder &&
-		l.Labels[memberOfLabel] == wl.Name {
+		l.Annotations[runUIDAnnotation] == m.runUID && l.Labels[memberOfLabel] == wl.Name {
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -184,6 +203,7 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	l.Labels[memberOfLabel] = wl.Name
 	if m.runOrder != "" {
 		l.Annotations[runAnnotation] = m.runOrder
+		l.Annotations[runUIDAnnotation] = m.runUID
 	}
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
@@ -209,4 +229,42 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 		}
 	}
 	return nil
+}
+
+// stayOnDeletedRun is m as the Lease keeps it when the run it selects is
+// newer than the newest Job left (m's): that Job was deleted, and its pods
+// may still run, so the Lease stays with them, never back to an older run.
+// The selector is rebuilt from the run's Job UID, as recorded, so an edit
+// of the selector meanwhile is set back as at any other time.
+//
+// A recorded order no run can have yet (scheduled after now, or no order
+// at all) is not believed: kept, it would hold the Lease on its run against
+// every newer one. It is set to when the open tenure began (corrected),
+// which the status records and only the manager writes: the run was there
+// by then, and every run scheduled later takes over. ok is false when
+// there is no run to stay on: no Job UID recorded, or a bad order and no
+// open tenure.
+func (r *WorkloadLeaseReconciler) stayOnDeletedRun(l *fencerv1.Lease, m member) (stay member, corrected, ok bool) {
+	order, uid := l.Annotations[runAnnotation], l.Annotations[runUIDAnnotation]
+	if uid == "" { // written before the UID was recorded: the selector names it
+		uid = l.Spec.HolderSelector.MatchLabels[jobControllerUID]
+	}
+	if uid == "" {
+		return m, false, false
+	}
+	if at, parsed := runTime(order); !parsed || at.After(r.now().Add(runClockSkew)) {
+		t := l.Status.OpenTenure()
+		if t == nil {
+			return m, false, false
+		}
+		order, corrected = fmt.Sprintf("%020d/", t.Start.Unix()), true
+	}
+	return member{name: m.name, selector: runSelector(uid), runOrder: order, runUID: uid}, corrected, true
+}
+
+func (r *WorkloadLeaseReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }

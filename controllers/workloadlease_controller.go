@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +30,9 @@ import (
 type WorkloadLeaseReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+	// Clock tells a CronJob run's order from one no run can have yet
+	// (stayOnDeletedRun).
+	Clock clock.PassiveClock
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch

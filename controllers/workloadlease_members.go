@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -32,9 +33,9 @@ const (
 type member struct {
 	name     string
 	selector metav1.LabelSelector
-	// run names the CronJob run whose pods the selector matches, and
-	// runOrder orders it among the CronJob's runs.
-	run, runOrder string
+	// run names the CronJob run whose pods the selector matches, runOrder
+	// orders it among the CronJob's runs, and runUID is its Job's UID.
+	run, runOrder, runUID string
 }
 
 // noMembers says why a workload has no members to lease: the condition's
@@ -167,11 +168,16 @@ func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]mem
 	}
 	// No pod carries a CronJob's UID as its controller's: the selector of
 	// a CronJob with no run yet matches nothing.
-	uid, run := string(cj.UID), ""
+	uid, run, runUID := string(cj.UID), "", ""
 	if newest != nil {
-		uid, run = string(newest.UID), newest.Name
+		uid, run, runUID = string(newest.UID), newest.Name, string(newest.UID)
 	}
-	return []member{{name: cj.Name, run: run, runOrder: order, selector: metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: uid}}}}, nil
+	return []member{{name: cj.Name, run: run, runOrder: order, runUID: runUID, selector: runSelector(uid)}}, nil
+}
+
+// runSelector selects the pods of the Job whose UID is uid.
+func runSelector(uid string) metav1.LabelSelector {
+	return metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: uid}}
 }
 
 // cronJobScheduled is the annotation a CronJob's Jobs carry with the time
@@ -186,4 +192,14 @@ func runOrder(j *batchv1.Job) string {
 		at = t
 	}
 	return fmt.Sprintf("%020d/%s", at.Unix(), j.Name)
+}
+
+// runTime is the time a runOrder names, false when it names none.
+func runTime(order string) (time.Time, bool) {
+	secs, _, ok := strings.Cut(order, "/")
+	n, err := strconv.ParseInt(secs, 10, 64)
+	if !ok || err != nil || len(secs) != 20 {
+		return time.Time{}, false
+	}
+	return time.Unix(n, 0), true
 }

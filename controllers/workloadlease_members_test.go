@@ -93,3 +93,15 @@ func TestTooManyMembers(t *testing.T) {
 		t.Fatalf("exactly the limit: %d members, %v", len(ms), err)
 	}
 }
+
+func TestRunTimeReadsOnlyARunOrder(t *testing.T) {
+	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly-1", CreationTimestamp: metav1.Unix(1700000000, 0)}}
+	if at, ok := runTime(runOrder(j)); !ok || at.Unix() != 1700000000 {
+		t.Fatalf("runTime(%q) = %v, %v", runOrder(j), at, ok)
+	}
+	for _, bad := range []string{"", "nightly", "1700000000/nightly-1", "0000000000170000000x/n", "99999999999999999999999/n"} {
+		if _, ok := runTime(bad); ok {
+			t.Errorf("runTime(%q) read a time", bad)
+		}
+	}
+}

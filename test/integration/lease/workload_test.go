@@ -382,12 +382,60 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	olderRefused(t, ns, "nightly", first.Token, second.Token)
 	// The newer run's Job deleted (a history limit, a user) while its pod
 	// still runs: the Lease stays with it, never back to the older run.
-	if err := k8s.Delete(context.Background(), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly-2", Namespace: ns}}); err != nil {
+	// Background propagation, as kubectl deletes: a Job's API default is
+	// orphan, which leaves it Terminating until the garbage collector
+	// (not running here) removes its finalizer, and the Job still listed.
+	if err := k8s.Delete(context.Background(), &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly-2", Namespace: ns}},
+		client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 10*time.Second, "Job nightly-2 gone", func() error {
+		err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nightly-2"}, &batchv1.Job{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("get: %w", err)
+		}
+		return nil
+	})
 	time.Sleep(3 * time.Second)
 	if st := getLease(t, ns, "nightly").Status; st.HolderUID != p2.UID || st.Token != second.Token {
 		t.Fatalf("after the newer run's Job was deleted: held by %s under %d, want the newer run's pod under %d", st.Holder, st.Token, second.Token)
+	}
+	// While it stays, an edit of its selector is set back, as at any time.
+	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
+		l.Spec.HolderSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "edited"}}
+	})
+	eventually(t, 30*time.Second, "the edited selector set back to the deleted run's pods", func() error {
+		l := getLease(t, ns, "nightly")
+		if got := l.Spec.HolderSelector.MatchLabels; len(got) != 1 || got["batch.kubernetes.io/controller-uid"] != string(p2.Labels["batch.kubernetes.io/controller-uid"]) {
+			return fmt.Errorf("selector %v", got)
+		}
+		if l.Status.HolderUID != p2.UID {
+			return fmt.Errorf("held by %q", l.Status.Holder)
+		}
+		return nil
+	})
+	// A run annotation forged past every run (kubectl annotate) does not
+	// hold the Lease on its run: the next run takes over.
+	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
+		l.Annotations["fencer.io/workloadlease-run"] = "99999999999999999999/zzz"
+	})
+	time.Sleep(1100 * time.Millisecond)
+	p3 := run(3)
+	third := heldBy(t, ns, "nightly", p2.Name)
+	if third.HolderUID != p3.UID {
+		t.Fatalf("after a forged run annotation and a new run: held by %s, want the new run's pod %s", third.Holder, p3.Name)
+	}
+}
+
+// editMember changes member Lease ns/name with edit, as kubectl edit would.
+func editMember(t *testing.T, ns, name string, edit func(*fencerv1.Lease)) {
+	t.Helper()
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := getLease(t, ns, name)
+		edit(l)
+		return k8s.Update(context.Background(), l)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
