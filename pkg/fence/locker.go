@@ -138,13 +138,14 @@ func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOption
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultLockTimeout
 	}
+	notLabel := validation.IsDNS1123Label(namespace)
 	switch {
 	case cli == nil:
 		return nil, errors.New("fence: NewLocker needs an etcd client connected as the namespace's identity (LoadEtcdAccess)")
 	case namespace == "":
 		return nil, errors.New("fence: NewLocker needs the namespace whose locks it takes (the pod's own)")
-	case len(validation.IsDNS1123Label(namespace)) > 0:
-		return nil, fmt.Errorf("fence: NewLocker's namespace %q is no Kubernetes namespace name: %s", namespace, strings.Join(validation.IsDNS1123Label(namespace), "; "))
+	case len(notLabel) > 0:
+		return nil, fmt.Errorf("fence: NewLocker's namespace %q is no Kubernetes namespace name: %s", namespace, strings.Join(notLabel, "; "))
 	case opts.TTL < 2*time.Second:
 		return nil, fmt.Errorf("fence: lock TTL %s is under 2s; etcd grants whole seconds and keepalives go every TTL/3", opts.TTL)
 	case opts.Timeout < 0:
