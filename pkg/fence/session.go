@@ -18,10 +18,11 @@ import (
 // from a lease of its own to find it, then revoke it or attach a key of
 // its own to it, after which every Lock of this namespace would be refused
 // (etcd requires the right to write every key of a lease a put attaches
-// to). A random 63-bit ID cannot be counted to. etcd's list of leases is
-// no way to it either: etcd lists them only to a user who may read every
-// key attached to any of them, and fencer's manager always keeps its
-// election key on a lease of its own.
+// to). A random 63-bit ID cannot be counted to. etcd lists leases only to
+// a user who may read every key attached to any of them: while a manager
+// leads, its election key rules that out. With no leader and no other
+// keys live, the list is open: a marker key of the namespace's own on the
+// session would close that gap (not done yet; docs/guarantees.md says so).
 
 // sessionGrantTries bounds the draws when etcd already has a lease of the
 // ID drawn (about one chance in 2^63 each).
