@@ -110,6 +110,18 @@ func TestLockKeysRoundTrip(t *testing.T) {
 	}
 }
 
+// A session's marker key is in the namespace's locks prefix (the only
+// range its identity may write) and is no waiter key.
+func TestLockSessionKeyIsNoWaiter(t *testing.T) {
+	k := LockSessionKey("/fencer", "ns", 0x1a2b)
+	if !strings.HasPrefix(k, NamespaceLocksPrefix("/fencer", "ns")) {
+		t.Errorf("%s is outside the namespace's locks", k)
+	}
+	if ns, key, waiter, ok := ParseLockWaiterKey("/fencer", k); ok {
+		t.Errorf("%s parsed as waiter %q of lock %q in %q", k, waiter, key, ns)
+	}
+}
+
 func TestValidLockKey(t *testing.T) {
 	for key, want := range map[string]string{
 		"":                                   "empty",
@@ -140,6 +152,10 @@ func FuzzLockKey(f *testing.F) {
 		ns, got, _, ok := ParseLockWaiterKey("/p", LockWaiterKey("/p", "ns", key, "w"))
 		if !ok || ns != "ns" || got != key {
 			t.Fatalf("%q did not round-trip: %q %q %v", key, ns, got, ok)
+		}
+		// No lock's queue holds a session's marker key.
+		if marker := LockSessionKey("/p", "ns", 0x7f); strings.HasPrefix(marker, LockPrefix("/p", "ns", key)) {
+			t.Fatalf("the session marker %s is in the queue of %q", marker, key)
 		}
 	})
 }

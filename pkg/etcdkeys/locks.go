@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -56,8 +57,21 @@ func LockWaiterKey(prefix, namespace, key, waiter string) string {
 	return LockPrefix(prefix, namespace, key) + waiter
 }
 
+// LockSessionKey is the marker key a Locker puts on its session's etcd
+// lease as soon as etcd grants it, under the namespace's own locks prefix.
+// etcd lets a user revoke a lease, attach a key to it, or list it with
+// every other lease, only when that user may write (list: read) every key
+// attached to it; the marker makes that true of the namespace's identity
+// alone. Its lock-key segment, "%00session", unescapes to a control
+// character, which no valid lock key holds, so it lies outside every
+// lock's queue and ParseLockWaiterKey refuses it.
+func LockSessionKey(prefix, namespace string, lease int64) string {
+	return NamespaceLocksPrefix(prefix, namespace) + "%00session/" + strconv.FormatInt(lease, 16)
+}
+
 // ParseLockWaiterKey splits a key below LocksPrefix into its namespace,
-// lock key (unescaped) and waiter.
+// lock key (unescaped) and waiter. A session's marker key
+// (LockSessionKey) is no waiter key.
 func ParseLockWaiterKey(prefix, etcdKey string) (namespace, key, waiter string, ok bool) {
 	rest, ok := strings.CutPrefix(etcdKey, LocksPrefix(prefix))
 	if !ok {

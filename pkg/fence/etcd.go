@@ -216,6 +216,12 @@ func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, 
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			lose(fmt.Errorf("etcd lease %x expired: %w", int64(id), ErrLeaseLost))
 			return
+		case errors.Is(err, rpctypes.ErrPermissionDenied):
+			// etcd renews a lease only for a user who may write every key
+			// on it: this identity lost that right, or another's key is
+			// on the lease. Waiting for the TTL would only hide why.
+			lose(fmt.Errorf("etcd refused to renew lease %x: %w: %w", int64(id), ErrLeaseLost, err))
+			return
 		}
 		if !time.Now().Before(deadline) {
 			lose(fmt.Errorf("no keepalive of etcd lease %x succeeded for %s: %w: %w", int64(id), ttl, ErrLeaseLost, ErrEtcdUnavailable))

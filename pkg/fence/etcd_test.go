@@ -138,6 +138,13 @@ func (p *proxy) pause() {
 	p.conns = nil
 }
 
+// resume lets connections through again.
+func (p *proxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = false
+}
+
 // TestHoldCancelsWithinOneTTLWhenCutOff: a holder whose keepalives stop
 // getting through loses its context within one TTL of its last renewal,
 // measured from when the last successful renewal was sent, so never after

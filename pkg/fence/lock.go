@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -355,22 +356,33 @@ func (l *Locker) retryDelete(lk *Lock) {
 }
 
 // unreachable reports whether an etcd call failed because etcd did not
-// answer: it timed out, or could not be reached.
+// answer: it timed out, could not be reached, or has no leader. clientv3
+// turns etcd's own errors (no leader, request timed out) into
+// rpctypes.EtcdError, which carries its gRPC code but no gRPC status.
 func unreachable(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	switch status.Code(err) {
+	switch etcdCode(err) {
 	case codes.Unavailable, codes.DeadlineExceeded:
 		return true
 	}
 	return false
 }
 
+// etcdCode is the gRPC code of an etcd call's error, whether it came as a
+// gRPC status or as clientv3's rpctypes.EtcdError.
+func etcdCode(err error) codes.Code {
+	if etcdErr := (rpctypes.EtcdError{}); errors.As(err, &etcdErr) {
+		return etcdErr.Code()
+	}
+	return status.Code(err)
+}
+
 // transient reports whether an etcd call may succeed if tried again:
 // etcd did not answer, or asked to slow down.
 func transient(err error) bool {
-	return unreachable(err) || status.Code(err) == codes.ResourceExhausted
+	return unreachable(err) || etcdCode(err) == codes.ResourceExhausted
 }
 
 // atRevision is op, run only while key's CreateRevision is rev: an

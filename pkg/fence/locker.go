@@ -43,6 +43,10 @@ var (
 	// ErrEtcdUnavailable wraps the error of an etcd call that did not
 	// complete within LockerOptions.Timeout.
 	ErrEtcdUnavailable = errors.New("fence: etcd is unreachable")
+	// ErrLockerClosed is returned by a Lock called after Close, or still
+	// waiting for its turn when Close came. It never held the lock, so it
+	// is not ErrLockLost; the locks Close ends while held are.
+	ErrLockerClosed = errors.New("fence: the Locker was closed")
 	// ErrEtcdRegressed is returned by Lock while fencer finds etcd's
 	// revision below one it already saw (etcd restored from an old snapshot
 	// without --bump-revision): a lock granted now could reissue a token.
@@ -126,7 +130,7 @@ func (s *lockSession) give(slot uint64) {
 }
 
 // errClosed is what Close ends the Locker's locks with.
-var errClosed = fmt.Errorf("%w: the Locker was closed", ErrLockLost)
+var errClosed = fmt.Errorf("%w: %w", ErrLockLost, ErrLockerClosed)
 
 // NewLocker makes the Locker of namespace, whose etcd identity cli
 // connects as (LoadEtcdAccess), under fencer's key prefix. The session is
@@ -179,7 +183,7 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.ctx.Err(); err != nil {
-		return nil, errors.New("fence: the Locker is closed")
+		return nil, ErrLockerClosed
 	}
 	if l.sess != nil && l.sess.ctx.Err() == nil {
 		return l.sess, nil
@@ -190,25 +194,59 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	}
 	gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
+	var err error
+	for range sessionGrantTries {
+		var sess *lockSession
+		if sess, err = l.startSession(gctx); err == nil {
+			if l.ctx.Err() != nil { // Close came while it was granted
+				go l.revoke(sess.id)
+				return nil, ErrLockerClosed
+			}
+			l.sess = sess
+			return sess, nil
+		}
+		if !sessionUnusable(err) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
+}
+
+// startSession grants a session lease and puts its marker key on it
+// (etcdkeys.LockSessionKey), after which no other namespace can list,
+// revoke or attach to it. A marker etcd refuses as sessionUnusable means
+// the lease was revoked or taken over in between: that lease is left to
+// expire and the caller grants another.
+func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	// etcd's TTL runs from when it applies the grant, which is after this:
 	// the keepalive deadline counts from here, never after etcd's expiry.
 	sent := time.Now()
-	resp, err := grantSession(gctx, l.cli, int64(l.opts.TTL/time.Second))
+	resp, err := grantSession(ctx, l.cli, int64(l.opts.TTL/time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
+		return nil, err
 	}
 	rev, err := etcdreply.Revision(resp.Header)
 	if err != nil {
 		// The etcd lease may exist; unused, with no keys, it expires with
 		// its TTL. It is not revoked: its ID comes from the answer that
 		// failed its check, and a wrong ID could end another session.
-		return nil, fmt.Errorf("fence: starting the lock session: %w", err)
+		return nil, err
+	}
+	l.seen(rev)
+	id := clientv3.LeaseID(resp.ID)
+	val, _ := json.Marshal(sessionMarker{Pod: l.opts.Pod, PodUID: l.opts.PodUID})
+	put, err := l.cli.Put(ctx, etcdkeys.LockSessionKey(l.prefix, l.namespace, resp.ID), string(val), clientv3.WithLease(id))
+	if err == nil {
+		rev, err = etcdreply.Revision(put.Header)
+	}
+	if err != nil {
+		go l.revoke(id) // refused unless it is still ours; else it expires
+		return nil, fmt.Errorf("putting the session's marker key on etcd lease %x: %w", resp.ID, err)
 	}
 	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
-	sess := &lockSession{id: clientv3.LeaseID(resp.ID), ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
+	sess := &lockSession{id: id, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
 	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent)
-	l.sess = sess
 	return sess, nil
 }
 
@@ -314,7 +352,7 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	if sess.ctx.Err() != nil {
 		// Lost meanwhile: its keys go with the lease, but not at once.
 		l.abandon(lk)
-		return nil, fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
+		return nil, fmt.Errorf("fence: locking %q: %w", keys, l.notHeld(context.Cause(sess.ctx)))
 	}
 	if ahead {
 		if err := l.waitTurn(waitCtx, lk); err != nil {
@@ -322,13 +360,22 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 			if waitCtx.Err() != nil && ctx.Err() == nil {
 				return nil, context.Cause(waitCtx)
 			}
-			return nil, err
+			return nil, l.notHeld(err)
 		}
 		go l.markHeld(lk)
 	}
 	lockMetrics.wait.Observe(time.Since(start).Seconds())
 	lk.begin()
 	return lk, nil
+}
+
+// notHeld is the error of a Lock that ended before it held the lock:
+// ErrLockerClosed, not ErrLockLost, when Close ended it.
+func (l *Locker) notHeld(err error) error {
+	if errors.Is(err, ErrLockerClosed) {
+		return ErrLockerClosed
+	}
+	return err
 }
 
 // lockKeys validates keys and refuses a key named twice: a set holds each

@@ -9,32 +9,57 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
-// A Locker's session lease has an ID the Locker draws at random, not one
-// etcd picks. etcd's own IDs count up, and etcd lets any user attach a key
-// to, or revoke, a lease that carries no key that user may not write: an
-// idle session carries none. Another namespace's identity could count down
-// from a lease of its own to find it, then revoke it or attach a key of
-// its own to it, after which every Lock of this namespace would be refused
-// (etcd requires the right to write every key of a lease a put attaches
-// to). A random 63-bit ID cannot be counted to. etcd lists leases only to
-// a user who may read every key attached to any of them: while a manager
-// leads, its election key rules that out. With no leader and no other
-// keys live, the list is open: a marker key of the namespace's own on the
-// session would close that gap (not done yet; docs/guarantees.md says so).
+// A Locker's session lease is closed to every other namespace. etcd lets a
+// user revoke a lease, attach a key to it, or list it among all leases,
+// when that user may write (to list: read) every key attached to it. An
+// idle session carries no waiter key, so without more any identity could
+// do all three; attaching a key of its own would have every later Lock of
+// the namespace refused (a put attached to a lease needs the right to
+// write every key of that lease). Two things close it:
+//
+//   - the session's marker key (etcdkeys.LockSessionKey), put on the lease
+//     right after the grant under the namespace's own locks prefix, which
+//     no other namespace may read or write; and
+//   - a lease ID drawn at random (63 bits), not etcd's sequential one, so
+//     that in the moment between the grant and the marker another
+//     namespace cannot count down from a lease of its own to find it.
+
+// sessionMarker is the value of a session's marker key: whose it is, for
+// an operator reading etcd.
+type sessionMarker struct {
+	Pod    string `json:"pod,omitempty"`
+	PodUID string `json:"podUID,omitempty"`
+}
 
 // sessionGrantTries bounds the draws when etcd already has a lease of the
-// ID drawn (about one chance in 2^63 each).
+// ID drawn (about one chance in 2^63 each, or a retried grant that did
+// apply), and the grants whose marker etcd refused.
 const sessionGrantTries = 3
 
-// grantSession grants an etcd lease of ttl seconds under a random ID.
+// errNoConnection: the client has neither a gRPC connection nor a lease
+// API, as a zero clientv3.Client.
+var errNoConnection = errors.New("fence: the etcd client is not connected; make it with clientv3.New (LoadEtcdAccess gives its configuration)")
+
+// grantSession grants an etcd lease of ttl seconds under a random ID. It
+// waits for a connection and retries an etcd that is unavailable (no
+// leader) as clientv3's own Grant does, until ctx ends.
 func grantSession(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.LeaseGrantResponse, error) {
-	leases := pb.NewLeaseClient(cli.ActiveConnection())
+	conn := cli.ActiveConnection()
+	if conn == nil {
+		return grantSequential(ctx, cli, ttl)
+	}
+	// RetryLeaseClient retries a grant etcd answered Unavailable through
+	// the retry interceptor clientv3.New put on conn. A retry of a grant
+	// that did apply is refused as ErrLeaseExist and draws again; the
+	// first lease, with no key on it, expires with its TTL.
+	leases := clientv3.RetryLeaseClient(cli)
 	var err error
 	for range sessionGrantTries {
 		var resp *pb.LeaseGrantResponse
-		resp, err = leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl, ID: randomLeaseID()})
+		resp, err = leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl, ID: randomLeaseID()}, grpc.WaitForReady(true))
 		if err = rpctypes.Error(err); err == nil {
 			if resp.Error != "" {
 				return nil, fmt.Errorf("etcd refused the session lease: %s", resp.Error)
@@ -46,6 +71,25 @@ func grantSession(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.Lea
 		}
 	}
 	return nil, err
+}
+
+// grantSequential is the grant of a client without a gRPC connection of
+// its own (clientv3.NewCtxClient, as an embedded etcd's in-process client
+// is): its Lease API cannot ask for an ID, so etcd picks one. The marker
+// key still closes the session once it is on; until then the ID can be
+// guessed. docs/guarantees.md says so.
+func grantSequential(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.LeaseGrantResponse, error) {
+	if cli.Lease == nil || cli.KV == nil || cli.Watcher == nil {
+		return nil, errNoConnection
+	}
+	resp, err := cli.Grant(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Error != "" {
+		return nil, fmt.Errorf("etcd refused the session lease: %s", resp.Error)
+	}
+	return &pb.LeaseGrantResponse{Header: resp.ResponseHeader, ID: int64(resp.ID), TTL: resp.TTL}, nil
 }
 
 // randomLeaseID is a lease ID above zero (zero asks etcd to pick one).

@@ -3,7 +3,10 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,37 +21,42 @@ func sessionOf(l *Locker) clientv3.LeaseID {
 	return l.sess.id
 }
 
-// Another namespace's identity cannot find an idle Locker's session by
-// counting down from a lease of its own (etcd picks IDs in sequence), so it
-// can neither revoke it nor attach a key to it, which would have every
-// later Lock of the namespace refused. Nor will etcd list the leases to it
-// while the manager keeps a key on a lease, as its election always does.
+// Another namespace's identity can neither list, revoke nor attach a key
+// to an idle Locker's session, even knowing its ID, and even with no other
+// key on any lease (no manager leads): the session's marker key is the
+// namespace's own. Nor can it find the ID by counting down from a lease
+// of its own (etcd picks IDs in sequence) in the moment before the marker.
 func TestAnotherNamespaceCannotFindAnIdleSession(t *testing.T) {
 	e := startLockEtcd(t)
 	ctx := context.Background()
-	// The manager's election: a key on a lease of its own.
-	election, err := e.mgr.Grant(ctx, 30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.mgr.Put(ctx, prefix+"/election/test", "m", clientv3.WithLease(election.ID)); err != nil {
-		t.Fatal(err)
-	}
-	la := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
+	la := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{Pod: "a-0"})
 	if err := mustLock(t, la, "k").Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	session := sessionOf(la) // idle now: no key on it
+	session := sessionOf(la) // idle now: only its marker is on it
+	keys, err := e.mgr.Get(ctx, etcdkeys.LocksPrefix(prefix), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys.Kvs) != 1 || string(keys.Kvs[0].Key) != etcdkeys.LockSessionKey(prefix, "a", int64(session)) || keys.Kvs[0].Lease != int64(session) {
+		t.Fatalf("keys under the locks prefix of an idle Locker: %v, want only its session's marker, on its lease", keys.Kvs)
+	}
 
 	b := e.client(t, "b", nil)
 	if _, err := b.Leases(ctx); !errors.Is(err, rpctypes.ErrPermissionDenied) {
-		t.Fatalf("b listing every etcd lease: %v, want permission denied", err)
+		t.Fatalf("b listing every etcd lease with no manager's key live: %v, want permission denied", err)
+	}
+	bKey := etcdkeys.DataPrefix(prefix, "b") + "squat"
+	if _, err := b.Put(ctx, bKey, "x", clientv3.WithLease(session)); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("b attaching a key to a's idle session: %v, want permission denied", err)
+	}
+	if _, err := b.Revoke(ctx, session); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("b revoking a's idle session: %v, want permission denied", err)
 	}
 	own, err := b.Grant(ctx, 30)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bKey := etcdkeys.DataPrefix(prefix, "b") + "squat"
 	for id := own.ID - 1; id > own.ID-200; id-- {
 		if id == session {
 			t.Fatalf("a's session lease %x is %d below b's own", int64(session), own.ID-id)
@@ -59,6 +67,95 @@ func TestAnotherNamespaceCannotFindAnIdleSession(t *testing.T) {
 	}
 	if err := mustLock(t, la, "k").Unlock(ctx); err != nil {
 		t.Fatalf("a's Lock after b's search: %v", err)
+	}
+	if sessionOf(la) != session {
+		t.Fatalf("a's session changed from %x to %x", int64(session), int64(sessionOf(la)))
+	}
+}
+
+// A Locker whose etcd is out of reach when its session starts waits for
+// it, as clientv3's own calls do, rather than fail the Lock at once.
+func TestASessionStartWaitsForEtcd(t *testing.T) {
+	e := startLockEtcd(t)
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	p.pause()
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	l := e.locker(t, cli, "a", LockerOptions{Timeout: 20 * time.Second})
+	locked := make(chan error, 1)
+	go func() {
+		lk, err := l.Lock(context.Background(), "k")
+		if err == nil {
+			err = lk.Unlock(context.Background())
+		}
+		locked <- err
+	}()
+	time.Sleep(time.Second) // the first dial and grant find nobody
+	p.resume()
+	if err := <-locked; err != nil {
+		t.Fatalf("Lock while etcd came back within its Timeout: %v", err)
+	}
+}
+
+// etcd's own refusals for being unavailable (no leader, a request timed
+// out) reach the caller as clientv3's rpctypes errors, not gRPC statuses:
+// they are still ErrEtcdUnavailable, and still worth a retry.
+func TestEtcdsUnavailableErrorsAreUnreachable(t *testing.T) {
+	for _, err := range []error{rpctypes.ErrNoLeader, rpctypes.ErrTimeout, rpctypes.ErrGRPCNoLeader, fmt.Errorf("wrapped: %w", rpctypes.ErrLeaderChanged)} {
+		if !unreachable(err) {
+			t.Errorf("%v is not taken as etcd out of reach", err)
+		}
+	}
+	if !transient(rpctypes.ErrTooManyRequests) {
+		t.Errorf("%v is not taken as worth a retry", rpctypes.ErrTooManyRequests)
+	}
+	for _, err := range []error{rpctypes.ErrPermissionDenied, rpctypes.ErrLeaseNotFound, errors.New("x")} {
+		if unreachable(err) {
+			t.Errorf("%v is taken as etcd out of reach", err)
+		}
+	}
+}
+
+// A client without a gRPC connection of its own (clientv3.NewCtxClient,
+// as an embedded etcd's in-process client is) still takes locks, under a
+// lease etcd numbers, closed by its marker; a client with nothing behind
+// it is refused with an error that says so, not a panic.
+func TestALockerWithoutItsOwnConnection(t *testing.T) {
+	e := startLockEtcd(t)
+	ctx := context.Background()
+	real := e.client(t, "a", nil)
+	inProcess := clientv3.NewCtxClient(ctx)
+	inProcess.KV, inProcess.Lease, inProcess.Watcher = real.KV, real.Lease, real.Watcher
+	l := e.locker(t, inProcess, "a", LockerOptions{})
+	if err := mustLock(t, l, "k").Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	marker, err := e.mgr.Get(ctx, etcdkeys.LockSessionKey(prefix, "a", int64(sessionOf(l))))
+	if err != nil || len(marker.Kvs) != 1 {
+		t.Fatalf("the session's marker: %v %v", marker, err)
+	}
+
+	zero := e.locker(t, &clientv3.Client{}, "a", LockerOptions{})
+	if _, err := zero.Lock(ctx, "k"); !errors.Is(err, errNoConnection) {
+		t.Fatalf("Lock through a zero client: %v, want %v", err, errNoConnection)
+	}
+}
+
+// A lock whose session etcd refuses to renew (a key the namespace may not
+// write was put on its lease, by an administrator) ends at the next
+// keepalive, naming etcd's refusal, rather than a TTL later as if etcd
+// were out of reach.
+func TestARefusedKeepaliveEndsTheLock(t *testing.T) {
+	e := startLockEtcd(t)
+	ctx := context.Background()
+	l := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{TTL: 6 * time.Second})
+	lk := mustLock(t, l, "k")
+	if _, err := e.mgr.Put(ctx, etcdkeys.DataPrefix(prefix, "b")+"squat", "x", clientv3.WithLease(sessionOf(l))); err != nil {
+		t.Fatal(err)
+	}
+	<-lk.Done()
+	cause := context.Cause(lk.Context())
+	if !errors.Is(cause, ErrLockLost) || !errors.Is(cause, rpctypes.ErrPermissionDenied) || errors.Is(cause, ErrEtcdUnavailable) {
+		t.Fatalf("the lock ended with %v, want ErrLockLost naming etcd's permission denied", cause)
 	}
 }
 
@@ -112,11 +209,16 @@ func TestASessionEtcdRefusesIsReplaced(t *testing.T) {
 	}
 }
 
-// Close ends the locks held with ErrLockLost, as any other loss does.
+// Close ends the locks held with ErrLockLost, as any other loss does; a
+// Lock still waiting for its turn, which never held it, and a Lock after
+// Close fail with ErrLockerClosed.
 func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 	e := startLockEtcd(t)
 	l := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
 	lk := mustLock(t, l, "k")
+	waiting := make(chan error, 1)
+	go func() { _, err := l.Lock(context.Background(), "k"); waiting <- err }()
+	waitForWaiters(t, e.mgr, "a", "k", 2)
 	if err := l.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +226,11 @@ func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 	if cause := context.Cause(lk.Context()); !errors.Is(cause, ErrLockLost) {
 		t.Fatalf("a held lock's context after Close: %v, want ErrLockLost", cause)
 	}
-	if _, err := l.Lock(context.Background(), "k"); err == nil {
-		t.Fatal("Lock after Close succeeded")
+	if err := <-waiting; !errors.Is(err, ErrLockerClosed) || errors.Is(err, ErrLockLost) {
+		t.Fatalf("a Lock waiting at Close: %v, want ErrLockerClosed and not ErrLockLost", err)
+	}
+	if _, err := l.Lock(context.Background(), "k"); !errors.Is(err, ErrLockerClosed) {
+		t.Fatalf("Lock after Close: %v, want ErrLockerClosed", err)
 	}
 }
 
