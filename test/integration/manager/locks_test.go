@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,10 +59,19 @@ func TestKeyedLocksThroughTheManager(t *testing.T) {
 	view := secretClient(t, &viewer, etcd.Endpoint)
 	waitFor(t, "the viewer reading the locks", func() error {
 		resp, err := view.Get(ctx, etcdkeys.LocksPrefix("/fencer"), clientv3.WithPrefix())
-		if err == nil && len(resp.Kvs) != 1 {
-			return errors.New("no lock seen")
+		if err != nil {
+			return err
 		}
-		return err
+		waiters := 0 // the session's marker key is none
+		for _, kv := range resp.Kvs {
+			if _, _, _, ok := etcdkeys.ParseLockWaiterKey("/fencer", string(kv.Key)); ok {
+				waiters++
+			}
+		}
+		if waiters != 1 {
+			return fmt.Errorf("%d lock waiters seen, want 1", waiters)
+		}
+		return nil
 	})
 	for what, op := range map[string]func() error{
 		"delete a lock": func() error {
