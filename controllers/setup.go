@@ -70,7 +70,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
 	}
-	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec, Clock: o.Clock}
+	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec}
 	if err := members.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the WorkloadLease controller: %w", err)
 	}

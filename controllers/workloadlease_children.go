@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,17 +24,6 @@ import (
 const (
 	memberOfLabel              = "fencer.io/workloadlease"
 	parentGenerationAnnotation = "fencer.io/workloadlease-generation"
-	// runAnnotation orders the CronJob run a member Lease selects
-	// (runOrder), so that it never moves back to an older one when the
-	// newer run's Job is deleted.
-	runAnnotation = "fencer.io/workloadlease-run"
-	// runUIDAnnotation is the UID of that run's Job: its selector, when
-	// the Job is deleted and the Lease stays with its pods.
-	runUIDAnnotation = "fencer.io/workloadlease-run-uid"
-	// runClockSkew is how far past the manager's clock a run's scheduled
-	// time may be: the apiserver's and the CronJob controller's clocks
-	// differ from it a little.
-	runClockSkew = 5 * time.Minute
 )
 
 // maxLeaseName is the longest Lease name (the pod annotation key's limit).
@@ -110,10 +100,6 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 		Labels:      map[string]string{memberOfLabel: wl.Name},
 		Annotations: map[string]string{parentGenerationAnnotation: strconv.FormatInt(wl.Generation, 10)},
 	}}
-	if m.run != "" {
-		l.Annotations[runAnnotation] = m.runOrder
-		l.Annotations[runUIDAnnotation] = m.runUID
-	}
 	memberSpec(&l.Spec, wl, m)
 	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
 		return false, err
@@ -160,26 +146,15 @@ func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.Wo
 // takeover, a Normal Event.
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
-	if cur := l.Annotations[runAnnotation]; m.run != "" && cur > m.runOrder {
-		stay, corrected, ok := r.stayOnDeletedRun(l, m)
-		switch {
-		case !ok:
-			out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted,
-				"Lease %s records run %q but no Job UID for it (annotation %s), and no tenure of it is open; set back to the newest run, Job %s",
-				l.Name, cur, runUIDAnnotation, m.run)
-		case corrected:
-			out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted,
-				"Lease %s's annotation %s was %q, which no run of the CronJob can have yet; set to %q, when its holder's tenure began",
-				l.Name, runAnnotation, cur, stay.runOrder)
-		}
-		if ok {
-			m = stay
+	if m.cronJob {
+		var err error
+		if m, err = r.cronJobRun(ctx, l, m); err != nil {
+			return err
 		}
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
-	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Annotations[runAnnotation] == m.runOrder &&
-		l.Annotations[runUIDAnnotation] == m.runUID && l.Labels[memberOfLabel] == wl.Name {
+	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -188,7 +163,7 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	selectorOnly := equality.Semantic.DeepEqual(*otherwise, l.Spec) && !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
 	switch {
 	case selectorOnly && m.run != "":
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonTakeover, "Lease %s now selects the pods of Job %s: the newer run takes over", l.Name, m.run)
+		out.event(corev1.EventTypeNormal, fencerv1.ReasonTakeover, "Lease %s now selects the pods of Job %s, the CronJob's newest run", l.Name, m.run)
 	case sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec):
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted, "Lease %s's spec was edited; set back: this WorkloadLease owns it (edit the WorkloadLease instead)", l.Name)
 	}
@@ -201,10 +176,6 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
-	if m.runOrder != "" {
-		l.Annotations[runAnnotation] = m.runOrder
-		l.Annotations[runUIDAnnotation] = m.runUID
-	}
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
@@ -231,40 +202,47 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 	return nil
 }
 
-// stayOnDeletedRun is m as the Lease keeps it when the run it selects is
-// newer than the newest Job left (m's): that Job was deleted, and its pods
-// may still run, so the Lease stays with them, never back to an older run.
-// The selector is rebuilt from the run's Job UID, as recorded, so an edit
-// of the selector meanwhile is set back as at any other time.
+// cronJobRun is the run a CronJob's member Lease selects: m, the newest
+// Job left, unless the Lease is held by a pod of a run whose Job was
+// deleted (a history limit, a user) and m came before that run. Then the
+// Lease stays with the holder's run, never back to an older one, with its
+// selector rebuilt from the run's Job UID, so an edit of the selector is
+// set back then too.
 //
-// A recorded order no run can have yet (scheduled after now, or no order
-// at all) is not believed: kept, it would hold the Lease on its run against
-// every newer one. It is set to when the open tenure began (corrected),
-// which the status records and only the manager writes: the run was there
-// by then, and every run scheduled later takes over. ok is false when
-// there is no run to stay on: no Job UID recorded, or a bad order and no
-// open tenure.
-func (r *WorkloadLeaseReconciler) stayOnDeletedRun(l *fencerv1.Lease, m member) (stay member, corrected, ok bool) {
-	order, uid := l.Annotations[runAnnotation], l.Annotations[runUIDAnnotation]
-	if uid == "" { // written before the UID was recorded: the selector names it
-		uid = l.Spec.HolderSelector.MatchLabels[jobControllerUID]
+// Which run stays is read only from what a Lease editor cannot forge: the
+// open tenure (the status, which only the manager writes) names the
+// holder, and the holder's pod object, of the tenure's UID, names its Job
+// by controller reference and label, which must agree. m came before the
+// holder's run when m's Job was created before the holder's pod (both
+// apiserver times; a tie goes to m): a run's pods come after its Job, and
+// a newer run's Job after the older run's pods. With no open tenure the
+// Lease is m's: no pod of the deleted run holds it, so none loses it.
+func (r *WorkloadLeaseReconciler) cronJobRun(ctx context.Context, l *fencerv1.Lease, m member) (member, error) {
+	t := l.Status.OpenTenure()
+	if t == nil {
+		return m, nil
 	}
-	if uid == "" {
-		return m, false, false
+	var pod corev1.Pod
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: t.Holder}, &pod); {
+	case apierrors.IsNotFound(err):
+		return m, nil
+	case err != nil:
+		return m, err
 	}
-	if at, parsed := runTime(order); !parsed || at.After(r.now().Add(runClockSkew)) {
-		t := l.Status.OpenTenure()
-		if t == nil {
-			return m, false, false
-		}
-		order, corrected = fmt.Sprintf("%020d/", t.Start.Unix()), true
+	ref := metav1.GetControllerOf(&pod)
+	if pod.UID != t.HolderUID || ref == nil || ref.Kind != "Job" || string(ref.UID) != pod.Labels[jobControllerUID] {
+		return m, nil // no pod of a run holds it
 	}
-	return member{name: m.name, selector: runSelector(uid), runOrder: order, runUID: uid}, corrected, true
-}
-
-func (r *WorkloadLeaseReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
+	run := string(ref.UID)
+	if run == m.runUID || (m.run != "" && !m.runCreated.Before(&pod.CreationTimestamp)) {
+		return m, nil // the holder's is the newest run, or m is newer
 	}
-	return r.Clock.Now()
+	var job batchv1.Job
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: ref.Name}, &job); {
+	case err == nil && string(job.UID) == run:
+		return m, nil // its Job is there, and m is the newest of those
+	case err != nil && !apierrors.IsNotFound(err):
+		return m, err
+	}
+	return member{name: m.name, cronJob: true, selector: runSelector(run)}, nil
 }

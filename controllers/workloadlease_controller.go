@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,9 +29,6 @@ import (
 type WorkloadLeaseReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
-	// Clock tells a CronJob run's order from one no run can have yet
-	// (stayOnDeletedRun).
-	Clock clock.PassiveClock
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
@@ -41,6 +37,7 @@ type WorkloadLeaseReconciler struct {
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=create;delete
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile brings one WorkloadLease's member Leases in line with its
 // workload and writes its status once.

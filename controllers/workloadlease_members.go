@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -33,9 +32,12 @@ const (
 type member struct {
 	name     string
 	selector metav1.LabelSelector
-	// run names the CronJob run whose pods the selector matches, runOrder
-	// orders it among the CronJob's runs, and runUID is its Job's UID.
-	run, runOrder, runUID string
+	// cronJob marks a CronJob's member. run names the run (Job) whose pods
+	// the selector matches, if any; runUID is that Job's UID, and
+	// runCreated its creation.
+	cronJob     bool
+	run, runUID string
+	runCreated  metav1.Time
 }
 
 // noMembers says why a workload has no members to lease: the condition's
@@ -168,11 +170,11 @@ func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]mem
 	}
 	// No pod carries a CronJob's UID as its controller's: the selector of
 	// a CronJob with no run yet matches nothing.
-	uid, run, runUID := string(cj.UID), "", ""
+	m := member{name: cj.Name, cronJob: true, selector: runSelector(string(cj.UID))}
 	if newest != nil {
-		uid, run, runUID = string(newest.UID), newest.Name, string(newest.UID)
+		m.run, m.runUID, m.runCreated, m.selector = newest.Name, string(newest.UID), newest.CreationTimestamp, runSelector(string(newest.UID))
 	}
-	return []member{{name: cj.Name, run: run, runOrder: order, runUID: runUID, selector: runSelector(uid)}}, nil
+	return []member{m}, nil
 }
 
 // runSelector selects the pods of the Job whose UID is uid.
@@ -192,14 +194,4 @@ func runOrder(j *batchv1.Job) string {
 		at = t
 	}
 	return fmt.Sprintf("%020d/%s", at.Unix(), j.Name)
-}
-
-// runTime is the time a runOrder names, false when it names none.
-func runTime(order string) (time.Time, bool) {
-	secs, _, ok := strings.Cut(order, "/")
-	n, err := strconv.ParseInt(secs, 10, 64)
-	if !ok || err != nil || len(secs) != 20 {
-		return time.Time{}, false
-	}
-	return time.Unix(n, 0), true
 }

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -362,7 +363,7 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 			Spec: cj.Spec.JobTemplate.Spec,
 		}
 		create(t, job)
-		return memberPod(t, ns, job.Name+"-pod", map[string]string{"batch.kubernetes.io/controller-uid": string(job.UID)}, false)
+		return runPod(t, ns, job.Name+"-pod", job.Name, job.UID)
 	}
 	p1 := run(1)
 	first := heldBy(t, ns, "nightly")
@@ -414,17 +415,47 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 		}
 		return nil
 	})
-	// A run annotation forged past every run (kubectl annotate) does not
-	// hold the Lease on its run: the next run takes over.
+	// A Lease editor who records a run of its own making (the annotations
+	// an earlier version kept: a run order a minute from now, past every
+	// run, and a Job UID) and makes a pod that claims to be that run's
+	// cannot point the Lease at it: which run stays is read from the
+	// holder's pod, never from the Lease.
+	// (The edited selector took the tenure from the pod; it holds again
+	// under a new token.)
+	held := getLease(t, ns, "nightly").Status.Token
 	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
-		l.Annotations["fencer.io/workloadlease-run"] = "99999999999999999999/zzz"
+		l.Annotations["fencer.io/workloadlease-run"] = fmt.Sprintf("%020d/zzz", time.Now().Unix()+60)
+		l.Annotations["fencer.io/workloadlease-run-uid"] = "forged-run"
 	})
+	forger := runPod(t, ns, "forged-run-pod", "forged", "forged-run")
+	time.Sleep(3 * time.Second)
+	if l := getLease(t, ns, "nightly"); l.Status.HolderUID != p2.UID || l.Status.Token != held ||
+		l.Spec.HolderSelector.MatchLabels["batch.kubernetes.io/controller-uid"] != p2.Labels["batch.kubernetes.io/controller-uid"] {
+		t.Fatalf("after a forged run: held by %s under %d, selector %v; want the deleted run's pod under %d (the forger's pod is %s)",
+			l.Status.Holder, l.Status.Token, l.Spec.HolderSelector.MatchLabels, held, forger.Name)
+	}
+	// A newer run still takes over.
 	time.Sleep(1100 * time.Millisecond)
 	p3 := run(3)
 	third := heldBy(t, ns, "nightly", p2.Name)
 	if third.HolderUID != p3.UID {
-		t.Fatalf("after a forged run annotation and a new run: held by %s, want the new run's pod %s", third.Holder, p3.Name)
+		t.Fatalf("after a forged run and a new run: held by %s, want the new run's pod %s", third.Holder, p3.Name)
 	}
+}
+
+// runPod makes a Ready pod of the Job named job with UID uid, labelled and
+// controlled as the Job controller makes them.
+func runPod(t *testing.T, ns, name, job string, uid types.UID) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels:          map[string]string{"batch.kubernetes.io/controller-uid": string(uid), "batch.kubernetes.io/job-name": job},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job, UID: uid, Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	create(t, pod)
+	fx.SetReady(t, pod, true)
+	return pod
 }
 
 // editMember changes member Lease ns/name with edit, as kubectl edit would.
