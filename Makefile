@@ -101,7 +101,7 @@ vet: ## go vet every package, the chart tests' module included.
 
 .PHONY: test-unit
 test-unit: tools ## Unit tests (the etcd store tests run a real etcd from bin/).
-	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./api/... ./cmd/... ./internal/... ./controllers/... ./pkg/... ./examples/... ./test/support/...
+	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) ./api/... ./cmd/... ./internal/... ./controllers/... ./pkg/... ./examples/... ./test/support/... ./test/bench/floorwebhook/
 
 .PHONY: test-integration
 test-integration: tools ## envtest integration tests against the kube-apiserver and etcd in bin/.
