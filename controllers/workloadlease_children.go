@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -110,6 +109,7 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	case err != nil:
 		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
+	r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
 	return true, nil
 }
 
@@ -147,14 +147,14 @@ func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.Wo
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
 	if m.cronJob {
-		var err error
-		if m, err = r.cronJobRun(ctx, l, m); err != nil {
-			return err
-		}
+		m = r.cronJobRun(l, m)
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
+		// Selected already, perhaps by a manager before this one: it is
+		// this process's choice too now.
+		r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -176,6 +176,7 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
+	r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
@@ -198,51 +199,23 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 		if err := r.Delete(ctx, l); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting Lease %s: %w", l.Name, err)
 		}
+		r.runs.forget(l.UID)
 	}
 	return nil
 }
 
 // cronJobRun is the run a CronJob's member Lease selects: m, the newest
-// Job left, unless the Lease is held by a pod of a run whose Job was
-// deleted (a history limit, a user) and m came before that run. Then the
-// Lease stays with the holder's run, never back to an older one, with its
-// selector rebuilt from the run's Job UID, so an edit of the selector is
-// set back then too.
-//
-// Which run stays is read only from what a Lease editor cannot forge: the
-// open tenure (the status, which only the manager writes) names the
-// holder, and the holder's pod object, of the tenure's UID, names its Job
-// by controller reference and label, which must agree. m came before the
-// holder's run when m's Job was created before the holder's pod (both
-// apiserver times; a tie goes to m): a run's pods come after its Job, and
-// a newer run's Job after the older run's pods. With no open tenure the
-// Lease is m's: no pod of the deleted run holds it, so none loses it.
-func (r *WorkloadLeaseReconciler) cronJobRun(ctx context.Context, l *fencerv1.Lease, m member) (member, error) {
-	t := l.Status.OpenTenure()
-	if t == nil {
-		return m, nil
+// Job left, unless the run this process last selected for the Lease is
+// newer than m. Then that run's Job was deleted (a history limit, a user)
+// and its pods may still run, so the Lease stays with them, never back to
+// an older run; its selector is rebuilt from the run's Job UID, so an edit
+// of the selector is set back then too. The run is read from this
+// process's memory only (selectedRuns), never from the Lease, whose
+// annotations and selector any Lease editor can write.
+func (r *WorkloadLeaseReconciler) cronJobRun(l *fencerv1.Lease, m member) member {
+	last, ok := r.runs.last(l.UID)
+	if !ok || last.uid == m.runUID || last.order <= m.runOrder {
+		return m
 	}
-	var pod corev1.Pod
-	switch err := r.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: t.Holder}, &pod); {
-	case apierrors.IsNotFound(err):
-		return m, nil
-	case err != nil:
-		return m, err
-	}
-	ref := metav1.GetControllerOf(&pod)
-	if pod.UID != t.HolderUID || ref == nil || ref.Kind != "Job" || string(ref.UID) != pod.Labels[jobControllerUID] {
-		return m, nil // no pod of a run holds it
-	}
-	run := string(ref.UID)
-	if run == m.runUID || (m.run != "" && !m.runCreated.Before(&pod.CreationTimestamp)) {
-		return m, nil // the holder's is the newest run, or m is newer
-	}
-	var job batchv1.Job
-	switch err := r.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: ref.Name}, &job); {
-	case err == nil && string(job.UID) == run:
-		return m, nil // its Job is there, and m is the newest of those
-	case err != nil && !apierrors.IsNotFound(err):
-		return m, err
-	}
-	return member{name: m.name, cronJob: true, selector: runSelector(run)}, nil
+	return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid)}
 }

@@ -29,6 +29,9 @@ import (
 type WorkloadLeaseReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+
+	// runs are the CronJob runs this process selected per member Lease.
+	runs selectedRuns
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
@@ -37,7 +40,6 @@ type WorkloadLeaseReconciler struct {
 // +kubebuilder:rbac:groups=fencer.io,resources=leases,verbs=create;delete
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile brings one WorkloadLease's member Leases in line with its
 // workload and writes its status once.

@@ -33,11 +33,10 @@ type member struct {
 	name     string
 	selector metav1.LabelSelector
 	// cronJob marks a CronJob's member. run names the run (Job) whose pods
-	// the selector matches, if any; runUID is that Job's UID, and
-	// runCreated its creation.
-	cronJob     bool
-	run, runUID string
-	runCreated  metav1.Time
+	// the selector matches, if any; runUID is that Job's UID, and runOrder
+	// orders it among the CronJob's runs.
+	cronJob               bool
+	run, runUID, runOrder string
 }
 
 // noMembers says why a workload has no members to lease: the condition's
@@ -172,7 +171,7 @@ func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]mem
 	// a CronJob with no run yet matches nothing.
 	m := member{name: cj.Name, cronJob: true, selector: runSelector(string(cj.UID))}
 	if newest != nil {
-		m.run, m.runUID, m.runCreated, m.selector = newest.Name, string(newest.UID), newest.CreationTimestamp, runSelector(string(newest.UID))
+		m.run, m.runUID, m.runOrder, m.selector = newest.Name, string(newest.UID), order, runSelector(string(newest.UID))
 	}
 	return []member{m}, nil
 }

@@ -1,7 +1,6 @@
 package controllers
 
 import (
-	"context"
 	"errors"
 	"math"
 	"reflect"
@@ -10,13 +9,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -101,61 +95,43 @@ func TestTooManyMembers(t *testing.T) {
 	}
 }
 
-// A CronJob's member Lease stays with the run of the pod holding it when
-// that run's Job is gone and the newest Job left is older; in every other
-// case it is the newest Job's. What a Lease editor can write (annotations,
-// the selector) plays no part: only the tenure and the holder's pod do.
-func TestCronJobRunStaysOnlyWithTheHolder(t *testing.T) {
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, batchv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t0 := metav1.Unix(1_700_000_000, 0)
-	later := metav1.Unix(t0.Unix()+60, 0)
-	older := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "n-1", Namespace: "ns", UID: "j1", CreationTimestamp: t0}}
-	deleted := "j2" // run n-2's Job, no longer there
-	newest := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runCreated: t0, selector: runSelector("j1")}
-	pod := func(uid types.UID, label, refUID string, created metav1.Time) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "holder", Namespace: "ns", UID: uid, CreationTimestamp: created,
-			Labels:          map[string]string{jobControllerUID: label},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "n-2", UID: types.UID(refUID), Controller: ptr.To(true)}}}}
-	}
+// A CronJob's member Lease stays with the run this process last selected
+// for it when that run is newer than the newest Job left (its Job was
+// deleted); otherwise it is the newest Job's. What a Lease editor can write
+// (annotations, the selector) plays no part, and a run this process never
+// selected (before a restart) is not stayed on.
+func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
+	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	newer := member{name: "n", cronJob: true, run: "n-3", runUID: "j3", runOrder: "00000000001700000200/n-3", selector: runSelector("j3")}
+	none := member{name: "n", cronJob: true, selector: runSelector("cj")}
+	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
+	stay := member{name: "n", cronJob: true, runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid",
+		Annotations: map[string]string{"fencer.io/workloadlease-run": "99999999999999999999/x", "fencer.io/workloadlease-run-uid": "forged"}},
+		Spec: fencerv1.LeaseSpec{HolderSelector: runSelector("forged")}}
 	for _, c := range []struct {
 		name     string
-		objs     []client.Object
-		m        member
-		tenure   bool
-		wantStay bool
+		selected *selectedRun
+		m, want  member
 	}{
-		{"held by the deleted newer run", []client.Object{older, pod("u2", deleted, deleted, later)}, newest, true, true},
-		{"no Job left at all", []client.Object{pod("u2", deleted, deleted, later)}, member{name: "n", cronJob: true, selector: runSelector("cj")}, true, true},
-		{"no open tenure", []client.Object{older, pod("u2", deleted, deleted, later)}, newest, false, false},
-		{"the holder's pod gone", []client.Object{older}, newest, true, false},
-		{"another pod of the holder's name", []client.Object{older, pod("other", deleted, deleted, later)}, newest, true, false},
-		{"label and controller disagree", []client.Object{older, pod("u2", deleted, "j9", later)}, newest, true, false},
-		{"the holder's Job still there", []client.Object{older, pod("u2", deleted, deleted, later),
-			&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "n-2", Namespace: "ns", UID: types.UID(deleted)}}}, newest, true, false},
-		{"the newest Job made after the holder's pod", []client.Object{older, pod("u2", deleted, deleted, t0)}, newest, true, false},
+		{"the selected run's Job deleted, an older one left", &deleted, older, stay},
+		{"the selected run's Job deleted, none left", &deleted, none, stay},
+		{"a newer run", &deleted, newer, newer},
+		{"the selected run is the newest", &selectedRun{uid: "j1", order: older.runOrder}, older, older},
+		{"nothing selected by this process (a restart)", nil, older, older},
 	} {
-		r := &WorkloadLeaseReconciler{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(c.objs...).Build()}
-		l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns",
-			Annotations: map[string]string{"fencer.io/workloadlease-run": "99999999999999999999/x", "fencer.io/workloadlease-run-uid": "forged"}}}
-		if c.tenure {
-			l.Status.Holder, l.Status.HolderUID, l.Status.Token = "holder", "u2", 7
-			l.Status.History = []fencerv1.Tenure{{Holder: "holder", HolderUID: "u2", Token: 7, Start: metav1.NewMicroTime(later.Time)}}
+		var r WorkloadLeaseReconciler
+		if c.selected != nil {
+			r.runs.remember(l.UID, *c.selected)
 		}
-		got, err := r.cronJobRun(context.Background(), l, c.m)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
+		if got := r.cronJobRun(l, c.m); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
-		want := c.m
-		if c.wantStay {
-			want = member{name: "n", cronJob: true, selector: runSelector(deleted)}
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%s: %+v, want %+v", c.name, got, want)
-		}
+	}
+	var r WorkloadLeaseReconciler
+	r.runs.remember(l.UID, deleted)
+	r.runs.forget(l.UID)
+	if got := r.cronJobRun(l, older); !reflect.DeepEqual(got, older) {
+		t.Errorf("a forgotten Lease's run: %+v", got)
 	}
 }

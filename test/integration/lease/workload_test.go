@@ -418,8 +418,8 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	// A Lease editor who records a run of its own making (the annotations
 	// an earlier version kept: a run order a minute from now, past every
 	// run, and a Job UID) and makes a pod that claims to be that run's
-	// cannot point the Lease at it: which run stays is read from the
-	// holder's pod, never from the Lease.
+	// cannot point the Lease at it: the run that stays is the one the
+	// manager selected, never one read from the Lease.
 	// (The edited selector took the tenure from the pod; it holds again
 	// under a new token.)
 	held := getLease(t, ns, "nightly").Status.Token
