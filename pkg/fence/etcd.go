@@ -194,13 +194,21 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 // keepAlive renews every TTL/3 and declares the lease lost once a full TTL
 // has passed without a successful renewal.
 func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) {
-	keepAliveFrom(ctx, lose, cli, id, ttl, time.Now())
+	keepAliveFrom(ctx, lose, cli, id, ttl, time.Now(), false)
 }
 
 // keepAliveFrom is keepAlive for a lease last renewed (or granted) by a
 // request sent at lastOK: etcd renewed no earlier, so lastOK+TTL never lies
 // after etcd's own expiry.
-func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, lastOK time.Time) {
+//
+// deniedIsFinal ends the lease at the first renewal etcd refuses as not
+// permitted, for a lease whose keys the caller's identity has long been
+// allowed to write (a Locker's session): etcd renews only for a user who
+// may write every key on it, so another's key is on it, or the role was
+// taken away. Hold passes false: a grant can reach its holder before the
+// manager has given the namespace's role its key, and the refusal then
+// lasts only until it has.
+func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, lastOK time.Time, deniedIsFinal bool) {
 	tick := max(ttl/3, 100*time.Millisecond)
 	for {
 		deadline := lastOK.Add(ttl)
@@ -216,10 +224,8 @@ func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, 
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			lose(fmt.Errorf("etcd lease %x expired: %w", int64(id), ErrLeaseLost))
 			return
-		case errors.Is(err, rpctypes.ErrPermissionDenied):
-			// etcd renews a lease only for a user who may write every key
-			// on it: this identity lost that right, or another's key is
-			// on the lease. Waiting for the TTL would only hide why.
+		case deniedIsFinal && errors.Is(err, rpctypes.ErrPermissionDenied):
+			// Waiting for the TTL would only hide why.
 			lose(fmt.Errorf("etcd refused to renew lease %x: %w: %w", int64(id), ErrLeaseLost, err))
 			return
 		}

@@ -83,8 +83,9 @@ type Locker struct {
 	ctx   context.Context
 	close context.CancelCauseFunc
 
-	mu   sync.Mutex
-	sess *lockSession
+	mu       sync.Mutex
+	sess     *lockSession
+	granting *sessionGrant // the grant in flight, if any
 	// maxRev is the highest etcd revision any answer carried (seen).
 	maxRev atomic.Int64
 }
@@ -178,38 +179,83 @@ func (l *Locker) Close(ctx context.Context) error {
 }
 
 // session returns the live session, granting a new one if there is none
-// or the last was lost.
+// or the last was lost. One grant runs at a time, in its own goroutine and
+// outside l.mu: each caller waits for its outcome only as long as its own
+// ctx allows, and Close neither waits for it nor lets it outlive Close.
 func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if err := l.ctx.Err(); err != nil {
+		l.mu.Unlock()
 		return nil, ErrLockerClosed
 	}
 	if l.sess != nil && l.sess.ctx.Err() == nil {
-		return l.sess, nil
+		sess := l.sess
+		l.mu.Unlock()
+		return sess, nil
 	}
-	if old := l.sess; old != nil {
-		// Its keys would block their locks until etcd expires the lease.
-		go l.revoke(old.id)
+	g := l.granting
+	if g == nil {
+		if old := l.sess; old != nil {
+			// Its keys would block their locks until etcd expires the lease.
+			go l.revoke(old.id)
+			l.sess = nil
+		}
+		g = &sessionGrant{done: make(chan struct{})}
+		l.granting = g
+		go l.finishGrant(g)
 	}
+	l.mu.Unlock()
+	select {
+	case <-g.done:
+		return g.sess, g.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("fence: waiting for the lock session: %w", ctx.Err())
+	}
+}
+
+// finishGrant runs grant g and publishes its outcome.
+func (l *Locker) finishGrant(g *sessionGrant) {
+	sess, err := l.grant(l.ctx)
+	l.mu.Lock()
+	if err == nil && l.ctx.Err() != nil { // Close came while it was granted
+		go l.revoke(sess.id)
+		sess, err = nil, ErrLockerClosed
+	}
+	if errors.Is(err, ErrLockerClosed) || l.ctx.Err() != nil {
+		err = ErrLockerClosed
+	}
+	l.sess, l.granting = sess, nil
+	l.mu.Unlock()
+	g.sess, g.err = sess, err
+	close(g.done)
+}
+
+// sessionGrant is a session grant in flight: done closes once sess or err
+// is set.
+type sessionGrant struct {
+	done chan struct{}
+	sess *lockSession
+	err  error
+}
+
+// grant starts a session within the Timeout, granting again when etcd
+// refuses a grant's marker as sessionUnusable.
+func (l *Locker) grant(ctx context.Context) (*lockSession, error) {
 	gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	var err error
+	var (
+		sess *lockSession
+		err  error
+	)
 	for range sessionGrantTries {
-		var sess *lockSession
-		if sess, err = l.startSession(gctx); err == nil {
-			if l.ctx.Err() != nil { // Close came while it was granted
-				go l.revoke(sess.id)
-				return nil, ErrLockerClosed
-			}
-			l.sess = sess
-			return sess, nil
-		}
-		if !sessionUnusable(err) {
+		if sess, err = l.startSession(gctx); err == nil || !sessionUnusable(err) {
 			break
 		}
 	}
-	return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
+	if err != nil {
+		return nil, fmt.Errorf("fence: starting the lock session: %w", l.unavailable(gctx, err))
+	}
+	return sess, nil
 }
 
 // startSession grants a session lease and puts its marker key on it
@@ -246,7 +292,7 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
 	sess := &lockSession{id: id, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
-	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent)
+	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent, true)
 	return sess, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -250,5 +251,60 @@ func TestNewLockerRefusesWhatIsNoLocker(t *testing.T) {
 			_ = l
 			t.Errorf("%s: NewLocker accepted it", c.name)
 		}
+	}
+}
+
+// Locks that all need a session while etcd is out of reach each fail
+// within about one Timeout, not one after another: a single grant runs at
+// a time, and every caller waits for it only as long as its own context
+// lets it.
+func TestConcurrentLocksShareOneSessionGrant(t *testing.T) {
+	e := startLockEtcd(t)
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	p.pause()
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	const n, timeout = 6, 2 * time.Second
+	l := e.locker(t, cli, "a", LockerOptions{Timeout: timeout})
+	start := time.Now()
+	errs := make(chan error, n)
+	for range n {
+		go func() { _, err := l.Lock(context.Background(), "k"); errs <- err }()
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, ErrEtcdUnavailable) {
+			t.Fatalf("Lock with etcd cut off: %v, want ErrEtcdUnavailable", err)
+		}
+	}
+	// One after another they would take n Timeouts (12 s).
+	if took := time.Since(start); took > 3*timeout {
+		t.Fatalf("%d concurrent Locks took %s to fail, Timeout %s: their grants queued", n, took, timeout)
+	}
+}
+
+// Hold does not give up a lease whose renewal etcd refuses as not
+// permitted for a moment: a grant can reach its holder before the manager
+// has given the namespace's role its key.
+func TestHoldOutlastsARoleNotYetGranted(t *testing.T) {
+	e := startLockEtcd(t)
+	ctx := context.Background()
+	g, err := e.mgr.Grant(ctx, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := e.mgr.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "job"), `{"holder":"p"}`, clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := Hold(ctx, e.client(t, "a", nil), prefix, "a", Token{Lease: "job", Value: put.Header.Revision, LeaseID: int64(g.ID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the first renewals are refused
+	if err := identity.EnsureNamespace(ctx, e.mgr, prefix, "a", []string{"job"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if held.Err() != nil {
+		t.Fatalf("Hold gave up while the role caught up, TTL 6 s: %v", context.Cause(held))
 	}
 }
