@@ -401,6 +401,22 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	if st := getLease(t, ns, "nightly").Status; st.HolderUID != p2.UID || st.Token != second.Token {
 		t.Fatalf("after the newer run's Job was deleted: held by %s under %d, want the newer run's pod under %d", st.Holder, st.Token, second.Token)
 	}
+	// A Lease editor who records a run of its own making (the annotations
+	// an earlier version kept: a run order a minute from now, past every
+	// run, and a Job UID) and makes a pod that claims to be that run's
+	// cannot point the Lease at it: the run that stays is the one the
+	// manager selected, never one read from the Lease.
+	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
+		l.Annotations["fencer.io/workloadlease-run"] = fmt.Sprintf("%020d/zzz", time.Now().Unix()+60)
+		l.Annotations["fencer.io/workloadlease-run-uid"] = "forged-run"
+	})
+	forger := runPod(t, ns, "forged-run-pod", "forged", "forged-run")
+	time.Sleep(3 * time.Second)
+	if l := getLease(t, ns, "nightly"); l.Status.HolderUID != p2.UID || l.Status.Token != second.Token ||
+		l.Spec.HolderSelector.MatchLabels["batch.kubernetes.io/controller-uid"] != p2.Labels["batch.kubernetes.io/controller-uid"] {
+		t.Fatalf("after a forged run: held by %s under %d, selector %v; want the deleted run's pod under %d (the forger's pod is %s)",
+			l.Status.Holder, l.Status.Token, l.Spec.HolderSelector.MatchLabels, second.Token, forger.Name)
+	}
 	// While it stays, an edit of its selector is set back, as at any time.
 	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
 		l.Spec.HolderSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "edited"}}
@@ -415,25 +431,6 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 		}
 		return nil
 	})
-	// A Lease editor who records a run of its own making (the annotations
-	// an earlier version kept: a run order a minute from now, past every
-	// run, and a Job UID) and makes a pod that claims to be that run's
-	// cannot point the Lease at it: the run that stays is the one the
-	// manager selected, never one read from the Lease.
-	// (The edited selector took the tenure from the pod; it holds again
-	// under a new token.)
-	held := getLease(t, ns, "nightly").Status.Token
-	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
-		l.Annotations["fencer.io/workloadlease-run"] = fmt.Sprintf("%020d/zzz", time.Now().Unix()+60)
-		l.Annotations["fencer.io/workloadlease-run-uid"] = "forged-run"
-	})
-	forger := runPod(t, ns, "forged-run-pod", "forged", "forged-run")
-	time.Sleep(3 * time.Second)
-	if l := getLease(t, ns, "nightly"); l.Status.HolderUID != p2.UID || l.Status.Token != held ||
-		l.Spec.HolderSelector.MatchLabels["batch.kubernetes.io/controller-uid"] != p2.Labels["batch.kubernetes.io/controller-uid"] {
-		t.Fatalf("after a forged run: held by %s under %d, selector %v; want the deleted run's pod under %d (the forger's pod is %s)",
-			l.Status.Holder, l.Status.Token, l.Spec.HolderSelector.MatchLabels, held, forger.Name)
-	}
 	// A newer run still takes over.
 	time.Sleep(1100 * time.Millisecond)
 	p3 := run(3)
