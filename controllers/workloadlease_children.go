@@ -109,7 +109,7 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	case err != nil:
 		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
-	r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
+	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
 	return true, nil
 }
 
@@ -147,14 +147,14 @@ func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.Wo
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
 	if m.cronJob {
-		m = r.cronJobRun(l, m)
+		m = r.cronJobRun(wl, l, m)
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
 		// Selected already, perhaps by a manager before this one: it is
 		// this process's choice too now.
-		r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
+		r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -176,10 +176,12 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
-	r.runs.remember(l.UID, selectedRun{m.runUID, m.runOrder})
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
+	// Only once written: a run whose write failed was never selected, and
+	// must not be stayed on if its Job is deleted before the retry.
+	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
 	return nil
 }
 
@@ -199,8 +201,8 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 		if err := r.Delete(ctx, l); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting Lease %s: %w", l.Name, err)
 		}
-		r.runs.forget(l.UID)
 	}
+	r.runs.keepOnly(client.ObjectKeyFromObject(wl), wanted)
 	return nil
 }
 
@@ -212,8 +214,8 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 // of the selector is set back then too. The run is read from this
 // process's memory only (selectedRuns), never from the Lease, whose
 // annotations and selector any Lease editor can write.
-func (r *WorkloadLeaseReconciler) cronJobRun(l *fencerv1.Lease, m member) member {
-	last, ok := r.runs.last(l.UID)
+func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) member {
+	last, ok := r.runs.last(client.ObjectKeyFromObject(wl), l.Name, l.UID)
 	if !ok || last.uid == m.runUID || last.order <= m.runOrder {
 		return m
 	}

@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -46,9 +47,13 @@ type WorkloadLeaseReconciler struct {
 func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	wl := &fencerv1.WorkloadLease{}
 	if err := r.Get(ctx, req.NamespacedName, wl); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.runs.forgetAll(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !wl.DeletionTimestamp.IsZero() {
+		r.runs.forgetAll(req.NamespacedName)
 		return ctrl.Result{}, nil // the garbage collector deletes its Leases
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))

@@ -185,11 +185,18 @@ func runSelector(uid string) metav1.LabelSelector {
 // they were scheduled for.
 const cronJobScheduled = "batch.kubernetes.io/cronjob-scheduled-timestamp"
 
-// runOrder orders a CronJob's Jobs as strings: the scheduled time (or,
-// for a Job made by hand, its creation), then the name.
+// runOrder orders a CronJob's Jobs as strings: the time the run is for,
+// then the name. That time is the scheduled time the CronJob controller
+// writes, but never later than the Job's creation, which the apiserver
+// sets and no client can: a real run is created at or after its schedule
+// (a late start keeps its earlier slot), while an annotation claiming a
+// later time, which anyone who may create or edit a Job can write, would
+// otherwise outrank every run created after it, and keep a member Lease on
+// that Job after its deletion (cronJobRun). A Job made by hand, with no
+// annotation, is ordered by its creation.
 func runOrder(j *batchv1.Job) string {
 	at := j.CreationTimestamp.Time
-	if t, err := time.Parse(time.RFC3339, j.Annotations[cronJobScheduled]); err == nil {
+	if t, err := time.Parse(time.RFC3339, j.Annotations[cronJobScheduled]); err == nil && t.Before(at) {
 		at = t
 	}
 	return fmt.Sprintf("%020d/%s", at.Unix(), j.Name)

@@ -6,11 +6,13 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -52,21 +54,32 @@ func TestIndexesOfAnIndexedJobOnly(t *testing.T) {
 }
 
 func TestRunOrderPrefersTheScheduledTime(t *testing.T) {
-	at := func(created int64, scheduled, name string) *batchv1.Job {
-		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.Unix(created, 0)}}
+	at := func(created time.Time, scheduled, name string) *batchv1.Job {
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created)}}
 		if scheduled != "" {
 			j.Annotations = map[string]string{cronJobScheduled: scheduled}
 		}
 		return j
 	}
+	day := func(d, h int) time.Time { return time.Date(2026, 12, d, h, 0, 0, 0, time.UTC) }
 	// Created later, scheduled earlier: a late start of an older run.
-	late := at(2000, "2026-12-02T03:00:00Z", "nightly-a")
-	newer := at(1000, "2026-12-03T03:00:00Z", "nightly-b")
+	late := at(day(3, 5), "2026-12-02T03:00:00Z", "nightly-a")
+	newer := at(day(3, 3), "2026-12-03T03:00:00Z", "nightly-b")
 	if runOrder(late) >= runOrder(newer) {
 		t.Fatalf("%s ordered after %s", runOrder(late), runOrder(newer))
 	}
-	if runOrder(at(5, "", "b")) <= runOrder(at(5, "", "a")) || runOrder(at(10, "", "a")) <= runOrder(at(9, "", "z")) {
+	if runOrder(at(day(1, 5), "", "b")) <= runOrder(at(day(1, 5), "", "a")) || runOrder(at(day(1, 10), "", "a")) <= runOrder(at(day(1, 9), "", "z")) {
 		t.Fatal("by creation, then by name")
+	}
+	// A scheduled time after the Job's creation is no real run's: such a
+	// Job ranks by its creation, below a run created after it.
+	forged := at(day(3, 4), "2100-01-01T00:00:00Z", "zz-forged")
+	next := at(day(4, 3), "2026-12-04T03:00:00Z", "nightly-c")
+	if runOrder(forged) >= runOrder(next) {
+		t.Fatalf("a Job claiming to be scheduled in 2100 (%s) outranks the run created after it (%s)", runOrder(forged), runOrder(next))
+	}
+	if runOrder(forged) <= runOrder(newer) {
+		t.Fatalf("the Job created after run %s ranks below it: %s", runOrder(newer), runOrder(forged))
 	}
 }
 
@@ -106,6 +119,8 @@ func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
 	none := member{name: "n", cronJob: true, selector: runSelector("cj")}
 	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
 	stay := member{name: "n", cronJob: true, runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"}}
+	key := client.ObjectKeyFromObject(wl)
 	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid",
 		Annotations: map[string]string{"fencer.io/workloadlease-run": "99999999999999999999/x", "fencer.io/workloadlease-run-uid": "forged"}},
 		Spec: fencerv1.LeaseSpec{HolderSelector: runSelector("forged")}}
@@ -122,16 +137,39 @@ func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
 	} {
 		var r WorkloadLeaseReconciler
 		if c.selected != nil {
-			r.runs.remember(l.UID, *c.selected)
+			r.runs.remember(key, l.Name, l.UID, *c.selected)
 		}
-		if got := r.cronJobRun(l, c.m); !reflect.DeepEqual(got, c.want) {
+		if got := r.cronJobRun(wl, l, c.m); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
+	for _, c := range []struct {
+		name   string
+		forget func(*selectedRuns)
+		l      *fencerv1.Lease
+	}{
+		{"the member is gone", func(s *selectedRuns) { s.keepOnly(key, map[string]bool{"other": true}) }, l},
+		{"the WorkloadLease is deleted", func(s *selectedRuns) { s.forgetAll(key) }, l},
+		{"the Lease was re-created under its name", func(*selectedRuns) {}, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}},
+	} {
+		var r WorkloadLeaseReconciler
+		r.runs.remember(key, l.Name, l.UID, deleted)
+		c.forget(&r.runs)
+		if got := r.cronJobRun(wl, c.l, older); !reflect.DeepEqual(got, older) {
+			t.Errorf("%s: it stays on %+v", c.name, got)
+		}
+	}
 	var r WorkloadLeaseReconciler
-	r.runs.remember(l.UID, deleted)
-	r.runs.forget(l.UID)
-	if got := r.cronJobRun(l, older); !reflect.DeepEqual(got, older) {
-		t.Errorf("a forgotten Lease's run: %+v", got)
+	r.runs.remember(key, l.Name, l.UID, deleted)
+	r.runs.keepOnly(key, map[string]bool{l.Name: true})
+	if got := r.cronJobRun(wl, l, older); !reflect.DeepEqual(got, stay) {
+		t.Errorf("a member still wanted lost its run: %+v", got)
+	}
+	if len(r.runs.runs) != 1 {
+		t.Errorf("runs of %d WorkloadLeases kept, want 1", len(r.runs.runs))
+	}
+	r.runs.forgetAll(key)
+	if len(r.runs.runs) != 0 {
+		t.Errorf("runs of %d WorkloadLeases kept after the only one's deletion", len(r.runs.runs))
 	}
 }

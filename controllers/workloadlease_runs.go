@@ -10,43 +10,76 @@ import (
 // process last set a member Lease's selector to.
 type selectedRun struct{ uid, order string }
 
-// selectedRuns remembers, per CronJob member Lease (by UID), the run this
-// process last selected for it. When that run's Job is deleted and the
-// newest Job left is older, the Lease stays with it (cronJobRun): the
-// manager selects only runs it listed as the CronJob's Jobs, so nothing a
-// Lease editor writes (annotations, the selector, a pod claiming some
-// Job's UID) can name the run that stays. It is memory, not a record:
-// after a restart, or on another replica after a failover, no deleted run
-// is known, and such a Lease goes to the newest Job left (docs/concepts.md).
-type selectedRuns struct {
-	mu   sync.Mutex
-	runs map[types.UID]selectedRun
+// rememberedRun is a selectedRun and the UID of the Lease it was selected
+// for: a Lease deleted and re-created under its name starts with nothing.
+type rememberedRun struct {
+	lease types.UID
+	run   selectedRun
 }
 
-// remember records that lease's selector was set to run.
-func (s *selectedRuns) remember(lease types.UID, run selectedRun) {
+// selectedRuns remembers, per WorkloadLease and member Lease name, the run
+// this process last selected for that Lease. When that run's Job is
+// deleted and the newest Job left is older, the Lease stays with it
+// (cronJobRun): the manager selects only runs it listed as the CronJob's
+// Jobs, ordered by times no Job writer can move past the apiserver's
+// (runOrder), so nothing a Lease editor writes (annotations, the
+// selector, a pod claiming some Job's UID) can name the run that stays.
+// It is memory, not a record: after a restart, or on another replica
+// after a failover, no deleted run is known, and such a Lease goes to the
+// newest Job left (docs/concepts.md). It holds entries only for the
+// members of WorkloadLeases that exist (keepOnly, forgetAll).
+type selectedRuns struct {
+	mu   sync.Mutex
+	runs map[types.NamespacedName]map[string]rememberedRun
+}
+
+// remember records that the selector of wl's member Lease name (UID
+// lease) was set to run.
+func (s *selectedRuns) remember(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
 	if lease == "" || run.uid == "" {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.runs == nil {
-		s.runs = map[types.UID]selectedRun{}
+		s.runs = map[types.NamespacedName]map[string]rememberedRun{}
 	}
-	s.runs[lease] = run
+	if s.runs[wl] == nil {
+		s.runs[wl] = map[string]rememberedRun{}
+	}
+	s.runs[wl][name] = rememberedRun{lease: lease, run: run}
 }
 
-// last is the run this process last selected for lease.
-func (s *selectedRuns) last(lease types.UID) (selectedRun, bool) {
+// last is the run this process last selected for wl's member Lease name,
+// if that Lease is still the one of UID lease.
+func (s *selectedRuns) last(wl types.NamespacedName, name string, lease types.UID) (selectedRun, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	run, ok := s.runs[lease]
-	return run, ok
+	r, ok := s.runs[wl][name]
+	if !ok || r.lease != lease {
+		return selectedRun{}, false
+	}
+	return r.run, true
 }
 
-// forget drops a deleted Lease's run.
-func (s *selectedRuns) forget(lease types.UID) {
+// keepOnly drops the runs of wl's member Leases whose names are not in
+// wanted: members that are gone.
+func (s *selectedRuns) keepOnly(wl types.NamespacedName, wanted map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.runs, lease)
+	for name := range s.runs[wl] {
+		if !wanted[name] {
+			delete(s.runs[wl], name)
+		}
+	}
+	if len(s.runs[wl]) == 0 {
+		delete(s.runs, wl)
+	}
+}
+
+// forgetAll drops every run of wl: it was deleted.
+func (s *selectedRuns) forgetAll(wl types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.runs, wl)
 }

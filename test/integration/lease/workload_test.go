@@ -346,16 +346,7 @@ func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
 func TestCronJobNewerRunTakesOver(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
-	cj := &batchv1.CronJob{
-		ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns},
-		Spec: batchv1.CronJobSpec{Schedule: "0 3 * * *", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
-			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}}}},
-	}
-	create(t, cj)
-	wl := workloadLease(ns, "nightly", fencerv1.WorkloadCronJob, "nightly", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "nightly")
+	cj := leasedCronJob(t, ns, "nightly")
 	run := func(n int) *corev1.Pod {
 		job := &batchv1.Job{
 			ObjectMeta: metav1.ObjectMeta{Name: "nightly-" + strconv.Itoa(n), Namespace: ns,
@@ -438,6 +429,69 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	if third.HolderUID != p3.UID {
 		t.Fatalf("after a forged run and a new run: held by %s, want the new run's pod %s", third.Holder, p3.Name)
 	}
+}
+
+// A Job that claims, in the CronJob controller's annotation, to be
+// scheduled far in the future (anyone who may create Jobs can write it)
+// is ordered by its creation: once it is deleted, the next run created
+// takes the Lease over, where ordering by the claim kept the Lease on the
+// deleted Job, for any pod labelled as its own, until a restart.
+func TestCronJobRunClaimingAFutureScheduleDoesNotStick(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	cj := leasedCronJob(t, ns, "hourly")
+	job := func(name string, scheduled time.Time) *batchv1.Job {
+		j := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+				Annotations:     map[string]string{"batch.kubernetes.io/cronjob-scheduled-timestamp": scheduled.UTC().Format(time.RFC3339)},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "CronJob", Name: cj.Name, UID: cj.UID, Controller: ptr.To(true)}}},
+			Spec: cj.Spec.JobTemplate.Spec,
+		}
+		create(t, j)
+		return j
+	}
+	selects := func(uid types.UID) {
+		t.Helper()
+		eventually(t, 30*time.Second, "the Lease selecting Job "+string(uid), func() error {
+			if got := getLease(t, ns, "hourly").Spec.HolderSelector.MatchLabels["batch.kubernetes.io/controller-uid"]; got != string(uid) {
+				return fmt.Errorf("selects %q", got)
+			}
+			return nil
+		})
+	}
+	j1 := job("hourly-1", time.Now().Add(-time.Second))
+	runPod(t, ns, "hourly-1-pod", j1.Name, j1.UID)
+	heldBy(t, ns, "hourly")
+	time.Sleep(1100 * time.Millisecond) // a later creationTimestamp (seconds)
+	claim := job("hourly-claim", time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC))
+	selects(claim.UID) // created after hourly-1, it is the newest run
+	if err := k8s.Delete(context.Background(), claim, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	j3 := job("hourly-3", time.Now())
+	p3 := runPod(t, ns, "hourly-3-pod", j3.Name, j3.UID)
+	selects(j3.UID)
+	if st := heldBy(t, ns, "hourly", "hourly-1-pod"); st.HolderUID != p3.UID {
+		t.Fatalf("held by %s, want the run created after the deleted claim, %s", st.Holder, p3.Name)
+	}
+}
+
+// leasedCronJob creates CronJob ns/name and a WorkloadLease of it, and
+// waits for its member Lease.
+func leasedCronJob(t *testing.T, ns, name string) *batchv1.CronJob {
+	t.Helper()
+	cj := &batchv1.CronJob{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: batchv1.CronJobSpec{Schedule: "0 3 * * *", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}}}},
+	}
+	create(t, cj)
+	wl := workloadLease(ns, name, fencerv1.WorkloadCronJob, name, fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, name)
+	return cj
 }
 
 // runPod makes a Ready pod of the Job named job with UID uid, labelled and
