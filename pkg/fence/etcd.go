@@ -173,6 +173,7 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 		}
 		return nil, e
 	}
+	asked := time.Now()
 	ttlResp, err := cli.TimeToLive(ctx, clientv3.LeaseID(t.LeaseID))
 	if err != nil {
 		return nil, err
@@ -182,7 +183,7 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	}
 	held, lose := context.WithCancelCause(ctx)
 	ttl := time.Duration(ttlResp.GrantedTTL) * time.Second
-	go keepAlive(held, lose, cli, clientv3.LeaseID(t.LeaseID), ttl)
+	go keepAliveFrom(held, lose, cli, clientv3.LeaseID(t.LeaseID), ttl, renewedAt(asked, ttlResp.TTL, ttl), false)
 	go func() {
 		if err := WatchHeld(held, cli, key, t.Value, readAt); errors.Is(err, ErrLeaseLost) {
 			lose(err)
@@ -191,15 +192,21 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 	return held, nil
 }
 
-// keepAlive renews every TTL/3 and declares the lease lost once a full TTL
-// has passed without a successful renewal.
-func keepAlive(ctx context.Context, lose context.CancelCauseFunc, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) {
-	keepAliveFrom(ctx, lose, cli, id, ttl, time.Now(), false)
+// renewedAt is the latest time a lease of TTL ttl could have been renewed
+// for etcd, asked at asked, to report remaining seconds (rounded down)
+// left of it: etcd's expiry lies no earlier than asked + remaining, so a
+// renewal at that time less ttl never outlives it. Holding from the time
+// Hold was called instead, with the whole TTL, outlived etcd's expiry by
+// as much of the TTL as had gone before the call, whenever no renewal got
+// through after it (one etcd refused, a pod cut off).
+func renewedAt(asked time.Time, remaining int64, ttl time.Duration) time.Time {
+	return asked.Add(time.Duration(remaining)*time.Second - ttl)
 }
 
-// keepAliveFrom is keepAlive for a lease last renewed (or granted) by a
-// request sent at lastOK: etcd renewed no earlier, so lastOK+TTL never lies
-// after etcd's own expiry.
+// keepAliveFrom renews a lease every TTL/3 and declares it lost once a
+// full TTL has passed since lastOK without a successful renewal. lastOK is
+// when a request that renewed (or granted) it was sent, or earlier: etcd
+// renewed no earlier, so lastOK+TTL never lies after etcd's own expiry.
 //
 // deniedIsFinal ends the lease at the first renewal etcd refuses as not
 // permitted, for a lease whose keys the caller's identity has long been

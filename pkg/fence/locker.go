@@ -181,7 +181,8 @@ func (l *Locker) Close(ctx context.Context) error {
 // session returns the live session, granting a new one if there is none
 // or the last was lost. One grant runs at a time, in its own goroutine and
 // outside l.mu: each caller waits for its outcome only as long as its own
-// ctx allows, and Close neither waits for it nor lets it outlive Close.
+// ctx allows. Close does not wait for it: a session it grants after Close
+// is revoked at once (finishGrant), and carries no waiter key meanwhile.
 func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	l.mu.Lock()
 	if err := l.ctx.Err(); err != nil {
@@ -209,7 +210,9 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 	case <-g.done:
 		return g.sess, g.err
 	case <-ctx.Done():
-		return nil, fmt.Errorf("fence: waiting for the lock session: %w", ctx.Err())
+		// ErrEtcdUnavailable when ctx's deadline ran out, as when it runs
+		// out later in the Lock, queueing.
+		return nil, fmt.Errorf("fence: waiting for the lock session: %w", l.unavailable(ctx, ctx.Err()))
 	}
 }
 

@@ -279,6 +279,14 @@ func TestConcurrentLocksShareOneSessionGrant(t *testing.T) {
 	if took := time.Since(start); took > 3*timeout {
 		t.Fatalf("%d concurrent Locks took %s to fail, Timeout %s: their grants queued", n, took, timeout)
 	}
+	// A caller's own deadline, shorter than the Timeout, running out while
+	// the grant waits for etcd reads as etcd's absence too, as it does when
+	// it runs out while queueing.
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := l.Lock(short, "k"); !errors.Is(err, ErrEtcdUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock whose own deadline ran out during the grant: %v, want ErrEtcdUnavailable and DeadlineExceeded", err)
+	}
 }
 
 // Hold does not give up a lease whose renewal etcd refuses as not
@@ -306,5 +314,56 @@ func TestHoldOutlastsARoleNotYetGranted(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	if held.Err() != nil {
 		t.Fatalf("Hold gave up while the role caught up, TTL 6 s: %v", context.Cause(held))
+	}
+}
+
+// Hold called late in its lease's TTL, whose renewals etcd refuses and
+// which is then cut off from etcd, ends no later than etcd expires the
+// lease: it counts the TTL from what etcd said was left of it, not from
+// the call (which outlived etcd's expiry by the part of the TTL gone
+// before the call: 3.5 s here).
+func TestHoldCalledLateEndsByEtcdsExpiry(t *testing.T) {
+	e := startLockEtcd(t)
+	ctx := context.Background()
+	g, err := e.mgr.Grant(ctx, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := etcdkeys.LeaseKey(prefix, "a", "job")
+	put, err := e.mgr.Put(ctx, key, `{"holder":"p"}`, clientv3.WithLease(g.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second) // two thirds of the TTL gone
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	held, err := Hold(ctx, cli, prefix, "a", Token{Lease: "job", Value: put.Header.Revision, LeaseID: int64(g.ID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // its renewals are refused: no role for the key yet
+	p.pause()                          // and then it is cut off: no watch sees the expiry either
+	for {
+		r, err := e.mgr.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Kvs) == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	expired := time.Now()
+	select {
+	case <-held.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Hold never ended")
+	}
+	// A little slack for the scheduler only: the old code ended 3.5 s late.
+	if late := time.Since(expired); late > 500*time.Millisecond {
+		t.Fatalf("Hold still held %s after etcd expired the lease (%v)", late, context.Cause(held))
+	}
+	if !errors.Is(context.Cause(held), ErrLeaseLost) {
+		t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(held))
 	}
 }
