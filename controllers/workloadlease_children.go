@@ -176,12 +176,14 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
+	run := selectedRun{m.runUID, m.runOrder}
 	if err := r.Update(ctx, l); err != nil {
+		// Perhaps applied all the same: stayed on only if the Lease shows it
+		// (selectedRuns.last), never if the write was refused.
+		r.runs.try(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
-	// Only once written: a run whose write failed was never selected, and
-	// must not be stayed on if its Job is deleted before the retry.
-	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
 	return nil
 }
 
@@ -215,7 +217,7 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 // process's memory only (selectedRuns), never from the Lease, whose
 // annotations and selector any Lease editor can write.
 func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) member {
-	last, ok := r.runs.last(client.ObjectKeyFromObject(wl), l.Name, l.UID)
+	last, ok := r.runs.last(client.ObjectKeyFromObject(wl), l)
 	if !ok || last.uid == m.runUID || last.order <= m.runOrder {
 		return m
 	}

@@ -159,6 +159,20 @@ func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
 			t.Errorf("%s: it stays on %+v", c.name, got)
 		}
 	}
+	// A write whose answer was an error: stayed on only if the Lease shows
+	// it was applied after all.
+	tried := selectedRun{uid: "j4", order: "00000000001700000300/n-4"}
+	var w WorkloadLeaseReconciler
+	w.runs.remember(key, l.Name, l.UID, deleted)
+	w.runs.try(key, l.Name, l.UID, tried)
+	if got := w.cronJobRun(wl, l, older); !reflect.DeepEqual(got, stay) {
+		t.Errorf("a failed write the Lease does not show: %+v, want the run written before it", got)
+	}
+	applied := l.DeepCopy()
+	applied.Spec.HolderSelector = runSelector("j4")
+	if got, want := w.cronJobRun(wl, applied, older), (member{name: "n", cronJob: true, runUID: "j4", runOrder: tried.order, selector: runSelector("j4")}); !reflect.DeepEqual(got, want) {
+		t.Errorf("a failed write the Lease shows was applied: %+v, want %+v", got, want)
+	}
 	var r WorkloadLeaseReconciler
 	r.runs.remember(key, l.Name, l.UID, deleted)
 	r.runs.keepOnly(key, map[string]bool{l.Name: true})

@@ -3,18 +3,23 @@ package controllers
 import (
 	"sync"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
 // selectedRun is the CronJob run (its Job's UID, and its runOrder) this
 // process last set a member Lease's selector to.
 type selectedRun struct{ uid, order string }
 
-// rememberedRun is a selectedRun and the UID of the Lease it was selected
-// for: a Lease deleted and re-created under its name starts with nothing.
+// rememberedRun is the run last written to a Lease, and the UID of that
+// Lease: a Lease deleted and re-created under its name starts with
+// nothing. tried is a run whose write returned an error: it may still
+// have been applied (a timeout, a connection lost after the commit).
 type rememberedRun struct {
-	lease types.UID
-	run   selectedRun
+	lease      types.UID
+	run, tried selectedRun
 }
 
 // selectedRuns remembers, per WorkloadLease and member Lease name, the run
@@ -36,6 +41,16 @@ type selectedRuns struct {
 // remember records that the selector of wl's member Lease name (UID
 // lease) was set to run.
 func (s *selectedRuns) remember(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
+	s.record(wl, name, lease, func(r *rememberedRun) { r.run, r.tried = run, selectedRun{} }, run)
+}
+
+// try records that the write setting the selector of wl's member Lease
+// name (UID lease) to run failed, perhaps only in its answer.
+func (s *selectedRuns) try(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
+	s.record(wl, name, lease, func(r *rememberedRun) { r.tried = run }, run)
+}
+
+func (s *selectedRuns) record(wl types.NamespacedName, name string, lease types.UID, set func(*rememberedRun), run selectedRun) {
 	if lease == "" || run.uid == "" {
 		return
 	}
@@ -47,16 +62,29 @@ func (s *selectedRuns) remember(wl types.NamespacedName, name string, lease type
 	if s.runs[wl] == nil {
 		s.runs[wl] = map[string]rememberedRun{}
 	}
-	s.runs[wl][name] = rememberedRun{lease: lease, run: run}
+	r := s.runs[wl][name]
+	if r.lease != lease {
+		r = rememberedRun{lease: lease}
+	}
+	set(&r)
+	s.runs[wl][name] = r
 }
 
-// last is the run this process last selected for wl's member Lease name,
-// if that Lease is still the one of UID lease.
-func (s *selectedRuns) last(wl types.NamespacedName, name string, lease types.UID) (selectedRun, bool) {
+// last is the run this process last selected for wl's member Lease l, if
+// l is still the Lease of that UID: the run it last wrote, or the one
+// whose write failed in its answer only, as l's selector shows. That run
+// too is one the manager listed itself, so an edit of the selector can
+// point it at no other.
+func (s *selectedRuns) last(wl types.NamespacedName, l *fencerv1.Lease) (selectedRun, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.runs[wl][name]
-	if !ok || r.lease != lease {
+	r, ok := s.runs[wl][l.Name]
+	switch {
+	case !ok || r.lease != l.UID:
+		return selectedRun{}, false
+	case r.tried.uid != "" && equality.Semantic.DeepEqual(l.Spec.HolderSelector, runSelector(r.tried.uid)):
+		return r.tried, true
+	case r.run.uid == "":
 		return selectedRun{}, false
 	}
 	return r.run, true

@@ -198,9 +198,13 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 // renewal at that time less ttl never outlives it. Holding from the time
 // Hold was called instead, with the whole TTL, outlived etcd's expiry by
 // as much of the TTL as had gone before the call, whenever no renewal got
-// through after it (one etcd refused, a pod cut off).
+// through after it (one etcd refused, a pod cut off). remaining counts
+// for at most ttl, so the result is never after asked: etcd before
+// v3.5.14 could answer a lease's remaining TTL as 292 years from a
+// lessor the leader had just demoted, and a proxy can send anything.
 func renewedAt(asked time.Time, remaining int64, ttl time.Duration) time.Time {
-	return asked.Add(time.Duration(remaining)*time.Second - ttl)
+	left := min(time.Duration(max(remaining, 0))*time.Second, ttl)
+	return asked.Add(left - ttl)
 }
 
 // keepAliveFrom renews a lease every TTL/3 and declares it lost once a
@@ -237,7 +241,7 @@ func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, 
 			return
 		}
 		if !time.Now().Before(deadline) {
-			lose(fmt.Errorf("no keepalive of etcd lease %x succeeded for %s: %w: %w", int64(id), ttl, ErrLeaseLost, ErrEtcdUnavailable))
+			lose(fmt.Errorf("no keepalive of etcd lease %x (TTL %s) succeeded before etcd's expiry: %w: %w", int64(id), ttl, ErrLeaseLost, ErrEtcdUnavailable))
 			return
 		}
 		select {

@@ -211,8 +211,11 @@ func (l *Locker) session(ctx context.Context) (*lockSession, error) {
 		return g.sess, g.err
 	case <-ctx.Done():
 		// ErrEtcdUnavailable when ctx's deadline ran out, as when it runs
-		// out later in the Lock, queueing.
-		return nil, fmt.Errorf("fence: waiting for the lock session: %w", l.unavailable(ctx, ctx.Err()))
+		// out later in the Lock, queueing; the grant goes on for the rest.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("fence: waiting for the lock session: %w (the caller's deadline came before etcd's answer): %w", ErrEtcdUnavailable, ctx.Err())
+		}
+		return nil, fmt.Errorf("fence: waiting for the lock session: %w", ctx.Err())
 	}
 }
 

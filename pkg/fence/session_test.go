@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -365,5 +366,27 @@ func TestHoldCalledLateEndsByEtcdsExpiry(t *testing.T) {
 	}
 	if !errors.Is(context.Cause(held), ErrLeaseLost) {
 		t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(held))
+	}
+}
+
+// renewedAt never starts Hold's clock after the moment it asked etcd,
+// whatever etcd (or something posing as it) answered for the remaining
+// TTL: etcd before v3.5.14 could answer 292 years from a demoted lessor.
+func TestRenewedAtIsNeverAfterTheQuestion(t *testing.T) {
+	asked := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	ttl := 6 * time.Second
+	for _, c := range []struct {
+		remaining int64
+		want      time.Time
+	}{
+		{2, asked.Add(-4 * time.Second)},
+		{6, asked},
+		{7, asked},
+		{int64(time.Duration(math.MaxInt64).Seconds()), asked},
+		{-1, asked.Add(-ttl)},
+	} {
+		if got := renewedAt(asked, c.remaining, ttl); !got.Equal(c.want) {
+			t.Errorf("remaining %d s of a %s TTL: %s, want %s", c.remaining, ttl, got, c.want)
+		}
 	}
 }
