@@ -35,39 +35,48 @@ type rememberedRun struct {
 // members of WorkloadLeases that exist (keepOnly, forgetAll).
 type selectedRuns struct {
 	mu   sync.Mutex
-	runs map[types.NamespacedName]map[string]rememberedRun
+	runs map[types.NamespacedName]map[string]*rememberedRun
 }
 
 // remember records that the selector of wl's member Lease name (UID
 // lease) was set to run.
 func (s *selectedRuns) remember(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
-	s.record(wl, name, lease, func(r *rememberedRun) { r.run, r.tried = run, selectedRun{} }, run)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.entry(wl, name, lease, run); r != nil {
+		r.run, r.tried = run, selectedRun{}
+	}
 }
 
 // try records that the write setting the selector of wl's member Lease
 // name (UID lease) to run failed, perhaps only in its answer.
 func (s *selectedRuns) try(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
-	s.record(wl, name, lease, func(r *rememberedRun) { r.tried = run }, run)
-}
-
-func (s *selectedRuns) record(wl types.NamespacedName, name string, lease types.UID, set func(*rememberedRun), run selectedRun) {
-	if lease == "" || run.uid == "" {
-		return
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r := s.entry(wl, name, lease, run); r != nil {
+		r.tried = run
+	}
+}
+
+// entry is the record of wl's member Lease name, new when there was none
+// or it was another Lease's (UID lease), nil for no Lease or no run. The
+// caller holds s.mu.
+func (s *selectedRuns) entry(wl types.NamespacedName, name string, lease types.UID, run selectedRun) *rememberedRun {
+	if lease == "" || run.uid == "" {
+		return nil
+	}
 	if s.runs == nil {
-		s.runs = map[types.NamespacedName]map[string]rememberedRun{}
+		s.runs = map[types.NamespacedName]map[string]*rememberedRun{}
 	}
 	if s.runs[wl] == nil {
-		s.runs[wl] = map[string]rememberedRun{}
+		s.runs[wl] = map[string]*rememberedRun{}
 	}
-	r := s.runs[wl][name]
-	if r.lease != lease {
-		r = rememberedRun{lease: lease}
+	if r := s.runs[wl][name]; r != nil && r.lease == lease {
+		return r
 	}
-	set(&r)
+	r := &rememberedRun{lease: lease}
 	s.runs[wl][name] = r
+	return r
 }
 
 // last is the run this process last selected for wl's member Lease l, if
@@ -78,9 +87,9 @@ func (s *selectedRuns) record(wl types.NamespacedName, name string, lease types.
 func (s *selectedRuns) last(wl types.NamespacedName, l *fencerv1.Lease) (selectedRun, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.runs[wl][l.Name]
+	r := s.runs[wl][l.Name]
 	switch {
-	case !ok || r.lease != l.UID:
+	case r == nil || r.lease != l.UID:
 		return selectedRun{}, false
 	case r.tried.uid != "" && equality.Semantic.DeepEqual(l.Spec.HolderSelector, runSelector(r.tried.uid)):
 		return r.tried, true
