@@ -399,7 +399,7 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		ahead, err = l.enqueue(ctx, lk) // under a fresh slot
 	}
 	if err != nil {
-		return nil, err
+		return nil, l.notHeld(err) // Close may revoke the lease mid-queueing
 	}
 	if sess.ctx.Err() != nil {
 		// Lost meanwhile: its keys go with the lease, but not at once.

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -234,6 +236,67 @@ func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 	if _, err := l.Lock(context.Background(), "k"); !errors.Is(err, ErrLockerClosed) {
 		t.Fatalf("Lock after Close: %v, want ErrLockerClosed", err)
 	}
+}
+
+// A Lock whose queueing or whose look at the queue reaches etcd only
+// after Close revoked the session fails with ErrLockerClosed, not with
+// ErrLockLost: it never held its lock. Each step's transaction is held
+// back until Close has returned.
+func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
+	e := startLockEtcd(t)
+	for _, step := range []struct {
+		name string
+		txn  int // which of the Lock's transactions is held back
+	}{{"queueing", 1}, {"looking at the queue", 2}} {
+		held := &txnHolder{}
+		l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, grpc.WithChainUnaryInterceptor(held.intercept)), "a", LockerOptions{})
+		lk := mustLock(t, l, "k") // the session, and a holder to queue behind
+		arrived, release := held.hold(step.txn)
+		failed := make(chan error, 1)
+		go func() { _, err := l.Lock(context.Background(), "k"); failed <- err }()
+		<-arrived
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if err := <-failed; !errors.Is(err, ErrLockerClosed) || errors.Is(err, ErrLockLost) {
+			t.Fatalf("%s at Close: %v, want ErrLockerClosed and not ErrLockLost", step.name, err)
+		}
+		<-lk.Done()
+	}
+}
+
+// txnHolder holds back the nth Txn after hold is called until release.
+type txnHolder struct {
+	mu      sync.Mutex
+	left    int
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (h *txnHolder) hold(nth int) (arrived <-chan struct{}, release func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.left, h.arrived, h.release = nth, make(chan struct{}), make(chan struct{})
+	return h.arrived, sync.OnceFunc(func() { close(h.release) })
+}
+
+func (h *txnHolder) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if strings.HasSuffix(method, "/Txn") {
+		h.mu.Lock()
+		var wait chan struct{}
+		if h.left > 0 {
+			if h.left--; h.left == 0 {
+				close(h.arrived)
+				wait = h.release
+			}
+		}
+		h.mu.Unlock()
+		if wait != nil {
+			<-wait
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 func TestNewLockerRefusesWhatIsNoLocker(t *testing.T) {
