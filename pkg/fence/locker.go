@@ -401,19 +401,23 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	if err != nil {
 		return nil, l.notHeld(err) // Close may revoke the lease mid-queueing
 	}
-	if sess.ctx.Err() != nil {
-		// Lost meanwhile: its keys go with the lease, but not at once.
+	if ahead {
+		err = l.waitTurn(waitCtx, lk)
+	}
+	if err == nil && sess.ctx.Err() != nil {
+		// Lost or closed while it queued, or as its turn came (waitTurn's
+		// last read may reach etcd after Close, before the revoke): it
+		// never held. Its keys go with the lease, but not at once.
+		err = fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
+	}
+	if err != nil {
 		l.abandon(lk)
-		return nil, fmt.Errorf("fence: locking %q: %w", keys, l.notHeld(context.Cause(sess.ctx)))
+		if waitCtx.Err() != nil && ctx.Err() == nil && l.ctx.Err() == nil {
+			return nil, context.Cause(waitCtx) // only the wait ran out
+		}
+		return nil, l.notHeld(err)
 	}
 	if ahead {
-		if err := l.waitTurn(waitCtx, lk); err != nil {
-			l.abandon(lk)
-			if waitCtx.Err() != nil && ctx.Err() == nil {
-				return nil, context.Cause(waitCtx)
-			}
-			return nil, l.notHeld(err)
-		}
 		go l.markHeld(lk)
 	}
 	lockMetrics.wait.Observe(time.Since(start).Seconds())
@@ -422,9 +426,10 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 }
 
 // notHeld is the error of a Lock that ended before it held the lock:
-// ErrLockerClosed, not ErrLockLost, when Close ended it.
+// ErrLockerClosed, not ErrLockLost, once Close has run, whatever else
+// went wrong at the same time.
 func (l *Locker) notHeld(err error) error {
-	if errors.Is(err, ErrLockerClosed) {
+	if errors.Is(err, ErrLockerClosed) || l.ctx.Err() != nil {
 		return ErrLockerClosed
 	}
 	return err

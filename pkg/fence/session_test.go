@@ -238,23 +238,49 @@ func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 	}
 }
 
-// A Lock whose queueing or whose look at the queue reaches etcd only
-// after Close revoked the session fails with ErrLockerClosed, not with
-// ErrLockLost: it never held its lock. Each step's transaction is held
-// back until Close has returned.
+// A Lock racing Close fails with ErrLockerClosed, not with ErrLockLost
+// and not with a Lock: it never held. The Lock's nth transaction is held
+// back, and reaches etcd either after Close's revoke (its queueing, its
+// look at the queue) or after Close began but before the revoke (the look
+// that finds its turn has come).
 func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 	e := startLockEtcd(t)
-	for _, step := range []struct {
-		name string
-		txn  int // which of the Lock's transactions is held back
-	}{{"queueing", 1}, {"looking at the queue", 2}} {
+	for i, step := range []struct {
+		name         string
+		txn          int  // which of the Lock's transactions is held back
+		beforeRevoke bool // let it reach etcd as Close's revoke is sent
+	}{
+		{"queueing", 1, false},
+		{"looking at the queue", 2, false},
+		{"finding its turn came", 2, true},
+	} {
 		held := &txnHolder{}
-		l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, grpc.WithChainUnaryInterceptor(held.intercept)), "a", LockerOptions{})
-		lk := mustLock(t, l, "k") // the session, and a holder to queue behind
-		arrived, release := held.hold(step.txn)
+		opts := LockerOptions{Timeout: time.Minute} // a held Txn must not time out
+		l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, grpc.WithChainUnaryInterceptor(held.intercept)), "a", opts)
+		other := e.locker(t, e.client(t, "a", nil), "a", opts)
+		mustLock(t, l, "warm") // the session
+		key := fmt.Sprintf("k%d", i)
+		ahead := mustLock(t, other, key)
+		arrived, release := held.hold(step.txn, step.beforeRevoke)
+		t.Cleanup(release)
 		failed := make(chan error, 1)
-		go func() { _, err := l.Lock(context.Background(), "k"); failed <- err }()
-		<-arrived
+		go func() {
+			lk, err := l.Lock(context.Background(), key)
+			if err == nil {
+				err = fmt.Errorf("a Lock with token %d", lk.Token(key).Value)
+			}
+			failed <- err
+		}()
+		select {
+		case <-arrived:
+		case err := <-failed:
+			t.Fatalf("%s: the Lock ended before its transaction %d: %v", step.name, step.txn, err)
+		}
+		if step.beforeRevoke {
+			if err := ahead.Unlock(context.Background()); err != nil { // its turn comes
+				t.Fatal(err)
+			}
+		}
 		if err := l.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -262,40 +288,53 @@ func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 		if err := <-failed; !errors.Is(err, ErrLockerClosed) || errors.Is(err, ErrLockLost) {
 			t.Fatalf("%s at Close: %v, want ErrLockerClosed and not ErrLockLost", step.name, err)
 		}
-		<-lk.Done()
 	}
 }
 
-// txnHolder holds back the nth Txn after hold is called until release.
+// txnHolder holds back the nth Txn after hold is called: until release,
+// or, with beforeRevoke, until a LeaseRevoke is sent, which then waits
+// for the Txn's answer before it goes on.
 type txnHolder struct {
-	mu      sync.Mutex
-	left    int
-	arrived chan struct{}
-	release chan struct{}
+	mu           sync.Mutex
+	left         int
+	beforeRevoke bool
+	arrived      chan struct{}
+	release      chan struct{}
+	answered     chan struct{}
+	releaseOnce  func()
 }
 
-func (h *txnHolder) hold(nth int) (arrived <-chan struct{}, release func()) {
+func (h *txnHolder) hold(nth int, beforeRevoke bool) (arrived <-chan struct{}, release func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.left, h.arrived, h.release = nth, make(chan struct{}), make(chan struct{})
-	return h.arrived, sync.OnceFunc(func() { close(h.release) })
+	h.left, h.beforeRevoke = nth, beforeRevoke
+	h.arrived, h.release, h.answered = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	h.releaseOnce = sync.OnceFunc(func() { close(h.release) })
+	return h.arrived, h.releaseOnce
 }
 
 func (h *txnHolder) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if strings.HasSuffix(method, "/Txn") {
-		h.mu.Lock()
-		var wait chan struct{}
-		if h.left > 0 {
-			if h.left--; h.left == 0 {
-				close(h.arrived)
-				wait = h.release
-			}
+	h.mu.Lock()
+	var held bool
+	switch {
+	case strings.HasSuffix(method, "/Txn") && h.left > 0:
+		h.left--
+		if held = h.left == 0; held {
+			close(h.arrived)
 		}
+	case strings.HasSuffix(method, "/LeaseRevoke") && h.beforeRevoke && h.left == 0:
+		h.beforeRevoke = false
 		h.mu.Unlock()
-		if wait != nil {
-			<-wait
-		}
+		h.releaseOnce()
+		<-h.answered
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+	h.mu.Unlock()
+	if !held {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	<-h.release
+	defer close(h.answered)
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
