@@ -239,7 +239,7 @@ func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 }
 
 // A Lock racing Close fails with ErrLockerClosed, not with ErrLockLost
-// and not with a Lock: it never held. The Lock's nth transaction is held
+// (nor ErrLockBusy) and not with a Lock: it never held. The Lock's nth transaction is held
 // back, and reaches etcd either after Close's revoke (its queueing, its
 // look at the queue) or after Close began but before the revoke (the look
 // that finds its turn has come).
@@ -247,12 +247,14 @@ func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 	e := startLockEtcd(t)
 	for i, step := range []struct {
 		name         string
-		txn          int  // which of the Lock's transactions is held back
-		beforeRevoke bool // let it reach etcd as Close's revoke is sent
+		txn          int           // which of the Lock's transactions is held back
+		beforeRevoke bool          // let it reach etcd as Close's revoke is sent
+		try          time.Duration // a TryLock's wait, run out before Close
 	}{
-		{"queueing", 1, false},
-		{"looking at the queue", 2, false},
-		{"finding its turn came", 2, true},
+		{"queueing", 1, false, 0},
+		{"looking at the queue", 2, false, 0},
+		{"finding its turn came", 2, true, 0},
+		{"a TryLock whose wait ran out", 2, false, 100 * time.Millisecond},
 	} {
 		held := &txnHolder{}
 		opts := LockerOptions{Timeout: time.Minute} // a held Txn must not time out
@@ -265,7 +267,11 @@ func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 		t.Cleanup(release)
 		failed := make(chan error, 1)
 		go func() {
-			lk, err := l.Lock(context.Background(), key)
+			lock := l.Lock
+			if step.try > 0 {
+				lock = func(ctx context.Context, keys ...string) (*Lock, error) { return l.TryLock(ctx, step.try, keys...) }
+			}
+			lk, err := lock(context.Background(), key)
 			if err == nil {
 				err = fmt.Errorf("a Lock with token %d", lk.Token(key).Value)
 			}
@@ -276,6 +282,7 @@ func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 		case err := <-failed:
 			t.Fatalf("%s: the Lock ended before its transaction %d: %v", step.name, step.txn, err)
 		}
+		time.Sleep(2 * step.try)
 		if step.beforeRevoke {
 			if err := ahead.Unlock(context.Background()); err != nil { // its turn comes
 				t.Fatal(err)
