@@ -78,9 +78,9 @@ func TestKeyedLocksAgainstMutex(t *testing.T) {
 	record(t, "KeyedLock/handoff/fencer", quantile(ho, .5).Nanoseconds(), "p50-ns", quantile(ho, .99).Nanoseconds(), "p99-ns")
 	record(t, "KeyedLock/handoff/mutex", quantile(hm, .5).Nanoseconds(), "p50-ns", quantile(hm, .99).Nanoseconds(), "p99-ns")
 
-	const keys, workers, span = 1000, 16, 10 * time.Second
-	to, tm := b.throughput(false, keys, workers, span), b.throughput(true, keys, workers, span)
-	t.Logf("| %d disjoint keys, %d goroutines, %s | fencer %.0f lock+unlock/s | Mutex %.0f/s | ratio %.2f |", keys, workers, span, to, tm, to/tm)
+	const keys, workers, span, windows = 1000, 16, 10 * time.Second, 5
+	to, tm := b.throughput(keys, workers, span, windows)
+	t.Logf("| %d disjoint keys, %d goroutines, %s each in %d alternating windows | fencer %.0f lock+unlock/s | Mutex %.0f/s | ratio %.2f |", keys, workers, span, windows, to, tm, to/tm)
 	record(t, "KeyedLock/throughput/fencer", to, "ops/s")
 	record(t, "KeyedLock/throughput/mutex", tm, "ops/s")
 }
@@ -251,43 +251,50 @@ func (b *lockBench) handoff(mutex bool, waiters, n int) []time.Duration {
 	return sorted(out)
 }
 
-// throughput runs workers goroutines over keys disjoint keys for span, on
-// one session shared by the process (as one pod would), and returns lock
-// plus unlock per second.
-func (b *lockBench) throughput(mutex bool, keys, workers int, span time.Duration) float64 {
-	ctx := context.Background()
-	cli := b.connect()
-	var l *fence.Locker
-	var s *concurrency.Session
-	if mutex {
-		s = b.session(cli)
-	} else {
-		l = b.locker(cli)
+// throughput runs workers goroutines over keys disjoint keys, fencer's
+// locks and the Mutex in turn, windows times each, for span each in all.
+// Each side has one session shared by the process (as one pod would).
+// Alternating windows, not one run after the other, keep the machine's
+// drift (other load, etcd's growing history) out of the ratio.
+func (b *lockBench) throughput(keys, workers int, span time.Duration, windows int) (fencer, mutex float64) {
+	l, s := b.locker(b.connect()), b.session(b.connect())
+	var ours, theirs int64
+	for range windows {
+		ours += b.window(func(ctx context.Context, key string) error {
+			lk, err := l.Lock(ctx, key)
+			if err != nil {
+				return err
+			}
+			return lk.Unlock(ctx)
+		}, keys, workers, span/time.Duration(windows))
+		theirs += b.window(func(ctx context.Context, key string) error {
+			m := concurrency.NewMutex(s, mutexKey(key))
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		}, keys, workers, span/time.Duration(windows))
 	}
+	return float64(ours) / span.Seconds(), float64(theirs) / span.Seconds()
+}
+
+// window runs workers goroutines calling lockUnlock over keys disjoint
+// keys for span, and returns how many calls completed.
+func (b *lockBench) window(lockUnlock func(context.Context, string) error, keys, workers int, span time.Duration) int64 {
 	var ops atomic.Int64
 	deadline := time.Now().Add(span)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; time.Now().Before(deadline); i += workers {
-				key := "t" + strconv.Itoa(i%keys)
-				if mutex {
-					m := concurrency.NewMutex(s, mutexKey(key))
-					if m.Lock(ctx) != nil || m.Unlock(ctx) != nil {
-						b.t.Error("mutex failed")
-						return
-					}
-				} else {
-					lk, err := l.Lock(ctx, key)
-					if err != nil || lk.Unlock(ctx) != nil {
-						b.t.Error("lock failed", err)
-						return
-					}
+				if err := lockUnlock(context.Background(), "t"+strconv.Itoa(i%keys)); err != nil {
+					b.t.Error("lock+unlock failed:", err)
+					return
 				}
 				ops.Add(1)
 			}
 		})
 	}
 	wg.Wait()
-	return float64(ops.Load()) / span.Seconds()
+	return ops.Load()
 }
