@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -80,9 +82,10 @@ func TestKeyedLocksAgainstMutex(t *testing.T) {
 
 	const keys, workers, span, windows = 1000, 16, 10 * time.Second, 5
 	to, tm := b.throughput(keys, workers, span, windows)
-	t.Logf("| %d disjoint keys, %d goroutines, %s each in %d alternating windows | fencer %.0f lock+unlock/s | Mutex %.0f/s | ratio %.2f |", keys, workers, span, windows, to, tm, to/tm)
-	record(t, "KeyedLock/throughput/fencer", to, "ops/s")
-	record(t, "KeyedLock/throughput/mutex", tm, "ops/s")
+	t.Logf("| %d disjoint keys, %d goroutines, %s each in %d alternating windows | fencer %.0f lock+unlock/s, CPU per op: %s | Mutex %.0f/s, %s | ratio %.2f |",
+		keys, workers, span, windows, to.rate, to.perOp(), tm.rate, tm.perOp(), to.rate/tm.rate)
+	record(t, "KeyedLock/throughput/fencer", to.rate, "ops/s")
+	record(t, "KeyedLock/throughput/mutex", tm.rate, "ops/s")
 }
 
 type lockBench struct {
@@ -256,32 +259,65 @@ func (b *lockBench) handoff(mutex bool, waiters, n int) []time.Duration {
 // Each side has one session shared by the process (as one pod would).
 // Alternating windows, not one run after the other, keep the machine's
 // drift (other load, etcd's growing history) out of the ratio.
-func (b *lockBench) throughput(keys, workers int, span time.Duration, windows int) (fencer, mutex float64) {
+func (b *lockBench) throughput(keys, workers int, span time.Duration, windows int) (fencer, mutex lockRate) {
 	l, s := b.locker(b.connect()), b.session(b.connect())
-	var ours, theirs int64
-	for range windows {
-		ours += b.window(func(ctx context.Context, key string) error {
-			lk, err := l.Lock(ctx, key)
-			if err != nil {
-				return err
-			}
-			return lk.Unlock(ctx)
-		}, keys, workers, span/time.Duration(windows))
-		theirs += b.window(func(ctx context.Context, key string) error {
-			m := concurrency.NewMutex(s, mutexKey(key))
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
-		}, keys, workers, span/time.Duration(windows))
+	ours := func(ctx context.Context, key string) error {
+		lk, err := l.Lock(ctx, key)
+		if err != nil {
+			return err
+		}
+		return lk.Unlock(ctx)
 	}
-	return float64(ours) / span.Seconds(), float64(theirs) / span.Seconds()
+	theirs := func(ctx context.Context, key string) error {
+		m := concurrency.NewMutex(s, mutexKey(key))
+		if err := m.Lock(ctx); err != nil {
+			return err
+		}
+		return m.Unlock(ctx)
+	}
+	for range windows {
+		fencer.add(b.window(ours, keys, workers, span/time.Duration(windows)))
+		mutex.add(b.window(theirs, keys, workers, span/time.Duration(windows)))
+	}
+	fencer.rate, mutex.rate = float64(fencer.ops)/span.Seconds(), float64(mutex.ops)/span.Seconds()
+	return fencer, mutex
+}
+
+// lockRate is what one side of the throughput row did: calls, their rate,
+// and the CPU they cost, by process (the test's own is the client's).
+type lockRate struct {
+	ops  int64
+	rate float64
+	cpu  cpuByProcess
+}
+
+func (r *lockRate) add(ops int64, cpu cpuByProcess) {
+	r.ops += ops
+	if r.cpu == nil {
+		r.cpu = cpuByProcess{}
+	}
+	for name, d := range cpu {
+		name, _, _ = strings.Cut(name, "[") // etcd[pid] as etcd
+		r.cpu[name] += d
+	}
+}
+
+// perOp is the CPU per call, by process.
+func (r lockRate) perOp() string {
+	parts := make([]string, 0, len(r.cpu))
+	for name, d := range r.cpu {
+		parts = append(parts, fmt.Sprintf("%s %.0f µs", name, float64(d.Microseconds())/float64(max(r.ops, 1))))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 // window runs workers goroutines calling lockUnlock over keys disjoint
-// keys for span, and returns how many calls completed.
-func (b *lockBench) window(lockUnlock func(context.Context, string) error, keys, workers int, span time.Duration) int64 {
+// keys for span, and returns how many calls completed and the CPU used
+// meanwhile, by process.
+func (b *lockBench) window(lockUnlock func(context.Context, string) error, keys, workers int, span time.Duration) (int64, cpuByProcess) {
 	var ops atomic.Int64
+	before := processCPU(nil)
 	deadline := time.Now().Add(span)
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -296,5 +332,5 @@ func (b *lockBench) window(lockUnlock func(context.Context, string) error, keys,
 		})
 	}
 	wg.Wait()
-	return ops.Load()
+	return ops.Load(), processCPU(nil).minus(before)
 }
