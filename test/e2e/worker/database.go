@@ -112,7 +112,18 @@ func (w *worker) guardedTx(ctx context.Context, res dbfence.Resource, token, seq
 		res.String(), counter, token, w.pod, seq); err != nil {
 		return err
 	}
-	return tx.Commit()
+	return commit(tctx, tx)
+}
+
+// commit commits tx, begun under tctx. When tctx ran out first (a pause
+// just before Commit), database/sql has rolled tx back and Commit says
+// only sql.ErrTxDone: nothing committed, and the cause is the deadline.
+func commit(tctx context.Context, tx *sql.Tx) error {
+	err := tx.Commit()
+	if errors.Is(err, sql.ErrTxDone) && tctx.Err() != nil {
+		return fmt.Errorf("%w: %w", tctx.Err(), err)
+	}
+	return err
 }
 
 // guard is dbfence's Guard, or, unguarded, the same row lock and counter
