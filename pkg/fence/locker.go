@@ -412,8 +412,10 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	}
 	if err != nil {
 		l.abandon(lk)
-		if waitCtx.Err() != nil && ctx.Err() == nil && l.ctx.Err() == nil {
-			return nil, context.Cause(waitCtx) // only the wait ran out
+		if waitCtx.Err() != nil && ctx.Err() == nil && sess.ctx.Err() == nil {
+			// Only the wait ran out; a session lost (or closed) first is
+			// the error even when the wait has run out since.
+			return nil, context.Cause(waitCtx)
 		}
 		return nil, l.notHeld(err)
 	}

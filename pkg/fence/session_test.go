@@ -298,6 +298,40 @@ func TestLockRacingCloseFailsWithErrLockerClosed(t *testing.T) {
 	}
 }
 
+// A TryLock whose session is lost while it queues for a free key fails
+// with the loss, not ErrLockBusy: the key was free, and the wait that ran
+// out (none, here) is not why it did not hold.
+func TestTryLockOnALostSessionIsNotBusy(t *testing.T) {
+	e := startLockEtcd(t)
+	held := &txnHolder{}
+	l := e.locker(t, e.dial(t, "a", []string{e.Endpoint}, grpc.WithChainUnaryInterceptor(held.intercept)), "a", LockerOptions{Timeout: time.Minute})
+	if err := mustLock(t, l, "warm").Unlock(context.Background()); err != nil { // the session
+		t.Fatal(err)
+	}
+	arrived, release := held.hold(1, false)
+	t.Cleanup(release)
+	failed := make(chan error, 1)
+	go func() {
+		lk, err := l.TryLock(context.Background(), 0, "free")
+		if err == nil {
+			err = fmt.Errorf("a Lock with token %d", lk.Token("free").Value)
+		}
+		failed <- err
+	}()
+	select { // its queueing is on its way; the session is lost meanwhile
+	case <-arrived:
+	case err := <-failed:
+		t.Fatalf("TryLock ended before its queueing: %v", err)
+	}
+	l.mu.Lock()
+	l.sess.lose(errors.New("test: the session's keepalive failed"))
+	l.mu.Unlock()
+	release()
+	if err := <-failed; !errors.Is(err, ErrLockLost) || errors.Is(err, ErrLockBusy) {
+		t.Fatalf("TryLock on a free key whose session was lost: %v, want ErrLockLost and not ErrLockBusy", err)
+	}
+}
+
 // txnHolder holds back the nth Txn after hold is called: until release,
 // or, with beforeRevoke, until a LeaseRevoke is sent, which then waits
 // for the Txn's answer before it goes on.
