@@ -373,8 +373,8 @@ func (l *Locker) TryLock(ctx context.Context, wait time.Duration, keys ...string
 	defer cancel()
 	lk, err := l.lock(ctx, wctx, keys)
 	// Only the wait running out is ErrLockBusy (lock returns wctx's
-	// cause): a bad key, a closed Locker or an unreachable etcd keeps its
-	// own error, even when the wait has run out by then.
+	// cause): a bad key, a closed Locker, a lost session or an unreachable
+	// etcd keeps its own error, even when the wait has run out by then.
 	if errors.Is(err, ErrLockBusy) {
 		return nil, fmt.Errorf("%w: %q not free within %s", ErrLockBusy, keys, wait)
 	}
