@@ -218,10 +218,6 @@ func (l *Locker) waitTurn(ctx context.Context, lk *Lock) error {
 				return ctx.Err()
 			case err != nil:
 				return fmt.Errorf("fence: waiting for %q: %w", k, l.unavailable(tctx, err))
-			case !resp.Succeeded && lk.sess.ctx.Err() != nil:
-				// Close (or a lost session) ended the session while this
-				// read was in flight: that, not the deletion, is the cause.
-				return context.Cause(lk.sess.ctx)
 			case !resp.Succeeded:
 				return fmt.Errorf("%w: the waiter key for %q was deleted while it queued", ErrLockLost, k)
 			}
