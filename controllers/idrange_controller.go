@@ -194,8 +194,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 		}
 	}
 	metrics.ForgetIDRange(rng.Namespace, rng.Name)
-	controllerutil.RemoveFinalizer(rng, fencerv1.IDRangeFinalizer)
-	return ctrl.Result{}, r.Update(ctx, rng)
+	return dropFinalizer(ctx, r.Client, rng, fencerv1.IDRangeFinalizer)
 }
 
 // SetupWithManager registers the controller; a new etcd term wakes every range.

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -61,10 +60,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
 		return res, err
 	}
-	if !controllerutil.RemoveFinalizer(lease, fencerv1.LeaseFinalizer) {
-		return ctrl.Result{}, nil
-	}
-	return ctrl.Result{}, r.Update(ctx, lease)
+	return dropFinalizer(ctx, r.Client, lease, fencerv1.LeaseFinalizer)
 }
 
 // deletionPending is grantNext's answer when etcd refused the grant because

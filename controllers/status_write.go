@@ -24,7 +24,7 @@ func runPass(ctx context.Context, c client.Client, rec events.EventRecorder, obj
 	}
 	if finalizer != "" && controllerutil.AddFinalizer(obj, finalizer) {
 		if err := c.Update(ctx, obj); err != nil {
-			return requeueOnConflict(err)
+			return requeueIfStale(err)
 		}
 	}
 	before := statusOf(obj.DeepCopyObject().(client.Object)).Addr().Interface()
@@ -35,12 +35,24 @@ func runPass(ctx context.Context, c client.Client, rec events.EventRecorder, obj
 	return finish(ctx, c, rec, obj, before, statusOf(obj).Addr().Interface(), out)
 }
 
+// dropFinalizer removes finalizer from obj once what it guarded is
+// released. A pass that ran on a cache behind the API server may find the
+// object gone already (an earlier pass removed the finalizer and the delete
+// completed) or changed (another finalizer removed): a quiet retry, which
+// finds nothing left to do, and no reconcile error.
+func dropFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) (ctrl.Result, error) {
+	if !controllerutil.RemoveFinalizer(obj, finalizer) {
+		return ctrl.Result{}, nil
+	}
+	return requeueIfStale(c.Update(ctx, obj))
+}
+
 // finish writes obj's status once, if it changed from before, and only then
 // records the outcome's Events and runs its afterStatus.
 func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
 	if !equality.Semantic.DeepEqual(before, after) {
 		if err := writeStatus(ctx, c, obj, before); err != nil {
-			return requeueOnConflict(err)
+			return requeueIfStale(err)
 		}
 	}
 	for _, e := range out.events {
@@ -86,8 +98,20 @@ func statusOf(obj client.Object) reflect.Value {
 	return reflect.ValueOf(obj).Elem().FieldByName("Status")
 }
 
+// requeueIfStale is requeueOnConflict for a write to the object being
+// reconciled, which may also find it deleted meanwhile (NotFound): that is
+// the cache being behind too, and the retry's read finds the object gone
+// and releases what it held, as the deletion's own event would.
+func requeueIfStale(err error) (ctrl.Result, error) {
+	if apierrors.IsNotFound(err) {
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	return requeueOnConflict(err)
+}
+
 // requeueOnConflict turns a write conflict (our cache was behind) into a
-// quiet retry; other errors go to the workqueue's backoff.
+// quiet retry; other errors go to the workqueue's backoff, logged as
+// reconcile errors.
 func requeueOnConflict(err error) (ctrl.Result, error) {
 	if apierrors.IsConflict(err) {
 		return ctrl.Result{RequeueAfter: time.Millisecond}, nil

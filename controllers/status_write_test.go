@@ -1,0 +1,133 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// TestStatusWriteOnADeletedObjectIsAQuietRetry: a Lease deleted while its
+// reconcile ran (kubectl delete, its namespace going away) fails the
+// status write with NotFound. Like a conflict, that is the cache being
+// behind, not a failure: the reconcile asks to run again at once, and that
+// run's read finds the Lease gone and releases what it held. Returned as an
+// error, it was logged as a "Reconciler error" and counted in
+// controller_runtime_reconcile_errors_total. Either way the Events and the
+// pod annotations of an unwritten status stay unsent.
+func TestStatusWriteOnADeletedObjectIsAQuietRetry(t *testing.T) {
+	res, sent, err := finishOnAMissingLease(t, nil)
+	if err != nil {
+		t.Fatalf("finish on a deleted Lease: %v, want no error (a quiet retry)", err)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Fatalf("finish on a deleted Lease: %+v, want a retry, whose read finds the Lease gone", res)
+	}
+	if sent != "" {
+		t.Fatalf("finish on a deleted Lease sent %s, though the status was not written", sent)
+	}
+}
+
+// TestStatusWriteFailureIsAnError: any other failure of the status write
+// still goes to the workqueue's backoff.
+func TestStatusWriteFailureIsAnError(t *testing.T) {
+	unavailable := apierrors.NewServiceUnavailable("etcd is down")
+	res, sent, err := finishOnAMissingLease(t, unavailable)
+	if !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("finish whose status write failed with %v: %+v, %v; want that error back", unavailable, res, err)
+	}
+	if sent != "" {
+		t.Fatalf("finish sent %s, though the status was not written", sent)
+	}
+}
+
+// finishOnAMissingLease runs finish with a changed status for a Lease the
+// API server does not have. The status write fails with NotFound, or with
+// writeErr when that is set. It returns finish's result and what finish
+// sent that it must send only after the status is written.
+func finishOnAMissingLease(t *testing.T, writeErr error) (ctrl.Result, string, error) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.Lease{})
+	if writeErr != nil {
+		b = b.WithInterceptorFuncs(interceptor.Funcs{
+			SubResourceUpdate: func(context.Context, client.Client, string, client.Object, ...client.SubResourceUpdateOption) error {
+				return writeErr
+			},
+		})
+	}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: "ns", UID: "u"}}
+	lease.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencer.io", Version: "v1alpha1", Kind: "Lease"})
+	before := lease.Status.DeepCopy()
+	lease.Status.ObservedGeneration = 1
+	lease.Status.Holder = "p"
+	lease.Status.Token = 7
+
+	annotated := false
+	out := outcome{afterStatus: func(context.Context) error { annotated = true; return nil }}
+	eventGranted(&out, "p")
+	rec := events.NewFakeRecorder(10)
+	res, err := finish(context.Background(), b.Build(), rec, lease, before, &lease.Status, out)
+	switch {
+	case annotated:
+		return res, "the pod annotations", err
+	case len(rec.Events) > 0:
+		return res, "the Event " + <-rec.Events, err
+	}
+	return res, "", err
+}
+
+// TestDropFinalizerOnADeletedObjectIsAQuietRetry: a finalize pass that ran
+// on a cache still showing a Lease whose finalizer an earlier pass removed
+// (so the API server completed the delete) finds it gone when it removes
+// the finalizer. Nothing is left to do, and it is not a reconcile error;
+// the finalizer of a Lease still there is removed, and the delete
+// completes.
+func TestDropFinalizerOnADeletedObjectIsAQuietRetry(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	deleting := func() *fencerv1.Lease {
+		return &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{
+			Name: "l", Namespace: "ns", UID: "u",
+			Finalizers:        []string{fencerv1.LeaseFinalizer},
+			DeletionTimestamp: &metav1.Time{Time: time.Unix(1, 0)},
+		}}
+	}
+	ctx := context.Background()
+
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(deleting()).Build()
+	stale := deleting()
+	if err := c.Get(ctx, client.ObjectKeyFromObject(stale), stale); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dropFinalizer(ctx, c, stale.DeepCopy(), fencerv1.LeaseFinalizer); err != nil {
+		t.Fatalf("dropping the finalizer of a Lease being deleted: %v", err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(stale), &fencerv1.Lease{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("after its finalizer was dropped, Get of the Lease: %v, want NotFound (the delete completed)", err)
+	}
+
+	res, err := dropFinalizer(ctx, c, stale, fencerv1.LeaseFinalizer)
+	if err != nil {
+		t.Fatalf("dropping the finalizer again, from the stale cache's copy: %v, want no error (a quiet retry)", err)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Fatalf("dropping the finalizer again: %+v, want a retry, whose read finds the Lease gone", res)
+	}
+}
