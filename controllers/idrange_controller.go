@@ -41,8 +41,10 @@ type IDRangeReconciler struct {
 	Renewer  *renew.Renewer
 	Recorder events.EventRecorder
 	Clock    clock.Clock
-	wake     waker[fencerv1.IDRange, *fencerv1.IDRange]
-	handed   handedBlocks
+	// APIReader confirms, uncached, what the cache may be behind on.
+	APIReader client.Reader
+	wake      waker[fencerv1.IDRange, *fencerv1.IDRange]
+	handed    handedBlocks
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
@@ -67,7 +69,7 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("idrange", req.NamespacedName))
-	return runPass(ctx, r.Client, r.Recorder, rng, fencerv1.IDRangeFinalizer,
+	return runPass(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, rng, fencerv1.IDRangeFinalizer,
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, rng) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileRange(ctx, rng) })
 }
@@ -194,7 +196,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 		}
 	}
 	metrics.ForgetIDRange(rng.Namespace, rng.Name)
-	return dropFinalizer(ctx, r.Client, rng, fencerv1.IDRangeFinalizer)
+	return dropFinalizer(ctx, apiClientOf(r.Client, r.APIReader), rng, fencerv1.IDRangeFinalizer)
 }
 
 // SetupWithManager registers the controller; a new etcd term wakes every range.

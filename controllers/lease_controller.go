@@ -80,7 +80,7 @@ func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		}
 		return ctrl.Result{}, err
 	}
-	return runPass(ctx, r.Client, r.Recorder, lease, r.finalizerFor(lease.Namespace),
+	return runPass(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, lease, r.finalizerFor(lease.Namespace),
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, lease) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileGrant(ctx, lease) })
 }

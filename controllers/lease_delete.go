@@ -60,7 +60,7 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
 		return res, err
 	}
-	return dropFinalizer(ctx, r.Client, lease, fencerv1.LeaseFinalizer)
+	return dropFinalizer(ctx, apiClientOf(r.Client, r.APIReader), lease, fencerv1.LeaseFinalizer)
 }
 
 // deletionPending is grantNext's answer when etcd refused the grant because
@@ -152,7 +152,7 @@ func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (
 		err := r.APIReader.Get(ctx, name, &fencerv1.Lease{})
 		switch {
 		case err == nil:
-			return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil // the cache has yet to see it
+			return ctrl.Result{RequeueAfter: cacheCatchUp}, nil // the cache has yet to see it
 		case !apierrors.IsNotFound(err):
 			return ctrl.Result{}, err
 		}

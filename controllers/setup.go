@@ -67,10 +67,11 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 		return fmt.Errorf("setting up the Lease controller: %w", err)
 	}
 	ranges := NewIDRangeReconciler(mgr.GetClient(), store, elector, rec, o.Clock)
+	ranges.APIReader = mgr.GetAPIReader()
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
 	}
-	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec}
+	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec, APIReader: mgr.GetAPIReader()}
 	if err := members.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the WorkloadLease controller: %w", err)
 	}

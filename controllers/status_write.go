@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"time"
 
@@ -13,18 +14,35 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
+// apiClient is what a reconcile's writes go through: the manager's client,
+// whose reads come from its cache, and live, an uncached reader that
+// confirms what a write's answer says where the cache may be behind.
+type apiClient struct {
+	client.Client
+	live client.Reader
+}
+
+// apiClientOf pairs c with live, or with c itself when live is nil (unit
+// tests without an API server).
+func apiClientOf(c client.Client, live client.Reader) apiClient {
+	if live == nil {
+		return apiClient{c, c}
+	}
+	return apiClient{c, live}
+}
+
 // runPass is the skeleton of a reconcile, shared by the Lease and IDRange
 // reconcilers: an object being deleted is finalized; otherwise it gets its
 // finalizer (none if finalizer is ""), pass sets its status and returns the
 // rest of the outcome, and finish writes the status once.
-func runPass(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, finalizer string,
+func runPass(ctx context.Context, c apiClient, rec events.EventRecorder, obj client.Object, finalizer string,
 	finalize func(context.Context) (ctrl.Result, error), pass func(context.Context) (outcome, error)) (ctrl.Result, error) {
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return finalize(ctx)
 	}
 	if finalizer != "" && controllerutil.AddFinalizer(obj, finalizer) {
 		if err := c.Update(ctx, obj); err != nil {
-			return requeueIfStale(err)
+			return c.requeueIfStale(ctx, obj, err)
 		}
 	}
 	before := statusOf(obj.DeepCopyObject().(client.Object)).Addr().Interface()
@@ -40,19 +58,22 @@ func runPass(ctx context.Context, c client.Client, rec events.EventRecorder, obj
 // object gone already (an earlier pass removed the finalizer and the delete
 // completed) or changed (another finalizer removed): a quiet retry, which
 // finds nothing left to do, and no reconcile error.
-func dropFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) (ctrl.Result, error) {
+func dropFinalizer(ctx context.Context, c apiClient, obj client.Object, finalizer string) (ctrl.Result, error) {
 	if !controllerutil.RemoveFinalizer(obj, finalizer) {
 		return ctrl.Result{}, nil
 	}
-	return requeueIfStale(c.Update(ctx, obj))
+	if err := c.Update(ctx, obj); err != nil {
+		return c.requeueIfStale(ctx, obj, err)
+	}
+	return ctrl.Result{}, nil
 }
 
 // finish writes obj's status once, if it changed from before, and only then
 // records the outcome's Events and runs its afterStatus.
-func finish(ctx context.Context, c client.Client, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
+func finish(ctx context.Context, c apiClient, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
 	if !equality.Semantic.DeepEqual(before, after) {
-		if err := writeStatus(ctx, c, obj, before); err != nil {
-			return requeueIfStale(err)
+		if err := writeStatus(ctx, c.Client, obj, before); err != nil {
+			return c.requeueIfStale(ctx, obj, err)
 		}
 	}
 	for _, e := range out.events {
@@ -98,15 +119,45 @@ func statusOf(obj client.Object) reflect.Value {
 	return reflect.ValueOf(obj).Elem().FieldByName("Status")
 }
 
-// requeueIfStale is requeueOnConflict for a write to the object being
-// reconciled, which may also find it deleted meanwhile (NotFound): that is
-// the cache being behind too, and the retry's read finds the object gone
-// and releases what it held, as the deletion's own event would.
-func requeueIfStale(err error) (ctrl.Result, error) {
-	if apierrors.IsNotFound(err) {
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+// cacheCatchUp is how long a reconcile waits before it looks again when
+// the API server has already deleted an object its cache still shows.
+const cacheCatchUp = 100 * time.Millisecond
+
+// requeueIfStale is requeueOnConflict for a write to obj, the object being
+// reconciled, which may also answer NotFound. When obj was deleted since
+// the cache showed it, the cache is behind, as with a conflict: a quiet
+// retry once it has caught up finds obj gone and does what the deletion
+// asks (as the deletion's own event does too). Any other NotFound is a
+// failure, logged and retried with backoff: a CRD applied without its
+// status subresource answers every status write with a NotFound that names
+// the object, while the object is there; an API version no longer served
+// answers one that names nothing.
+func (c apiClient) requeueIfStale(ctx context.Context, obj client.Object, err error) (ctrl.Result, error) {
+	if c.deletedMeanwhile(ctx, obj, err) {
+		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
 	}
 	return requeueOnConflict(err)
+}
+
+// deletedMeanwhile reports whether err, from a write to obj, is a NotFound
+// that names obj, confirmed by an uncached read that finds no obj either.
+func (c apiClient) deletedMeanwhile(ctx context.Context, obj client.Object, err error) bool {
+	if !notFoundNaming(err, obj.GetName()) {
+		return false
+	}
+	fresh, ok := obj.DeepCopyObject().(client.Object)
+	return ok && notFoundNaming(c.live.Get(ctx, client.ObjectKeyFromObject(obj), fresh), obj.GetName())
+}
+
+// notFoundNaming reports whether err is the API server's NotFound for the
+// object called name, not for a resource or path it does not serve.
+func notFoundNaming(err error, name string) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &status) {
+		return false
+	}
+	d := status.Status().Details
+	return d != nil && d.Name == name
 }
 
 // requeueOnConflict turns a write conflict (our cache was behind) into a

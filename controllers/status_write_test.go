@@ -27,7 +27,7 @@ import (
 // controller_runtime_reconcile_errors_total. Either way the Events and the
 // pod annotations of an unwritten status stay unsent.
 func TestStatusWriteOnADeletedObjectIsAQuietRetry(t *testing.T) {
-	res, sent, err := finishOnAMissingLease(t, nil)
+	res, sent, err := finishWith(t, false, nil)
 	if err != nil {
 		t.Fatalf("finish on a deleted Lease: %v, want no error (a quiet retry)", err)
 	}
@@ -40,29 +40,51 @@ func TestStatusWriteOnADeletedObjectIsAQuietRetry(t *testing.T) {
 }
 
 // TestStatusWriteFailureIsAnError: any other failure of the status write
-// still goes to the workqueue's backoff.
+// goes to the workqueue's backoff, logged, NotFound answers included that do
+// not mean the Lease was deleted: a CRD applied without its status
+// subresource answers each status write with a NotFound naming the Lease,
+// which is still there; an API version no longer served answers with one
+// naming nothing. A quiet retry would hide them, and run every 100 ms for
+// ever.
 func TestStatusWriteFailureIsAnError(t *testing.T) {
-	unavailable := apierrors.NewServiceUnavailable("etcd is down")
-	res, sent, err := finishOnAMissingLease(t, unavailable)
-	if !apierrors.IsServiceUnavailable(err) {
-		t.Fatalf("finish whose status write failed with %v: %+v, %v; want that error back", unavailable, res, err)
-	}
-	if sent != "" {
-		t.Fatalf("finish sent %s, though the status was not written", sent)
+	leases := schema.GroupResource{Group: "fencer.io", Resource: "leases"}
+	for _, tc := range []struct {
+		name     string
+		exists   bool
+		writeErr error
+	}{
+		{"etcd down", false, apierrors.NewServiceUnavailable("etcd is down")},
+		{"no status subresource", true, apierrors.NewNotFound(leases, "l")},
+		{"a version not served", false, apierrors.NewGenericServerResponse(404, "put", schema.GroupResource{}, "", "", 0, false)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, sent, err := finishWith(t, tc.exists, tc.writeErr)
+			if err == nil || err.Error() != tc.writeErr.Error() {
+				t.Fatalf("finish whose status write failed with %v: %+v, %v; want that error back", tc.writeErr, res, err)
+			}
+			if sent != "" {
+				t.Fatalf("finish sent %s, though the status was not written", sent)
+			}
+		})
 	}
 }
 
-// finishOnAMissingLease runs finish with a changed status for a Lease the
-// API server does not have. The status write fails with NotFound, or with
-// writeErr when that is set. It returns finish's result and what finish
-// sent that it must send only after the status is written.
-func finishOnAMissingLease(t *testing.T, writeErr error) (ctrl.Result, string, error) {
+// finishWith runs finish with a changed status for a Lease, which the API
+// server has if exists. The status write fails with writeErr when that is
+// set. It returns finish's result and what finish sent that it must send
+// only after the status is written.
+func finishWith(t *testing.T, exists bool, writeErr error) (ctrl.Result, string, error) {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := fencerv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: "ns", UID: "u"}}
+	lease.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencer.io", Version: "v1alpha1", Kind: "Lease"})
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.Lease{})
+	if exists {
+		b = b.WithObjects(lease.DeepCopy())
+	}
 	if writeErr != nil {
 		b = b.WithInterceptorFuncs(interceptor.Funcs{
 			SubResourceUpdate: func(context.Context, client.Client, string, client.Object, ...client.SubResourceUpdateOption) error {
@@ -70,8 +92,6 @@ func finishOnAMissingLease(t *testing.T, writeErr error) (ctrl.Result, string, e
 			},
 		})
 	}
-	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: "ns", UID: "u"}}
-	lease.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencer.io", Version: "v1alpha1", Kind: "Lease"})
 	before := lease.Status.DeepCopy()
 	lease.Status.ObservedGeneration = 1
 	lease.Status.Holder = "p"
@@ -81,7 +101,7 @@ func finishOnAMissingLease(t *testing.T, writeErr error) (ctrl.Result, string, e
 	out := outcome{afterStatus: func(context.Context) error { annotated = true; return nil }}
 	eventGranted(&out, "p")
 	rec := events.NewFakeRecorder(10)
-	res, err := finish(context.Background(), b.Build(), rec, lease, before, &lease.Status, out)
+	res, err := finish(context.Background(), apiClientOf(b.Build(), nil), rec, lease, before, &lease.Status, out)
 	switch {
 	case annotated:
 		return res, "the pod annotations", err
@@ -116,14 +136,14 @@ func TestDropFinalizerOnADeletedObjectIsAQuietRetry(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(stale), stale); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dropFinalizer(ctx, c, stale.DeepCopy(), fencerv1.LeaseFinalizer); err != nil {
+	if _, err := dropFinalizer(ctx, apiClientOf(c, nil), stale.DeepCopy(), fencerv1.LeaseFinalizer); err != nil {
 		t.Fatalf("dropping the finalizer of a Lease being deleted: %v", err)
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(stale), &fencerv1.Lease{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("after its finalizer was dropped, Get of the Lease: %v, want NotFound (the delete completed)", err)
 	}
 
-	res, err := dropFinalizer(ctx, c, stale, fencerv1.LeaseFinalizer)
+	res, err := dropFinalizer(ctx, apiClientOf(c, nil), stale, fencerv1.LeaseFinalizer)
 	if err != nil {
 		t.Fatalf("dropping the finalizer again, from the stale cache's copy: %v, want no error (a quiet retry)", err)
 	}

@@ -30,6 +30,8 @@ import (
 type WorkloadLeaseReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+	// APIReader confirms, uncached, what the cache may be behind on.
+	APIReader client.Reader
 
 	// runs are the CronJob runs this process selected per member Lease.
 	runs selectedRuns
@@ -62,7 +64,7 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return finish(ctx, r.Client, r.Recorder, wl, before, &wl.Status, out)
+	return finish(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, wl, before, &wl.Status, out)
 }
 
 // reconcileMembers applies the member Leases and sets the status.
