@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,7 +24,7 @@ type apiClient struct {
 }
 
 // apiClientOf pairs c with live, or with c itself when live is nil (unit
-// tests without an API server).
+// tests without an API server, where the cache confirms a NotFound).
 func apiClientOf(c client.Client, live client.Reader) apiClient {
 	if live == nil {
 		return apiClient{c, c}
@@ -130,8 +131,9 @@ const cacheCatchUp = 100 * time.Millisecond
 // asks (as the deletion's own event does too). Any other NotFound is a
 // failure, logged and retried with backoff: a CRD applied without its
 // status subresource answers every status write with a NotFound that names
-// the object, while the object is there; an API version no longer served
-// answers one that names nothing.
+// the object, while the object is there; an API version no longer served,
+// or a deleted CRD, is a bare 404 page, which client-go names after the
+// object too, but marks as a response the server did not explain.
 func (c apiClient) requeueIfStale(ctx context.Context, obj client.Object, err error) (ctrl.Result, error) {
 	if c.deletedMeanwhile(ctx, obj, err) {
 		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
@@ -145,15 +147,18 @@ func (c apiClient) deletedMeanwhile(ctx context.Context, obj client.Object, err 
 	if !notFoundNaming(err, obj.GetName()) {
 		return false
 	}
-	fresh, ok := obj.DeepCopyObject().(client.Object)
-	return ok && notFoundNaming(c.live.Get(ctx, client.ObjectKeyFromObject(obj), fresh), obj.GetName())
+	fresh := obj.DeepCopyObject().(client.Object)
+	return notFoundNaming(c.live.Get(ctx, client.ObjectKeyFromObject(obj), fresh), obj.GetName())
 }
 
-// notFoundNaming reports whether err is the API server's NotFound for the
-// object called name, not for a resource or path it does not serve.
+// notFoundNaming reports whether err is the API server's own NotFound for
+// the object called name, not a 404 for a resource or path it does not
+// serve (which client-go builds itself, with the cause
+// UnexpectedServerResponse).
 func notFoundNaming(err error, name string) bool {
 	var status apierrors.APIStatus
-	if !apierrors.IsNotFound(err) || !errors.As(err, &status) {
+	if !apierrors.IsNotFound(err) || !errors.As(err, &status) ||
+		apierrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
 		return false
 	}
 	d := status.Status().Details

@@ -43,9 +43,10 @@ func TestStatusWriteOnADeletedObjectIsAQuietRetry(t *testing.T) {
 // goes to the workqueue's backoff, logged, NotFound answers included that do
 // not mean the Lease was deleted: a CRD applied without its status
 // subresource answers each status write with a NotFound naming the Lease,
-// which is still there; an API version no longer served answers with one
-// naming nothing. A quiet retry would hide them, and run every 100 ms for
-// ever.
+// which is still there; an API version no longer served (or a deleted CRD)
+// answers every request, the uncached read too, with a bare 404 page, which
+// client-go names after the Lease as well. A quiet retry would hide them,
+// and run every 100 ms for ever.
 func TestStatusWriteFailureIsAnError(t *testing.T) {
 	leases := schema.GroupResource{Group: "fencer.io", Resource: "leases"}
 	for _, tc := range []struct {
@@ -55,7 +56,8 @@ func TestStatusWriteFailureIsAnError(t *testing.T) {
 	}{
 		{"etcd down", false, apierrors.NewServiceUnavailable("etcd is down")},
 		{"no status subresource", true, apierrors.NewNotFound(leases, "l")},
-		{"a version not served", false, apierrors.NewGenericServerResponse(404, "put", schema.GroupResource{}, "", "", 0, false)},
+		// what client-go's rest.Request makes of a 404 page
+		{"a version not served", false, apierrors.NewGenericServerResponse(404, "PUT", leases, "l", "404 page not found", 0, true)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, sent, err := finishWith(t, tc.exists, tc.writeErr)
@@ -89,6 +91,12 @@ func finishWith(t *testing.T, exists bool, writeErr error) (ctrl.Result, string,
 		b = b.WithInterceptorFuncs(interceptor.Funcs{
 			SubResourceUpdate: func(context.Context, client.Client, string, client.Object, ...client.SubResourceUpdateOption) error {
 				return writeErr
+			},
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if apierrors.IsNotFound(writeErr) && !exists {
+					return writeErr // the path is not served: reads get the same answer
+				}
+				return c.Get(ctx, key, obj, opts...)
 			},
 		})
 	}
