@@ -158,13 +158,16 @@ clean: ## Remove bin/ (tool builds included; the next build is cold).
 ##@ Benchmarks
 
 BENCHTIME ?= 2s
+# Failover trials per system and TTL in make bench: the issue's target
+# asks for at least 100 (go test's own default is 30, for a quick look).
+FAILOVER_TRIALS ?= 100
 BENCH_OUT := $(BIN)/bench/latest.txt
 .PHONY: bench
 bench: tools ## Every measurement of docs/performance.md: Go benchmarks (IDs with their anchors, webhook handler, live-token reader), failover vs client-go and etcd elections, admission, scale. Tables on stdout, results in bin/bench/latest.txt, charts in docs/perf/.
 	@mkdir -p $(BIN)/bench && rm -f $(BENCH_OUT)
 	FENCER_BIN=$(BIN) go test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 ./internal/etcdstore/ ./internal/webhook/ ./pkg/... | tee -a $(BENCH_OUT) | grep -E '^(Benchmark|goos|goarch|cpu|pkg)'
 	@echo "pkg: github.com/fencer-io/fencer/test/bench" >> $(BENCH_OUT)
-	FENCER_TEST_DB=$$([ "$$(id -u)" = 0 ] && echo 1) FENCER_BIN=$(BIN) FENCER_BENCH_OUT=$(BENCH_OUT) go test -count=1 -v -timeout 90m ./test/bench/ | grep -vE '^(=== RUN|--- PASS|PASS$$|ok )'
+	FENCER_TEST_DB=$$([ "$$(id -u)" = 0 ] && echo 1) FAILOVER_TRIALS=$(FAILOVER_TRIALS) FENCER_BIN=$(BIN) FENCER_BENCH_OUT=$(BENCH_OUT) go test -count=1 -v -timeout 90m ./test/bench/ | grep -vE '^(=== RUN|--- PASS|PASS$$|ok )'
 	cd hack/tools/bench && go run ./cmd/perfcharts $(BENCH_OUT) $(CURDIR)/docs/perf
 
 .PHONY: bench-record
