@@ -98,7 +98,7 @@ func writeStatus(ctx context.Context, c client.Client, obj client.Object, before
 	err := c.Status().Update(ctx, obj)
 	// The reads come from the cache, which may not have the racing write
 	// yet: a few short tries.
-	for try := 0; try < 5 && apierrors.IsConflict(err); try++ {
+	for try := 0; try < 5 && conflictNaming(err, obj.GetName()); try++ {
 		time.Sleep(time.Duration(try) * 20 * time.Millisecond)
 		fresh, ok := obj.DeepCopyObject().(client.Object)
 		if !ok || c.Get(ctx, client.ObjectKeyFromObject(obj), fresh) != nil {
@@ -124,21 +124,29 @@ func statusOf(obj client.Object) reflect.Value {
 // the API server has already deleted an object its cache still shows.
 const cacheCatchUp = 100 * time.Millisecond
 
-// requeueIfStale is requeueOnConflict for a write to obj, the object being
-// reconciled, which may also answer NotFound. When obj was deleted since
-// the cache showed it, the cache is behind, as with a conflict: a quiet
-// retry once it has caught up finds obj gone and does what the deletion
-// asks (as the deletion's own event does too). Any other NotFound is a
-// failure, logged and retried with backoff: a CRD applied without its
-// status subresource answers every status write with a NotFound that names
-// the object, while the object is there; an API version no longer served,
-// or a deleted CRD, is a bare 404 page, which client-go names after the
-// object too, but marks as a response the server did not explain.
+// requeueIfStale turns a write to obj, the object being reconciled, that
+// found the cache behind into a quiet retry: a conflict on obj (it changed
+// meanwhile), or obj deleted since the cache showed it, whose retry, once
+// the cache has caught up, finds obj gone and does what the deletion asks
+// (as the deletion's own event does too). Anything else is a failure,
+// logged and retried with backoff, among them:
+//   - a 409 from an admission webhook, which names no object: fencer's own
+//     fencing webhook refuses the controller's tokenless writes to a Lease
+//     labelled fencer.io/lease (a kustomize commonLabels, say), and would
+//     refuse every retry;
+//   - a CRD applied without its status subresource, which answers every
+//     status write with a NotFound that names obj, while obj is there;
+//   - an API version no longer served, or a deleted CRD: a bare 404 page,
+//     which client-go names after obj too, but marks as a response the
+//     server did not explain.
 func (c apiClient) requeueIfStale(ctx context.Context, obj client.Object, err error) (ctrl.Result, error) {
-	if c.deletedMeanwhile(ctx, obj, err) {
+	switch {
+	case conflictNaming(err, obj.GetName()):
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	case c.deletedMeanwhile(ctx, obj, err):
 		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
 	}
-	return requeueOnConflict(err)
+	return ctrl.Result{}, err
 }
 
 // deletedMeanwhile reports whether err, from a write to obj, is a NotFound
@@ -152,13 +160,25 @@ func (c apiClient) deletedMeanwhile(ctx context.Context, obj client.Object, err 
 }
 
 // notFoundNaming reports whether err is the API server's own NotFound for
-// the object called name, not a 404 for a resource or path it does not
-// serve (which client-go builds itself, with the cause
-// UnexpectedServerResponse).
+// the object called name.
 func notFoundNaming(err error, name string) bool {
+	return apierrors.IsNotFound(err) && serverStatusNaming(err, name)
+}
+
+// conflictNaming reports whether err is the API server's own conflict on
+// the object called name: its storage refusing a stale resourceVersion, not
+// an admission webhook's 409.
+func conflictNaming(err error, name string) bool {
+	return apierrors.IsConflict(err) && serverStatusNaming(err, name)
+}
+
+// serverStatusNaming reports whether err is a status the API server
+// returned about the object called name: not a webhook's denial (which
+// names no object) nor a 404 for a resource or path it does not serve
+// (which client-go builds itself, with the cause UnexpectedServerResponse).
+func serverStatusNaming(err error, name string) bool {
 	var status apierrors.APIStatus
-	if !apierrors.IsNotFound(err) || !errors.As(err, &status) ||
-		apierrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
+	if !errors.As(err, &status) || apierrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
 		return false
 	}
 	d := status.Status().Details

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -58,6 +59,13 @@ func TestStatusWriteFailureIsAnError(t *testing.T) {
 		{"no status subresource", true, apierrors.NewNotFound(leases, "l")},
 		// what client-go's rest.Request makes of a 404 page
 		{"a version not served", false, apierrors.NewGenericServerResponse(404, "PUT", leases, "l", "404 page not found", 0, true)},
+		// fencer's fencing webhook refusing the controller's tokenless
+		// status write to a Lease labelled fencer.io/lease
+		{"a webhook's 409", true, &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: 409, Reason: metav1.StatusReasonConflict,
+			Message: `admission webhook "fenced.fencer.io" denied the request: fencer: this write sends no fencing token`,
+			Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: fencerv1.CauseReason, Message: "MissingToken"}}},
+		}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, sent, err := finishWith(t, tc.exists, tc.writeErr)
@@ -68,6 +76,20 @@ func TestStatusWriteFailureIsAnError(t *testing.T) {
 				t.Fatalf("finish sent %s, though the status was not written", sent)
 			}
 		})
+	}
+}
+
+// TestStatusWriteConflictIsAQuietRetry: a status write that another
+// writer got ahead of (the API server's conflict on the Lease) is retried
+// quietly, as the cache catches up.
+func TestStatusWriteConflictIsAQuietRetry(t *testing.T) {
+	conflict := apierrors.NewConflict(schema.GroupResource{Group: "fencer.io", Resource: "leases"}, "l", errors.New("the object has been modified"))
+	res, sent, err := finishWith(t, true, conflict)
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Fatalf("finish whose status write conflicted: %+v, %v; want a quiet retry", res, err)
+	}
+	if sent != "" {
+		t.Fatalf("finish sent %s, though the status was not written", sent)
 	}
 }
 
