@@ -176,10 +176,7 @@ func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g 
 // what a decision needs (the manager's client when no APIReader is set, as
 // in unit tests).
 func (r *LeaseReconciler) uncached() client.Reader {
-	if r.APIReader != nil {
-		return r.APIReader
-	}
-	return r.Client
+	return apiClientOf(r.Client, r.APIReader).live
 }
 
 // releasedByHolder tells a Direct grant its holder released
