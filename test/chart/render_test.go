@@ -125,7 +125,8 @@ func TestGoRenderingMatchesHelm(t *testing.T) {
 }
 
 // TestSchemaRefusesBadValues: the strict values.schema.json refuses typos
-// and wrong types through Helm's own validation, with a message naming the
+// and wrong types through Helm's own validation, and the templates a label
+// that would fence fencer's own objects, each with a message naming the
 // value.
 func TestSchemaRefusesBadValues(t *testing.T) {
 	for _, c := range []struct{ set, want string }{
@@ -135,6 +136,10 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"webhook.timeoutSeconds=60", "timeoutSeconds"},
 		{"kubeAPI.qps=0", "qps"},
 		{"leaseWorkers=0", "leaseWorkers"},
+		// fencer's own objects must never be fenced.
+		{`commonLabels.fencer\.io/lease=x`, "commonLabels sets the label fencer.io/lease"},
+		{`podLabels.fencer\.io/lease=x`, "podLabels sets the label fencer.io/lease"},
+		{`metrics.dashboard.labels.fencer\.io/lease=x`, "metrics.dashboard.labels sets the label fencer.io/lease"},
 	} {
 		_, err := renderGo("--set", c.set)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

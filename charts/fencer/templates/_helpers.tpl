@@ -16,6 +16,7 @@
 {{- end -}}
 
 {{- define "fencer.labels" -}}
+{{- include "fencer.refuseFenceLabel" . -}}
 app.kubernetes.io/name: {{ include "fencer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -24,6 +25,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with .Values.commonLabels }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{- /* fencer.io/lease fences the object it labels, and fencer's own objects
+must never be fenced: the writes fencer, the kubelet and Helm make to
+them send no token, so the webhook would refuse them, the manager's pods
+included (a ReplicaSet's tokenless pod CREATE), and fencer could not
+start. So no label value of the chart may set it. */}}
+{{- define "fencer.refuseFenceLabel" -}}
+{{- $m := .Values.metrics -}}
+{{- $maps := dict "commonLabels" .Values.commonLabels "podLabels" .Values.podLabels "metrics.serviceMonitor.labels" $m.serviceMonitor.labels "metrics.podMonitor.labels" $m.podMonitor.labels "metrics.prometheusRule.labels" $m.prometheusRule.labels "metrics.dashboard.labels" $m.dashboard.labels -}}
+{{- range $value, $labels := $maps -}}
+{{- if hasKey ($labels | default dict) "fencer.io/lease" -}}
+{{- fail (printf "%s sets the label fencer.io/lease, which would fence fencer's own objects: the webhook would refuse the tokenless writes that fencer, the kubelet and Helm make to them, and fencer could not start. Remove it from %s." $value $value) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "fencer.selectorLabels" -}}

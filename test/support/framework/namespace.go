@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,20 +26,6 @@ func (f *Fencer) Namespace(t *testing.T) string {
 	}
 	t.Cleanup(func() { f.emptyNamespace(t, ns) })
 	return ns
-}
-
-// unfenced selects the objects no Lease fences: the webhook tests fence
-// fencer's own kinds too (an IDRange labeled fencer.io/lease), and the fence
-// refuses their deletion once the test's Lease is gone, as it should. Those
-// few stay behind.
-var unfenced = client.MatchingLabelsSelector{Selector: mustSelector("!" + fencerv1.LeaseLabel)}
-
-func mustSelector(s string) labels.Selector {
-	sel, err := labels.Parse(s)
-	if err != nil {
-		panic(err)
-	}
-	return sel
 }
 
 // finalizeWait bounds how long emptyNamespace leaves the test's managers to
@@ -66,7 +51,7 @@ func (f *Fencer) emptyNamespace(t *testing.T, ns string) {
 	for _, list := range lists {
 		obj, err := itemOf(f.Client, list)
 		if err == nil {
-			err = f.Client.DeleteAllOf(ctx, obj, client.InNamespace(ns), unfenced)
+			err = f.Client.DeleteAllOf(ctx, obj, client.InNamespace(ns))
 		}
 		if err != nil {
 			t.Errorf("emptying namespace %s: %v", ns, err)
@@ -95,7 +80,7 @@ func (f *Fencer) emptyNamespace(t *testing.T, ns string) {
 func (f *Fencer) remaining(ctx context.Context, ns string, lists []client.ObjectList) ([]client.Object, error) {
 	var left []client.Object
 	for _, list := range lists {
-		if err := f.Client.List(ctx, list, client.InNamespace(ns), unfenced); err != nil {
+		if err := f.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
 			return nil, err
 		}
 		if err := meta.EachListItem(list, func(o runtime.Object) error {
