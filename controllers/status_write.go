@@ -130,10 +130,9 @@ const cacheCatchUp = 100 * time.Millisecond
 // the cache has caught up, finds obj gone and does what the deletion asks
 // (as the deletion's own event does too). Anything else is a failure,
 // logged and retried with backoff, among them:
-//   - a 409 from an admission webhook, which names no object: fencer's own
-//     fencing webhook refuses the controller's tokenless writes to a Lease
-//     labelled fencer.io/lease (a kustomize commonLabels, say), and would
-//     refuse every retry;
+//   - a 409 from an admission webhook, which names no object: a webhook
+//     of the user's own that refuses the controller's writes would refuse
+//     every retry too (fencer's fencing webhooks never judge its own kinds);
 //   - a CRD applied without its status subresource, which answers every
 //     status write with a NotFound that names obj, while obj is there;
 //   - an API version no longer served, or a deleted CRD: a bare 404 page,

@@ -59,8 +59,9 @@ func TestStatusWriteFailureIsAnError(t *testing.T) {
 		{"no status subresource", true, apierrors.NewNotFound(leases, "l")},
 		// what client-go's rest.Request makes of a 404 page
 		{"a version not served", false, apierrors.NewGenericServerResponse(404, "PUT", leases, "l", "404 page not found", 0, true)},
-		// fencer's fencing webhook refusing the controller's tokenless
-		// status write to a Lease labelled fencer.io/lease
+		// an admission webhook refusing the controller's status write, as
+		// fencer's fencing webhook did to a Lease labelled fencer.io/lease
+		// before it skipped fencer's own kinds
 		{"a webhook's 409", true, &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: 409, Reason: metav1.StatusReasonConflict,
 			Message: `admission webhook "fenced.fencer.io" denied the request: fencer: this write sends no fencing token`,

@@ -28,7 +28,15 @@ type decision struct {
 	Current  string `json:"currentToken,omitempty"`
 	Recorded string `json:"recordedToken,omitempty"`
 	Holder   string `json:"holder,omitempty"`
+	// OwnKind: a Lease, IDRange or WorkloadLease, which fencer's webhooks
+	// never judge, whatever its labels.
+	OwnKind bool `json:"fencersOwnKind,omitempty"`
 }
+
+// ownKinds are the resources of fencer's own kinds. The fencing webhooks
+// skip them (their matchCondition not-fencer-kind), so a fencer.io/lease
+// label on one fences nothing.
+var ownKinds = map[string]bool{"leases": true, "idranges": true, "workloadleases": true}
 
 func checkCmd(o *options) *cobra.Command {
 	var tok string
@@ -57,7 +65,9 @@ func checkCmd(o *options) *cobra.Command {
 				return err
 			}
 			d := decision{Object: strings.ToLower(info.Mapping.GroupVersionKind.Kind) + "/" + obj.GetName(), Offered: tok}
-			if lease, ok := obj.GetLabels()[fencerv1.LeaseLabel]; ok {
+			res := info.Mapping.Resource
+			d.OwnKind = res.Group == fencerv1.GroupVersion.Group && ownKinds[res.Resource]
+			if lease, ok := obj.GetLabels()[fencerv1.LeaseLabel]; ok && !d.OwnKind {
 				d.Lease = obj.GetNamespace() + "/" + lease
 			}
 			// The smallest write: the token annotation alone (null: none).
@@ -112,9 +122,12 @@ func (d *decision) from(err error) error {
 
 func (d decision) table(w *tabwriter.Writer) {
 	fmt.Fprintf(w, "Object:\t%s\n", d.Object)
-	if d.Lease == "" {
+	switch {
+	case d.OwnKind:
+		fmt.Fprintln(w, "Fenced by:\t- (fencer's own kind: never fenced, whatever its labels)")
+	case d.Lease == "":
 		fmt.Fprintln(w, "Fenced by:\t- (no fencer.io/lease label)")
-	} else {
+	default:
 		fmt.Fprintf(w, "Fenced by:\tlease %s\n", d.Lease)
 	}
 	fmt.Fprintf(w, "Offered token:\t%s\n", orDash(d.Offered))

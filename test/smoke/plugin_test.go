@@ -121,6 +121,11 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 	plugin("locks.golden", "locks")
 	plugin("locks-prefix-json.golden", "locks", "dir/", "-o", "json")
 	plugin("locks-all.golden", "locks", "-A")
+
+	// A fencer.io/lease label on fencer's own kind fences nothing: the
+	// label is taken, and check says so.
+	kubectl("label", "flease", "job", "-n", "plugin", "fencer.io/lease=job")
+	plugin("check-own-kind.golden", "check", "flease/job")
 }
 
 // holdLocks takes keyed locks in the plugin namespace as two pods would,

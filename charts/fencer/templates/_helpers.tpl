@@ -37,7 +37,7 @@ start. So no label value of the chart may set it. */}}
 {{- $maps := dict "commonLabels" .Values.commonLabels "podLabels" .Values.podLabels "metrics.serviceMonitor.labels" $m.serviceMonitor.labels "metrics.podMonitor.labels" $m.podMonitor.labels "metrics.prometheusRule.labels" $m.prometheusRule.labels "metrics.dashboard.labels" $m.dashboard.labels -}}
 {{- range $value, $labels := $maps -}}
 {{- if hasKey ($labels | default dict) "fencer.io/lease" -}}
-{{- fail (printf "%s sets the label fencer.io/lease, which would fence fencer's own objects: the webhook would refuse the tokenless writes that fencer, the kubelet and Helm make to them, and fencer could not start. Remove it from %s." $value $value) -}}
+{{- fail (printf "%s sets the label fencer.io/lease, which would fence fencer's own objects: the webhook would refuse the writes Helm, the kubelet and fencer make to them without a token (for the manager's pods, their very creation). Remove it from %s." $value $value) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
