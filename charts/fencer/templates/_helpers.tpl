@@ -16,7 +16,6 @@
 {{- end -}}
 
 {{- define "fencer.labels" -}}
-{{- include "fencer.refuseFenceLabel" . -}}
 app.kubernetes.io/name: {{ include "fencer.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -31,7 +30,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 must never be fenced: the writes fencer, the kubelet and Helm make to
 them send no token, so the webhook would refuse them, the manager's pods
 included (a ReplicaSet's tokenless pod CREATE), and fencer could not
-start. So no label value of the chart may set it. */}}
+start. So no label value of the chart may set it (checked once, by
+values-check.yaml). */}}
 {{- define "fencer.refuseFenceLabel" -}}
 {{- $m := .Values.metrics -}}
 {{- $maps := dict "commonLabels" .Values.commonLabels "podLabels" .Values.podLabels "metrics.serviceMonitor.labels" $m.serviceMonitor.labels "metrics.podMonitor.labels" $m.podMonitor.labels "metrics.prometheusRule.labels" $m.prometheusRule.labels "metrics.dashboard.labels" $m.dashboard.labels -}}

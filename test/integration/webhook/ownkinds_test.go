@@ -26,7 +26,7 @@ func TestFencersOwnKindsAreNeverFenced(t *testing.T) {
 	ctx := context.Background()
 	// The Lease fences by its own name, and the IDRange by that Lease.
 	ns, _, _ := setup(t, func(l *fencerv1.Lease) {
-		l.Labels = map[string]string{"fencer.io/lease": l.Name}
+		l.Labels = map[string]string{fencerv1.LeaseLabel: l.Name}
 	})
 
 	var l fencerv1.Lease
@@ -39,7 +39,7 @@ func TestFencersOwnKindsAreNeverFenced(t *testing.T) {
 	}
 
 	ids := &fencerv1.IDRange{
-		ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns, Labels: map[string]string{"fencer.io/lease": "report"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "ids", Namespace: ns, Labels: map[string]string{fencerv1.LeaseLabel: "report"}},
 		Spec: fencerv1.IDRangeSpec{
 			Mode: fencerv1.ModeBlocks, Min: 1, Max: 1000, BlockSize: ptr.To[int64](10),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "w"}},
