@@ -125,7 +125,7 @@ func (t Table) Guard(ctx context.Context, tx *sql.Tx, res Resource, token int64)
 // resumes.
 func (t Table) GuardSeq(ctx context.Context, tx *sql.Tx, res Resource, token, seq int64) error {
 	if seq < 1 {
-		return fmt.Errorf("dbfence: sequence %d: sequences start at 1", seq)
+		return t.refusedBefore(ctx, tx, fmt.Errorf("dbfence: sequence %d: sequences start at 1", seq))
 	}
 	return t.guard(ctx, tx, res, token, seq, true)
 }
@@ -133,7 +133,7 @@ func (t Table) GuardSeq(ctx context.Context, tx *sql.Tx, res Resource, token, se
 func (t Table) guard(ctx context.Context, tx *sql.Tx, res Resource, token, seq int64, strict bool) error {
 	stmt, err := t.guardStatement(res, token, 1, strict)
 	if err != nil {
-		return err
+		return t.refusedBefore(ctx, tx, err)
 	}
 	_, err = tx.ExecContext(ctx, stmt, res.String(), token, seq)
 	return classify(err, res, token, seq)
@@ -189,16 +189,16 @@ func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, 
 	switch strings.ToUpper(verb) {
 	case "INSERT", "UPDATE", "DELETE":
 	default:
-		return nil, fmt.Errorf("dbfence: Exec takes one INSERT, UPDATE or DELETE, not %q: guard with Guard, then run it", verb)
+		return nil, t.refusedBefore(ctx, tx, fmt.Errorf("dbfence: Exec takes one INSERT, UPDATE or DELETE, not %q: guard with Guard, then run it", verb))
 	}
 	guard, err := t.guardStatement(res, token, len(args)+1, false)
 	if err != nil {
-		return nil, err
+		return nil, t.refusedBefore(ctx, tx, err)
 	}
 	// The guard's parameters follow the caller's: a placeholder past the
 	// caller's arguments would bind the guard's instead of failing.
 	if n := highestPlaceholder(query); n > len(args) {
-		return nil, fmt.Errorf("dbfence: Exec: the statement refers to $%d but has %d argument(s): pass one argument per placeholder", n, len(args))
+		return nil, t.refusedBefore(ctx, tx, fmt.Errorf("dbfence: Exec: the statement refers to $%d but has %d argument(s): pass one argument per placeholder", n, len(args)))
 	}
 	// A copy: appending to args could write into the caller's array.
 	all := append(args[:len(args):len(args)], res.String(), token, int64(0))

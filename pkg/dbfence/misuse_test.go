@@ -28,6 +28,8 @@ func TestExecRefusesAPlaceholderWithoutItsArgument(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "refers to $2 but has 1 argument") {
 		t.Fatalf("Exec with $2 and one argument: %v, want a refusal naming $2", err)
 	}
+	// The refusal aborted tx (TestRefusalsBeforeAnyStatementAbortTheTransaction).
+	tx = begin(t, db)
 	// A placeholder in a literal or a comment is not one.
 	if _, err := table.Exec(ctx, tx, res, 10, `INSERT INTO reports VALUES (1, '$2' /* $3 */, $1)`, int64(10)); err != nil {
 		t.Fatal(err)
@@ -140,4 +142,92 @@ func begin(t *testing.T, db *sql.DB) *sql.Tx {
 	}
 	t.Cleanup(func() { _ = tx.Rollback() })
 	return tx
+}
+
+// A call refused before it sends any statement (no token, a resource
+// without its parts, a misused argument) aborts the transaction as a
+// refusal by the database does: a caller that ignores the error, writes
+// and commits anyway commits nothing. Before, these returned an error and
+// left the transaction committable, so `tok, _ := src.Token(ctx)` in a pod
+// that held nothing (token 0) wrote with no fence at all.
+func TestRefusalsBeforeAnyStatementAbortTheTransaction(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	if _, err := db.Exec(`CREATE TABLE tasks (id int PRIMARY KEY, result text, token bigint NOT NULL DEFAULT 0); INSERT INTO tasks (id) VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token"}
+	for _, tc := range []struct {
+		name string
+		call func(tx *sql.Tx) error
+	}{
+		{"Guard without a token", func(tx *sql.Tx) error { return table.Guard(ctx, tx, res, 0) }},
+		{"Guard of the zero resource", func(tx *sql.Tx) error { return table.Guard(ctx, tx, dbfence.Resource{}, 10) }},
+		{"GuardSeq with sequence 0", func(tx *sql.Tx) error { return table.GuardSeq(ctx, tx, res, 10, 0) }},
+		{"Exec without a token", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 0, `UPDATE tasks SET result = 'x' WHERE id = 1`)
+			return err
+		}},
+		{"Exec of a SELECT", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 10, `SELECT 1`)
+			return err
+		}},
+		{"Exec with a placeholder past its arguments", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 10, `UPDATE tasks SET result = $1 WHERE id = 1`)
+			return err
+		}},
+		{"Once without a token", func(tx *sql.Tx) error {
+			_, _, err := table.Once(ctx, tx, res, "op", 0, func() ([]byte, error) { return nil, nil })
+			return err
+		}},
+		{"Once without an operation ID", func(tx *sql.Tx) error {
+			_, _, err := table.Once(ctx, tx, res, "", 10, func() ([]byte, error) { return nil, nil })
+			return err
+		}},
+		{"Row.Update without a token", func(tx *sql.Tx) error { return row.Update(ctx, tx, 1, 0, "result = $3", "x") }},
+		{"Row.Update of a column that is no identifier", func(tx *sql.Tx) error {
+			bad := row
+			bad.TokenColumn = "Token"
+			return bad.Update(ctx, tx, 1, 10, "result = $3", "x")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tx := begin(t, db)
+			if err := tc.call(tx); err == nil {
+				t.Fatal("no error")
+			}
+			// The careless caller: the error ignored, a write, a commit.
+			_, werr := tx.ExecContext(ctx, `UPDATE tasks SET result = $1 WHERE id = 1`, tc.name)
+			cerr := tx.Commit()
+			if werr == nil && cerr == nil {
+				t.Fatal("the transaction committed after the refusal")
+			}
+			var result sql.NullString
+			if err := db.QueryRow(`SELECT result FROM tasks WHERE id = 1`).Scan(&result); err != nil || result.Valid {
+				t.Fatalf("after the refusal the row holds %q (%v), want it unwritten", result.String, err)
+			}
+		})
+	}
+}
+
+// ForgetOperations with an age of zero or less would forget every
+// operation, those a client may still retry: refused, nothing deleted.
+func TestForgetOperationsRefusesAnAgeOfZero(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	if _, _, err := table.Once(ctx, tx, res, "op", 10, func() ([]byte, error) { return []byte("done"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, age := range []time.Duration{0, -time.Hour} {
+		if n, err := table.ForgetOperations(ctx, db, age); err == nil || !strings.Contains(err.Error(), "positive age") {
+			t.Fatalf("ForgetOperations(%s): %d, %v; want a refusal", age, n, err)
+		}
+	}
+	if _, found, err := table.Lookup(ctx, db, res, "op"); err != nil || !found {
+		t.Fatalf("the record after the refused ForgetOperations: found %v, %v", found, err)
+	}
 }

@@ -34,18 +34,9 @@ var ErrResultTooLarge = errors.New("dbfence: an operation's result is over 64 Ki
 // aborted. do must not act outside the transaction: a retry that runs it
 // again (after the first rolled back) would act twice.
 func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, token int64, do func() ([]byte, error)) (result []byte, replayed bool, err error) {
-	if opID == "" || len(opID) > 256 {
-		return nil, false, fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
-	}
-	if token <= 0 {
-		return nil, false, fmt.Errorf("%s token %d: %w", res, token, ErrNoToken)
-	}
-	if err := res.validate(); err != nil {
-		return nil, false, err
-	}
-	q, err := t.qualified()
+	q, err := t.onceChecks(res, opID, token)
 	if err != nil {
-		return nil, false, err
+		return nil, false, t.refusedBefore(ctx, tx, err)
 	}
 	var mine int
 	err = tx.QueryRowContext(ctx, `INSERT INTO `+q+`_ops (resource, op_id, token) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1`,
@@ -72,6 +63,22 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 		return nil, false, t.aborted(ctx, tx, "operation "+opID+"'s result was not stored; its transaction is aborted", err)
 	}
 	return result, false, nil
+}
+
+// onceChecks refuses what Once cannot run: an operation ID out of bounds,
+// no token, a resource without its parts or a table it cannot name. It
+// returns the table's qualified name.
+func (t Table) onceChecks(res Resource, opID string, token int64) (string, error) {
+	if opID == "" || len(opID) > 256 {
+		return "", fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
+	}
+	if token <= 0 {
+		return "", fmt.Errorf("%s token %d: %w", res, token, ErrNoToken)
+	}
+	if err := res.validate(); err != nil {
+		return "", err
+	}
+	return t.qualified()
 }
 
 // Lookup reads the stored result of operation opID of res, if a
@@ -101,8 +108,12 @@ func (t Table) Lookup(ctx context.Context, q interface {
 
 // ForgetOperations deletes the idempotency records older than age. A
 // retry after that runs its operation again: keep records longer than
-// any client retries.
+// any client retries. An age of zero or less is refused: it would delete
+// every record, those of operations a client may still be retrying.
 func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Duration) (int64, error) {
+	if age <= 0 {
+		return 0, fmt.Errorf("dbfence: ForgetOperations age %s: want a positive age, longer than any client retries (an age of 0 would forget every operation, and a retry would run it again)", age)
+	}
 	q, err := t.qualified()
 	if err != nil {
 		return 0, err
@@ -144,6 +155,17 @@ func (t Table) abort(ctx context.Context, tx *sql.Tx, reason string) error {
 		err = errors.New("the abort function returned instead of raising; apply the Migration again")
 	}
 	return fmt.Errorf("dbfence: the transaction could not be aborted (%s), so roll it back: never commit it: %w", reason, err)
+}
+
+// refusedBefore aborts tx for a call refused before it sent anything (no
+// token, a resource without its parts, a misused argument), as a refusal
+// by the database aborts it: a caller that ignores the error and commits
+// anyway must commit nothing, above all not writes that no guard fenced.
+func (t Table) refusedBefore(ctx context.Context, tx *sql.Tx, cause error) error {
+	if tx == nil { // no transaction, nothing to commit
+		return cause
+	}
+	return t.aborted(ctx, tx, "dbfence refused the transaction: "+cause.Error(), cause)
 }
 
 // aborted aborts tx and returns why: cause, and the abort's own failure

@@ -120,7 +120,7 @@ func TestOnceAnswersARetryFromTheRecord(t *testing.T) {
 		t.Fatalf("a result over the bound: %v", err)
 	}
 	_ = tx.Rollback()
-	if n, err := table.ForgetOperations(ctx, db, 0); err != nil || n != 4 {
+	if n, err := table.ForgetOperations(ctx, db, time.Microsecond); err != nil || n != 4 {
 		t.Fatalf("forget: %d %v, want the 4 records", n, err)
 	}
 }

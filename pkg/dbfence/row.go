@@ -23,13 +23,9 @@ type Row struct {
 // ErrNoRow: Update found no row with that key.
 var ErrNoRow = errors.New("dbfence: no row has that key")
 
-// Update runs UPDATE <Table> SET <set>, <TokenColumn> = token WHERE
-// <KeyColumn> = key AND <TokenColumn> <= token, in tx. set is the
-// caller's assignments, with placeholders from $3 on for args ($1 is the
-// token, $2 the key). A row whose token is above token is not written, and
-// the refusal is a *StaleError naming the row's token, as the guard's, and
-// tx is aborted: nothing of it can commit.
-func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set string, args ...any) error {
+// check refuses what Update cannot run: no token, or a name that is not
+// a plain identifier.
+func (r Row) check(token int64) error {
 	if token <= 0 {
 		return fmt.Errorf("%s token %d: %w", r.Table, token, ErrNoToken)
 	}
@@ -45,6 +41,19 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	// cannot use would leave a refused transaction committable.
 	if _, err := r.Fence.qualified(); err != nil {
 		return fmt.Errorf("dbfence: Row.Fence: %w", err)
+	}
+	return nil
+}
+
+// Update runs UPDATE <Table> SET <set>, <TokenColumn> = token WHERE
+// <KeyColumn> = key AND <TokenColumn> <= token, in tx. set is the
+// caller's assignments, with placeholders from $3 on for args ($1 is the
+// token, $2 the key). A row whose token is above token is not written, and
+// the refusal is a *StaleError naming the row's token, as the guard's, and
+// tx is aborted: nothing of it can commit.
+func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set string, args ...any) error {
+	if err := r.check(token); err != nil {
+		return r.Fence.refusedBefore(ctx, tx, err)
 	}
 	stmt := fmt.Sprintf(`UPDATE %s SET %s, %s = $1::bigint WHERE %s = $2 AND %s <= $1::bigint`, r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
 	res, err := tx.ExecContext(ctx, stmt, append([]any{token, key}, args...)...)
