@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,7 +89,14 @@ func (t LockToken) etcdFence(prefix, namespace string) (fenceCheck, error) {
 
 // Token is the fencing token of key, one of the keys locked; every key of
 // a set has the same value, that of the one transaction that queued them.
+// For a key the Lock did not take it is the zero token, which every fence
+// refuses (ErrNoToken): in etcd the set's value would be refused anyway
+// (the key has no waiter of this Lock), but a database guard sees only the
+// number, and would take it as the token of a lock this caller never held.
 func (lk *Lock) Token(key string) LockToken {
+	if !slices.Contains(lk.keys, key) {
+		return LockToken{Key: key}
+	}
 	return LockToken{Key: key, Value: lk.token, Waiter: lk.waiter}
 }
 

@@ -206,6 +206,35 @@ func TestLockTokensIncreaseAndFenceTheOldHolder(t *testing.T) {
 	}
 }
 
+// Token of a key the Lock did not take is the zero token, refused by every
+// fence. It used to carry the set's value: refused in etcd (no waiter of
+// this Lock under that key), but a database guard sees only the number,
+// so a holder of "dir/b" that asked for "dir/a"'s token by mistake wrote
+// dir/a's rows while another held it, and the real holder was refused.
+func TestTokenOfAKeyNotLockedIsNoToken(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	other := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{Pod: "web-0", PodUID: "u0"})
+	l := e.locker(t, cli, "a", LockerOptions{Pod: "web-1", PodUID: "u1"})
+	holder := mustLock(t, other, "dir/a")
+	mine := mustLock(t, l, "dir/b", "dir/c")
+	if mine.Token("dir/b").Value <= holder.Token("dir/a").Value {
+		t.Fatalf("the later set's token %d is not above the holder's %d", mine.Token("dir/b").Value, holder.Token("dir/a").Value)
+	}
+	got := mine.Token("dir/a")
+	if got != (LockToken{Key: "dir/a"}) {
+		t.Fatalf("Token of a key not locked: %+v, want the zero token", got)
+	}
+	if err := write(cli, "a", got, "x", "not mine"); !errors.Is(err, ErrNoToken) {
+		t.Fatalf("a write under it: %v, want ErrNoToken", err)
+	}
+	for _, tok := range mine.Tokens() {
+		if tok.Value != mine.Token("dir/b").Value || tok.Waiter == "" {
+			t.Fatalf("Tokens: %+v, want the set's value for every key locked", mine.Tokens())
+		}
+	}
+}
+
 // A waiter's key exists with its revision while it queues: the fence must
 // refuse it all the same, and let it through once it holds.
 func TestAWaiterCannotPassTheFence(t *testing.T) {
