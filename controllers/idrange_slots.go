@@ -10,6 +10,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -82,5 +83,5 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 // deleted and has not finished. Readiness is not required: a generator
 // usually needs its worker ID before it can become Ready.
 func slotQualifies(pod *corev1.Pod) bool {
-	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+	return pod.DeletionTimestamp == nil && !holder.Finished(pod)
 }

@@ -29,14 +29,15 @@ const (
 // decideTenure is keepOrEnd's decision, from the Lease and the holder pod
 // among the pods the selector matches (nil when none has the holder's name
 // and UID). One rule for every renewal mode: a holder whose pod object is
-// gone, carries a new UID or is no longer selected loses its tenure at
+// gone, carries a new UID, is no longer selected or has finished (a
+// terminal phase, which counts as gone: running) loses its tenure at
 // once, even if its process still renews (Direct): the pod it was granted
 // to is no longer a candidate, and its successor must not wait a TTL.
 func decideTenure(lease *fencerv1.Lease, pod *corev1.Pod) tenureAction {
 	switch {
 	case lease.Spec.Suspend:
 		return endSuspended
-	case pod == nil:
+	case pod == nil, holder.Finished(pod):
 		return endHolderLost
 	case lease.Spec.Renewal == fencerv1.RenewalDirect:
 		return keepDirect
@@ -82,7 +83,7 @@ func tenureEndFrom(last time.Time, renewedHere bool, ttl, remaining time.Duratio
 // whyNotQualified names why a holder no longer qualifies: gone (deleted, or
 // being deleted) or merely not Ready.
 func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
-	if pod == nil || pod.DeletionTimestamp != nil {
+	if pod == nil || pod.DeletionTimestamp != nil || holder.Finished(pod) {
 		return fencerv1.TenureHolderGone
 	}
 	return fencerv1.TenureHolderNotReady
@@ -94,9 +95,9 @@ func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
 // and stay Running, terminating ones included.
 func running(pods []corev1.Pod) []corev1.Pod {
 	var out []corev1.Pod
-	for _, p := range pods {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			out = append(out, p)
+	for i := range pods {
+		if !holder.Finished(&pods[i]) {
+			out = append(out, pods[i])
 		}
 	}
 	return out

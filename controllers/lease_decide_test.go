@@ -26,6 +26,13 @@ func pod(ready bool, deleting bool) *corev1.Pod {
 	return p
 }
 
+// finished sets p's phase, as the pod garbage collector's status patch
+// does, leaving its Ready condition as it was.
+func finished(p *corev1.Pod, phase corev1.PodPhase) *corev1.Pod {
+	p.Status.Phase = phase
+	return p
+}
+
 func lease(renewal fencerv1.RenewalMode, suspend bool) *fencerv1.Lease {
 	return &fencerv1.Lease{Spec: fencerv1.LeaseSpec{Renewal: renewal, Suspend: suspend}}
 }
@@ -47,6 +54,9 @@ func TestDecideTenure(t *testing.T) {
 		{"PodReady, holder being deleted", lease(fencerv1.RenewalPodReady, false), pod(true, true), endUnrenewed},
 		{"PodReady, holder gone, replaced or unselected ends now", lease(fencerv1.RenewalPodReady, false), nil, endHolderLost},
 		{"suspended with the holder gone", lease(fencerv1.RenewalPodReady, true), nil, endSuspended},
+		{"PodReady, holder Failed though still Ready: gone, ends now", lease(fencerv1.RenewalPodReady, false), finished(pod(true, false), corev1.PodFailed), endHolderLost},
+		{"Direct, holder Failed: gone, ends now, even if it still renews", lease(fencerv1.RenewalDirect, false), finished(pod(true, false), corev1.PodFailed), endHolderLost},
+		{"PodReady, holder Succeeded though still Ready", lease(fencerv1.RenewalPodReady, false), finished(pod(true, false), corev1.PodSucceeded), endHolderLost},
 	} {
 		if got := decideTenure(tc.lease, tc.pod); got != tc.want {
 			t.Errorf("%s: got %d, want %d", tc.name, got, tc.want)

@@ -14,6 +14,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/internal/metrics"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -162,7 +163,7 @@ func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g 
 		return fencerv1.TenureHolderGone, false, nil
 	case err != nil:
 		return "", false, err
-	case string(pod.UID) != g.HolderUID:
+	case string(pod.UID) != g.HolderUID, holder.Finished(pod):
 		return fencerv1.TenureHolderGone, false, nil
 	}
 	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)

@@ -11,9 +11,9 @@ import (
 )
 
 // Qualifies reports whether pod may hold (or keep holding) a lease: it exists,
-// is not being deleted, and is Ready.
+// is not being deleted, has not finished, and is Ready.
 func Qualifies(pod *corev1.Pod) bool {
-	if pod == nil || pod.DeletionTimestamp != nil {
+	if pod == nil || pod.DeletionTimestamp != nil || Finished(pod) {
 		return false
 	}
 	for _, c := range pod.Status.Conditions {
@@ -22,6 +22,17 @@ func Qualifies(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// Finished reports whether pod is in a terminal phase, Succeeded or Failed.
+// Its kubelet sets that once every container has ended, but so does the pod
+// garbage collector before it force-deletes the pods of an out-of-service
+// node, and anyone allowed to write pods/status, without touching the
+// Ready condition. Kubernetes never runs a finished pod again and counts
+// it as gone (a Job creates its replacement), so it may not hold a lease,
+// whatever its Ready condition says.
+func Finished(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
 // Pick returns the pod that should receive a new grant, or nil if none

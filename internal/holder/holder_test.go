@@ -37,6 +37,26 @@ func TestPickOldestReadyThenName(t *testing.T) {
 	}
 }
 
+// A pod in a terminal phase never holds, even with its Ready condition
+// still True (the pod garbage collector sets the phase alone): Pick takes
+// the younger pod that still runs.
+func TestPickSkipsAFinishedPodStillReady(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, phase := range []corev1.PodPhase{corev1.PodFailed, corev1.PodSucceeded} {
+		old, repl := pod("old", t0, true), pod("repl", t0.Add(time.Second), true)
+		old.Status.Phase = phase
+		if Qualifies(&old) {
+			t.Fatalf("a %s pod qualified", phase)
+		}
+		if got := Pick([]corev1.Pod{old, repl}); got == nil || got.Name != "repl" {
+			t.Fatalf("Pick with the older pod %s = %v, want repl", phase, got)
+		}
+		if got := Pick([]corev1.Pod{old}); got != nil {
+			t.Fatalf("Pick of a %s pod alone = %s, want nil", phase, got.Name)
+		}
+	}
+}
+
 func TestPickNone(t *testing.T) {
 	if got := Pick([]corev1.Pod{pod("x", time.Now(), false), {ObjectMeta: metav1.ObjectMeta{Name: "no-conditions"}}}); got != nil {
 		t.Fatalf("Pick = %s, want nil when no pod is Ready", got.Name)

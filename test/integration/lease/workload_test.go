@@ -341,6 +341,55 @@ func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
 	}
 }
 
+// A pod marked Failed while its Ready condition still says True, as the
+// pod garbage collector marks the pods of an out-of-service node (a status
+// patch of the phase alone) before it force-deletes them, has finished: it
+// counts as gone, so its tenure ends at once and the Job's replacement is
+// granted, with a greater token. Before, a PodReady holder in that state
+// kept renewing, since it still looked Ready, and the replacement was never
+// granted; with no holder, the older, Failed pod was picked over it.
+func TestJobReplacementOfAFailedPodStillReady(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "shard", Namespace: ns},
+		Spec: batchv1.JobSpec{Completions: ptr.To[int32](1), Parallelism: ptr.To[int32](1), CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}},
+	}
+	create(t, job)
+	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "shard-0")
+	labels := map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+	old := memberPod(t, ns, "shard-0-a", labels, false)
+	first := heldBy(t, ns, "shard-0")
+	if first.HolderUID != old.UID {
+		t.Fatalf("first tenure %+v, want the first pod's", first)
+	}
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(old), old); err != nil {
+			return err
+		}
+		old.Status.Phase = corev1.PodFailed // the Ready condition left True
+		return k8s.Status().Update(ctx, old)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	repl := memberPod(t, ns, "shard-0-b", labels, false)
+	second := heldBy(t, ns, "shard-0", first.Holder)
+	if second.HolderUID != repl.UID || second.Token <= first.Token {
+		t.Fatalf("second tenure %+v: want the replacement %s with a token above %d", second, repl.UID, first.Token)
+	}
+	l := getLease(t, ns, "shard-0")
+	for _, h := range l.Status.History {
+		if h.Token == first.Token && h.EndReason != fencerv1.TenureHolderGone {
+			t.Fatalf("the Failed pod's tenure ended %q, want %q", h.EndReason, fencerv1.TenureHolderGone)
+		}
+	}
+}
+
 // A CronJob's newer run takes its Lease over from an older run still
 // running: the older run's pod leaves the selector and loses the tenure.
 func TestCronJobNewerRunTakesOver(t *testing.T) {
