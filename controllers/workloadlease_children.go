@@ -125,16 +125,30 @@ func (r *WorkloadLeaseReconciler) owned(ctx context.Context, wl *fencerv1.Worklo
 	return &all, nil
 }
 
-// countHeld is how many of wl's Leases are held.
-func (r *WorkloadLeaseReconciler) countHeld(ctx context.Context, wl *fencerv1.WorkloadLease) (int32, error) {
+// keepMembers brings wl's Leases in line with its spec while its workload
+// lists no members (missing, not Indexed, too large), and returns how many
+// are held. Their pods may still run (a StatefulSet deleted with
+// --cascade=orphan), so each Lease is kept, with its selector, which only
+// the workload can give anew; but every other field the WorkloadLease owns
+// follows it: spec.suspend set while the StatefulSet is away suspends its
+// members, and an edit of a member's TTL is set back.
+func (r *WorkloadLeaseReconciler) keepMembers(ctx context.Context, wl *fencerv1.WorkloadLease, out *outcome) (int32, error) {
 	owned, err := r.owned(ctx, wl)
 	if err != nil {
 		return 0, err
 	}
 	var held int32
 	for i := range owned.Items {
-		if metav1.IsControlledBy(&owned.Items[i], wl) && owned.Items[i].Status.OpenTenure() != nil {
+		l := &owned.Items[i]
+		if !metav1.IsControlledBy(l, wl) {
+			continue
+		}
+		if l.Status.OpenTenure() != nil {
 			held++
+		}
+		kept := member{name: l.Name, selector: *l.Spec.HolderSelector.DeepCopy(), kept: true}
+		if err := r.updateMember(ctx, wl, l, kept, out); err != nil {
+			return held, err
 		}
 	}
 	return held, nil
@@ -151,10 +165,13 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
+	run := selectedRun{m.runUID, m.runOrder}
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
 		// Selected already, perhaps by a manager before this one: it is
-		// this process's choice too now.
-		r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+		// this process's choice too now (a kept selector chose no run).
+		if !m.kept {
+			r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+		}
 		return nil
 	}
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
@@ -176,14 +193,17 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
-	run := selectedRun{m.runUID, m.runOrder}
 	if err := r.Update(ctx, l); err != nil {
 		// Perhaps applied all the same: stayed on only if the Lease shows it
 		// (selectedRuns.last), never if the write was refused.
-		r.runs.try(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+		if !m.kept {
+			r.runs.try(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+		}
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
-	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+	if !m.kept {
+		r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+	}
 	return nil
 }
 

@@ -76,9 +76,10 @@ func (r *WorkloadLeaseReconciler) reconcileMembers(ctx context.Context, wl *fenc
 	if errors.As(err, &none) {
 		// The workload is gone, or not yet there, or re-created under its
 		// name (kubectl replace --force): its pods may still run, so its
-		// members keep their Leases; the condition says why.
+		// members keep their Leases, and those still follow the rest of
+		// the spec; the condition says why.
 		var held int32
-		if held, err = r.countHeld(ctx, wl); err != nil {
+		if held, err = r.keepMembers(ctx, wl, &out); err != nil {
 			return out, err
 		}
 		wl.Status.Held = held

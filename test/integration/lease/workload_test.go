@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -239,6 +240,79 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A StatefulSet deleted with --cascade=orphan (the way to change its
+// immutable fields) leaves its pods running, and its members keep their
+// Leases. They still follow the WorkloadLease: spec.suspend set meanwhile
+// suspends them, and an edit of a member's TTL is set back; the status's
+// observedGeneration says so truly. Before, nothing reached the members
+// until the StatefulSet was back, while observedGeneration claimed the
+// new spec was in force.
+func TestMembersFollowTheWorkloadLeaseWhileTheStatefulSetIsGone(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	sts := statefulSet(ns, "web", 1)
+	create(t, sts)
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "web-0")
+	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
+	first := heldBy(t, ns, "web-0")
+	selector := getLease(t, ns, "web-0").Spec.HolderSelector
+	// envtest runs no garbage collector: the pod stays, as with an orphan
+	// deletion.
+	if err := k8s.Delete(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "Ready False, WorkloadNotFound", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Reason != fencerv1.ReasonWorkloadNotFound {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	if l := getLease(t, ns, "web-0"); l.Status.Holder != first.Holder {
+		t.Fatalf("web-0 lost its holder with the StatefulSet: %+v", l.Status)
+	}
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
+			return err
+		}
+		wl.Spec.Suspend = true
+		return k8s.Update(ctx, wl)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web-0 suspended, its tenure ended", func() error {
+		l := getLease(t, ns, "web-0")
+		if !l.Spec.Suspend || l.Status.Holder != "" {
+			return fmt.Errorf("suspend %v, holder %q", l.Spec.Suspend, l.Status.Holder)
+		}
+		return nil
+	})
+	if l := getLease(t, ns, "web-0"); !equality.Semantic.DeepEqual(l.Spec.HolderSelector, selector) {
+		t.Fatalf("web-0's selector changed to %+v while the StatefulSet was away; want it kept, %+v", l.Spec.HolderSelector, selector)
+	}
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := getLease(t, ns, "web-0")
+		l.Spec.TTLSeconds = 30
+		return k8s.Update(ctx, l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web-0's TTL set back to 2", func() error {
+		if ttl := getLease(t, ns, "web-0").Spec.TTLSeconds; ttl != 2 {
+			return fmt.Errorf("ttlSeconds %d", ttl)
+		}
+		return nil
+	})
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
+		t.Fatal(err)
+	}
+	if wl.Status.ObservedGeneration != wl.Generation || wl.Status.Held != 0 {
+		t.Fatalf("status %+v at generation %d", wl.Status, wl.Generation)
+	}
 }
 
 // The replacement of a zombie StatefulSet pod: the old pod object is
