@@ -209,7 +209,11 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 
 // deleteGone deletes the WorkloadLease's Leases whose members are gone:
 // the StatefulSet scaled down, the Job's completions lowered, another
-// workload named.
+// workload named. Each delete names the Lease's UID: the cache may still
+// show a member Lease that was deleted since, and a Lease of that name
+// created meanwhile, perhaps another's, is not this one to delete (the
+// apiserver refuses with a conflict, and that Lease's creation wakes the
+// WorkloadLease again).
 func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.WorkloadLease, wanted map[string]bool) error {
 	owned, err := r.owned(ctx, wl)
 	if err != nil {
@@ -220,7 +224,8 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 		if wanted[l.Name] || !metav1.IsControlledBy(l, wl) {
 			continue
 		}
-		if err := r.Delete(ctx, l); client.IgnoreNotFound(err) != nil {
+		err := r.Delete(ctx, l, client.Preconditions{UID: &l.UID})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting Lease %s: %w", l.Name, err)
 		}
 	}

@@ -1,7 +1,9 @@
 package controllers
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -10,9 +12,14 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -185,5 +192,40 @@ func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
 	r.runs.forgetAll(key)
 	if len(r.runs.runs) != 0 {
 		t.Errorf("runs of %d WorkloadLeases kept after the only one's deletion", len(r.runs.runs))
+	}
+}
+
+// A gone member's Lease is deleted only if it is still the Lease the cache
+// showed: the delete names its UID. The apiserver here holds a Lease of
+// that name created since, another's, and refuses a delete naming
+// another UID with a conflict, as the real one does; deleteGone leaves it
+// alone and does not fail. Deleted by name alone, it was lost.
+func TestDeleteGoneDeletesOnlyTheLeaseItSaw(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "wl-uid"}}
+	seen := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "web-2", Namespace: "ns", UID: "member-uid",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "fencer.io/v1alpha1", Kind: "WorkloadLease", Name: "web", UID: "wl-uid", Controller: ptr.To(true)}}}}
+	var deletedOthers bool
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(seen).WithInterceptorFuncs(interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			o := &client.DeleteOptions{}
+			o.ApplyOptions(opts)
+			if o.Preconditions != nil && o.Preconditions.UID != nil && *o.Preconditions.UID != "others-uid" {
+				return apierrors.NewConflict(schema.GroupResource{Group: "fencer.io", Resource: "leases"}, obj.GetName(),
+					fmt.Errorf("Precondition failed: UID in precondition: %s, UID in object meta: others-uid", *o.Preconditions.UID))
+			}
+			deletedOthers = true
+			return nil
+		},
+	}).Build()
+	r := &WorkloadLeaseReconciler{Client: c}
+	if err := r.deleteGone(context.Background(), wl, map[string]bool{"web-0": true}); err != nil {
+		t.Fatalf("deleteGone: %v", err)
+	}
+	if deletedOthers {
+		t.Fatal("deleteGone deleted the Lease that took the gone member's name since the cache saw it")
 	}
 }
