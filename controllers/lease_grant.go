@@ -57,6 +57,9 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 		err = nil
 	case errors.Is(err, etcdstore.ErrLeaseDeleted):
 		err = r.deletionPending(ctx, lease, out)
+	case errors.As(err, new(*etcdstore.RevisionFloorError)):
+		belowFloor(lease, err, out)
+		err = nil
 	}
 	r.mem.noGrant(key, true)
 	return nil, err

@@ -37,6 +37,19 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 	return true
 }
 
+// belowFloor says why a grant was refused at etcd's lock floor: the
+// manager found etcd's revision below one it had recorded outside etcd, so
+// it grants no Lease, this one included even if its status remembers no
+// token (a Lease created since, a WorkloadLease's member re-created), and
+// no keyed lock, until etcd's revision passes it.
+func belowFloor(lease *fencerv1.Lease, err error, out *outcome) {
+	msg := fmt.Sprintf("%v; no Lease or keyed lock is granted until etcd's revision passes it, since every token issued now may have been issued before "+
+		"(restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", err)
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
+	out.result.RequeueAfter = 10 * time.Second
+}
+
 // dropRegressed refuses a grant whose token is below one this Lease already
 // issued: it is never renewed or published, and is deleted with the
 // conditional release (only that grant). New grants then wait in

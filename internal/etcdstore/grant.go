@@ -20,6 +20,19 @@ import (
 // ErrHeld means the lease key already exists: someone holds the lease.
 var ErrHeld = errors.New("lease is already granted")
 
+// RevisionFloorError means no Lease is granted because etcd went back in
+// time: the manager found etcd's revision below Floor, one it had already
+// recorded (a restore from an old snapshot without --bump-revision, or a
+// new cluster), and wrote the floor key (etcdkeys.LockFloorKey). A grant
+// now would reissue a token of that range, perhaps one an earlier holder
+// still offers, to a Lease whose status does not remember it (a Lease
+// created since, as a WorkloadLease re-creates its members).
+type RevisionFloorError struct{ Floor string }
+
+func (e *RevisionFloorError) Error() string {
+	return "etcd's revision is below " + e.Floor + ", which the manager already recorded: etcd was restored from an old snapshot or replaced"
+}
+
 // ErrTokenMismatch means a conditional release found another grant (or none)
 // under the key: the token given is not the live one.
 var ErrTokenMismatch = errors.New("the lease key holds a different grant")
@@ -205,30 +218,41 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, leaseUID, holde
 	// a key someone else re-created.
 	marker := clientv3.OpPut(etcdkeys.GrantMarkerKey(s.prefix, namespace, name), "")
 	deleted := etcdkeys.DeletedLeaseKey(s.prefix, namespace, name, leaseUID)
-	notDeleted := []clientv3.Cmp{clientv3.Compare(clientv3.Version(deleted), "=", 0)}
+	floor := etcdkeys.LockFloorKey(s.prefix)
+	// Neither deleted nor below the lock floor: the floor key exists while
+	// etcd's revision is below one already seen, so every token issued now
+	// may have been issued before.
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Version(deleted), "=", 0), clientv3.Compare(clientv3.Version(floor), "=", 0)}
 	resp, ok, leaseID, err := s.createLeased(ctx, term, key, ttl, func(l *clientv3.LeaseGrantResponse) (string, error) {
 		val = GrantValue{Holder: holder, HolderUID: holderUID, LeaseUID: leaseUID, LeaseID: int64(l.ID), GrantTime: now.UTC(), TTL: l.TTL}
 		raw, err := json.Marshal(val)
 		return string(raw), err
-	}, notDeleted, marker)
+	}, cmps, marker)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, s.whyNotGranted(ctx, deleted)
+		return nil, s.whyNotGranted(ctx, deleted, floor)
 	}
 	return &Grant{Token: resp.Header.Revision, LeaseID: leaseID, GrantValue: val}, nil
 }
 
 // whyNotGranted tells a grant refused because the Lease object was deleted
-// (ErrLeaseDeleted) from one refused because the key is held (ErrHeld).
-func (s *Store) whyNotGranted(ctx context.Context, deletedKey string) error {
-	resp, err := s.cli.Get(ctx, deletedKey, clientv3.WithCountOnly())
+// (ErrLeaseDeleted) or etcd went back in time (a *RevisionFloorError) from
+// one refused because the key is held (ErrHeld).
+func (s *Store) whyNotGranted(ctx context.Context, deletedKey, floorKey string) error {
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(deletedKey, clientv3.WithKeysOnly()), clientv3.OpGet(floorKey)).Commit()
+	if err != nil {
+		return err
+	}
+	reads, err := etcdreply.Reads(resp, 2, 0)
 	switch {
 	case err != nil:
 		return err
-	case resp.Count > 0:
+	case len(reads[0]) > 0:
 		return ErrLeaseDeleted
+	case len(reads[1]) > 0:
+		return &RevisionFloorError{Floor: string(reads[1][0].Value)}
 	}
 	return ErrHeld
 }

@@ -93,6 +93,40 @@ func TestGrantTokenIsCreateRevisionAndReleaseIsConditional(t *testing.T) {
 	}
 }
 
+// While the lock floor key exists (etcd went back in time), no Lease is
+// granted, and the refusal says so, with the floor; a deleted Lease's
+// refusal is still ErrLeaseDeleted, and once the floor goes, the grant is
+// made.
+func TestGrantRefusedAtTheLockFloor(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	e, _ := win(t, cli, "a")
+	s := NewStore(cli, DefaultPrefix, e, nil)
+	floor := etcdkeys.LockFloorKey(DefaultPrefix)
+	if _, err := cli.Put(ctx, floor, "5000"); err != nil {
+		t.Fatal(err)
+	}
+	var below *RevisionFloorError
+	if _, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 10*time.Second, time.Now()); !errors.As(err, &below) || below.Floor != "5000" {
+		t.Fatalf("grant below the floor: %v, want a RevisionFloorError naming 5000", err)
+	}
+	if g, err := s.GetGrant(ctx, "ns", "l"); err != nil || g != nil {
+		t.Fatalf("after the refusal: %+v, %v; want no grant", g, err)
+	}
+	if _, err := cli.Put(ctx, etcdkeys.DeletedLeaseKey(DefaultPrefix, "ns", "gone", "gone-uid"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GrantLease(ctx, "ns", "gone", "gone-uid", "pod-a", "uid-a", 10*time.Second, time.Now()); !errors.Is(err, ErrLeaseDeleted) {
+		t.Fatalf("grant of a deleted Lease below the floor: %v, want ErrLeaseDeleted", err)
+	}
+	if _, err := cli.Delete(ctx, floor); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GrantLease(ctx, "ns", "l", "lease-uid", "pod-a", "uid-a", 10*time.Second, time.Now()); err != nil {
+		t.Fatalf("grant once the floor is gone: %v", err)
+	}
+}
+
 // TestDeposedControllerCannotGrant: a replica whose election key was
 // superseded still believes it leads, and every write it tries is refused by
 // etcd itself.

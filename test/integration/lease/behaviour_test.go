@@ -520,6 +520,39 @@ func TestRevisionRegressionRefusesGrants(t *testing.T) {
 	})
 }
 
+// TestNoGrantBelowTheLockFloor: while the manager's lock floor key exists
+// (it found etcd's revision below one it had recorded outside etcd: a
+// restore without --bump-revision, a new cluster), no Lease is granted,
+// not even one created since, whose status remembers no token to compare
+// with (a WorkloadLease re-creates its members that way): every token
+// issued now may have been issued before. Once the floor goes, it is.
+func TestNoGrantBelowTheLockFloor(t *testing.T) {
+	ctx := context.Background()
+	startController(t, "c1")
+	ns := namespace(t)
+	floor := etcdkeys.LockFloorKey(prefix)
+	if _, err := fx.EtcdCli.Put(ctx, floor, "999999999"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = fx.EtcdCli.Delete(context.Background(), floor) })
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "job", "w", 5))
+	eventually(t, 60*time.Second, "EtcdRevisionRegressed", func() error {
+		if r := heldReason(getLease(t, ns, "job")); r != fencerv1.ReasonEtcdRevisionRegressed {
+			return fmt.Errorf("reason %q", r)
+		}
+		return nil
+	})
+	if tok := etcdToken(t, ns, "job"); tok != 0 {
+		t.Fatalf("granted token %d below the lock floor", tok)
+	}
+	wantEvent(t, ns, "job", fencerv1.ReasonEtcdRevisionRegressed)
+	if _, err := fx.EtcdCli.Delete(ctx, floor); err != nil {
+		t.Fatal(err)
+	}
+	heldBy(t, ns, "job")
+}
+
 // createDirect creates Lease ns/job over the pods labeled app=w, renewed
 // by its holder (renewal: Direct).
 func createDirect(t *testing.T, ns string, ttl int32) {
