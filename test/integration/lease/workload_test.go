@@ -68,6 +68,28 @@ func memberPod(t *testing.T, ns, name string, labels map[string]string, finalize
 	return pod
 }
 
+// indexedJobMembers creates Indexed Job ns/shard of n completions and its
+// WorkloadLease (PodReady), waits for the member Leases shard-0..n-1, and
+// returns the labels the Job controller puts on index 0's pods.
+func indexedJobMembers(t *testing.T, ns string, n int32) map[string]string {
+	t.Helper()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "shard", Namespace: ns},
+		Spec: batchv1.JobSpec{Completions: ptr.To(n), Parallelism: ptr.To(n), CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}},
+	}
+	create(t, job)
+	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
+	create(t, wl)
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("shard-%d", i))
+	}
+	memberLeases(t, ns, wl, names...)
+	return map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+}
+
 // memberLeases waits until the WorkloadLease's Leases are exactly names,
 // each controlled by it, and returns them.
 func memberLeases(t *testing.T, ns string, wl *fencerv1.WorkloadLease, names ...string) map[string]*fencerv1.Lease {
@@ -370,17 +392,7 @@ func TestJobReplacementWaitsForTheTerminatingPod(t *testing.T) {
 	startController(t, "c1")
 	ctx := context.Background()
 	ns := namespace(t)
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "shard", Namespace: ns},
-		Spec: batchv1.JobSpec{Completions: ptr.To[int32](2), Parallelism: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion),
-			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}},
-	}
-	create(t, job)
-	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "shard-0", "shard-1")
-	labels := map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+	labels := indexedJobMembers(t, ns, 2)
 	old := memberPod(t, ns, "shard-0-a", labels, true)
 	first := heldBy(t, ns, "shard-0")
 	if err := k8s.Delete(ctx, old); err != nil { // terminating, kept by its finalizer
@@ -426,17 +438,7 @@ func TestJobReplacementOfAFailedPodStillReady(t *testing.T) {
 	startController(t, "c1")
 	ctx := context.Background()
 	ns := namespace(t)
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "shard", Namespace: ns},
-		Spec: batchv1.JobSpec{Completions: ptr.To[int32](1), Parallelism: ptr.To[int32](1), CompletionMode: ptr.To(batchv1.IndexedCompletion),
-			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}},
-	}
-	create(t, job)
-	wl := workloadLease(ns, "shard", fencerv1.WorkloadJob, "shard", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "shard-0")
-	labels := map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
+	labels := indexedJobMembers(t, ns, 1)
 	old := memberPod(t, ns, "shard-0-a", labels, false)
 	first := heldBy(t, ns, "shard-0")
 	if first.HolderUID != old.UID {
