@@ -88,7 +88,7 @@ func (f *LockFloor) check(ctx context.Context) error {
 			return nil // closed already
 		}
 		if len(resp.Kvs) == 0 {
-			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks are closed until its revision passes the one recorded (docs/operations.md)",
+			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks and Lease grants are closed until its revision passes the one recorded (docs/operations.md)",
 				"revision", rev, "recorded", recorded, "record", f.Record)
 			metrics.RevisionRegressions.Inc()
 		}

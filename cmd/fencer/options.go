@@ -90,7 +90,7 @@ func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd-client", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
 	fs.StringVar(&a.viewerSecret, "etcd-viewer-secret", "", "Secret, in --webhook-namespace, to keep the read-only lock viewer's etcd client certificate in (user <prefix>:viewer: reads the keyed locks, writes nothing), with the endpoints and prefix; `kubectl fencer locks` connects with it. Needs --etcd-pki-secret and --etcd-enable-auth.")
 	fs.StringVar(&a.identityNamespaces, "identity-namespaces", "", "Comma-separated namespaces that get an etcd identity even with no Lease or IDRange, for workloads that use only keyed locks (or a fenced data key).")
-	fs.StringVar(&a.revisionConfigMap, "etcd-revision-configmap", "fencer-etcd-revision", "ConfigMap, in --webhook-namespace, where the leader records etcd's revision every 10 s; a revision below it later (etcd restored from an old snapshot without --bump-revision) closes keyed locks until etcd passes it. Empty turns the check off.")
+	fs.StringVar(&a.revisionConfigMap, "etcd-revision-configmap", "fencer-etcd-revision", "ConfigMap, in --webhook-namespace, where the leader records etcd's revision every 10 s; a revision below it later (etcd restored from an old snapshot without --bump-revision) closes keyed locks and Lease grants until etcd passes it. Empty turns the check off.")
 	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
 }
 

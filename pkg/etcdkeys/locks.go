@@ -88,10 +88,10 @@ func ParseLockWaiterKey(prefix, etcdKey string) (namespace, key, waiter string, 
 	return parts[0], key, parts[2], true
 }
 
-// LockFloorKey closes keyed locks while it exists: the manager writes it,
+// LockFloorKey closes keyed locks and Lease grants while it exists: the manager writes it,
 // holding the decimal revision etcd must pass, when it finds etcd's
 // revision below one it already saw (etcd restored from an old snapshot
 // without --bump-revision), and deletes it once etcd's revision has passed
-// that. No lock is queued while it exists. Namespace identities may read
+// that. No lock is queued and no Lease granted while it exists. Namespace identities may read
 // it, not write it.
 func LockFloorKey(prefix string) string { return join(prefix, "lockfloor") }
