@@ -67,6 +67,16 @@ func (f *LockFloor) NeedLeaderElection() bool { return true }
 func (f *LockFloor) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// The record first, then etcd: every revision recorded was read from
+	// etcd before this read, so a leader that lost its election but has
+	// not noticed yet, recording a revision read after ours, cannot make
+	// ours look like a regression.
+	cm := &corev1.ConfigMap{}
+	err := f.Reader.Get(ctx, f.Record, cm)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	recorded, _ := strconv.ParseInt(cm.Data[revisionKey], 10, 64)
 	floorKey := etcdkeys.LockFloorKey(f.Prefix)
 	resp, err := f.Etcd.Get(ctx, floorKey) // linearizable: its header is etcd's revision now
 	if err != nil {
@@ -76,12 +86,6 @@ func (f *LockFloor) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cm := &corev1.ConfigMap{}
-	err = f.Reader.Get(ctx, f.Record, cm)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	recorded, _ := strconv.ParseInt(cm.Data[revisionKey], 10, 64)
 	if rev < recorded {
 		floor := strconv.FormatInt(recorded, 10)
 		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == floor {

@@ -228,4 +228,12 @@ func TestDeleteGoneDeletesOnlyTheLeaseItSaw(t *testing.T) {
 	if deletedOthers {
 		t.Fatal("deleteGone deleted the Lease that took the gone member's name since the cache saw it")
 	}
+	// Still the Lease it saw: deleted.
+	r = &WorkloadLeaseReconciler{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(seen.DeepCopy()).Build()}
+	if err := r.deleteGone(context.Background(), wl, map[string]bool{"web-0": true}); err != nil {
+		t.Fatalf("deleteGone: %v", err)
+	}
+	if err := r.Get(context.Background(), client.ObjectKeyFromObject(seen), &fencerv1.Lease{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the gone member's own Lease after deleteGone: %v, want it deleted", err)
+	}
 }

@@ -200,9 +200,11 @@ func decodeGrant(key, value []byte, createRev, lease int64) (*Grant, error) {
 // GrantLease creates the lease key for holder, attached to a new etcd lease
 // of ttl, in one transaction that also checks this controller's term, that
 // the key is absent, and that the Lease object (leaseUID) has not been
-// deleted (DeletedLeaseKey). It returns ErrHeld if someone holds the lease,
-// ErrLeaseDeleted if the Lease's deletion was admitted, and ErrNotLeader if
-// this controller has been deposed.
+// deleted (DeletedLeaseKey) and that the lock floor is absent
+// (etcdkeys.LockFloorKey). It returns ErrHeld if someone holds the lease,
+// ErrLeaseDeleted if the Lease's deletion was admitted, a
+// *RevisionFloorError while etcd's revision is below the lock floor, and
+// ErrNotLeader if this controller has been deposed.
 func (s *Store) GrantLease(ctx context.Context, namespace, name, leaseUID, holder, holderUID string, ttl time.Duration, now time.Time) (g *Grant, err error) {
 	defer s.timed("grant")(&err)
 	ctx, cancel := s.bound(ctx)
@@ -232,29 +234,30 @@ func (s *Store) GrantLease(ctx context.Context, namespace, name, leaseUID, holde
 		return nil, err
 	}
 	if !ok {
-		return nil, s.whyNotGranted(ctx, deleted, floor)
+		return nil, s.whyNotGranted(ctx, key, deleted, floor)
 	}
 	return &Grant{Token: resp.Header.Revision, LeaseID: leaseID, GrantValue: val}, nil
 }
 
 // whyNotGranted tells a grant refused because the Lease object was deleted
-// (ErrLeaseDeleted) or etcd went back in time (a *RevisionFloorError) from
-// one refused because the key is held (ErrHeld).
-func (s *Store) whyNotGranted(ctx context.Context, deletedKey, floorKey string) error {
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(deletedKey, clientv3.WithKeysOnly()), clientv3.OpGet(floorKey)).Commit()
+// (ErrLeaseDeleted) or the key is held (ErrHeld) from one refused at the
+// lock floor, etcd having gone back in time (a *RevisionFloorError).
+func (s *Store) whyNotGranted(ctx context.Context, key, deletedKey, floorKey string) error {
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(deletedKey, clientv3.WithKeysOnly()), clientv3.OpGet(key, clientv3.WithKeysOnly()),
+		clientv3.OpGet(floorKey)).Commit()
 	if err != nil {
 		return err
 	}
-	reads, err := etcdreply.Reads(resp, 2, 0)
+	reads, err := etcdreply.Reads(resp, 3, 0)
 	switch {
 	case err != nil:
 		return err
 	case len(reads[0]) > 0:
 		return ErrLeaseDeleted
-	case len(reads[1]) > 0:
-		return &RevisionFloorError{Floor: string(reads[1][0].Value)}
+	case len(reads[1]) == 0 && len(reads[2]) > 0:
+		return &RevisionFloorError{Floor: string(reads[2][0].Value)}
 	}
-	return ErrHeld
+	return ErrHeld // or released since: the next pass reads it again
 }
 
 // createLeased is the write behind every grant and slot: it takes a new etcd

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // Resource names what a token fences: the lock whose tokens it takes and
@@ -185,7 +186,10 @@ func (t Table) guardStatement(res Resource, token int64, n int, strict bool) (st
 // rule (a rule that rewrites the statement away drops the guard with it):
 // use Guard, then your statement.
 func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, query string, args ...any) (sql.Result, error) {
-	verb, _, _ := strings.Cut(strings.TrimSpace(query), " ")
+	verb := strings.TrimLeftFunc(query, unicode.IsSpace)
+	if end := strings.IndexFunc(verb, unicode.IsSpace); end >= 0 { // a space, tab or line break
+		verb = verb[:end]
+	}
 	switch strings.ToUpper(verb) {
 	case "INSERT", "UPDATE", "DELETE":
 	default:

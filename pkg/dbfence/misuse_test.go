@@ -172,6 +172,13 @@ func TestRefusalsBeforeAnyStatementAbortTheTransaction(t *testing.T) {
 			_, err := table.Exec(ctx, tx, res, 10, `SELECT 1`)
 			return err
 		}},
+		{"Exec with a resource that is not UTF-8, and no token", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, dbfence.Lease("/fencer@x", "default", "r\xff"), 0, `UPDATE tasks SET result = 'x' WHERE id = 1`)
+			if err != nil && strings.Contains(err.Error(), "could not be aborted") {
+				t.Errorf("the abort reads as failed: %v", err)
+			}
+			return err
+		}},
 		{"Exec with a placeholder past its arguments", func(tx *sql.Tx) error {
 			_, err := table.Exec(ctx, tx, res, 10, `UPDATE tasks SET result = $1 WHERE id = 1`)
 			return err
@@ -210,8 +217,9 @@ func TestRefusalsBeforeAnyStatementAbortTheTransaction(t *testing.T) {
 	}
 }
 
-// ForgetOperations with an age of zero or less would forget every
-// operation, those a client may still retry: refused, nothing deleted.
+// ForgetOperations with an age under a second (zero, negative, or an
+// untyped 24 read as nanoseconds) would forget every operation, those a
+// client may still retry: refused, nothing deleted.
 func TestForgetOperationsRefusesAnAgeOfZero(t *testing.T) {
 	db, table := setup(t)
 	ctx := context.Background()
@@ -222,12 +230,31 @@ func TestForgetOperationsRefusesAnAgeOfZero(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	for _, age := range []time.Duration{0, -time.Hour} {
-		if n, err := table.ForgetOperations(ctx, db, age); err == nil || !strings.Contains(err.Error(), "positive age") {
+	for _, age := range []time.Duration{0, -time.Hour, 24} {
+		if n, err := table.ForgetOperations(ctx, db, age); err == nil || !strings.Contains(err.Error(), "at least a second") {
 			t.Fatalf("ForgetOperations(%s): %d, %v; want a refusal", age, n, err)
 		}
 	}
 	if _, found, err := table.Lookup(ctx, db, res, "op"); err != nil || !found {
 		t.Fatalf("the record after the refused ForgetOperations: found %v, %v", found, err)
+	}
+}
+
+// Exec reads its statement's verb past any whitespace, a line break or a
+// tab included, as PostgreSQL does: a statement written over several
+// lines is guarded and run, not refused (which would abort its
+// transaction).
+func TestExecTakesAVerbFollowedByALineBreak(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	if _, err := table.Exec(ctx, tx, res, 10, "\n\tINSERT\n\tINTO reports VALUES (1, 'multi-line', $1)", int64(10)); err != nil {
+		t.Fatalf("Exec of an INSERT over several lines: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := body(t, db); got != "multi-line" {
+		t.Fatalf("body %q", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -111,8 +112,8 @@ func (t Table) Lookup(ctx context.Context, q interface {
 // any client retries. An age of zero or less is refused: it would delete
 // every record, those of operations a client may still be retrying.
 func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Duration) (int64, error) {
-	if age <= 0 {
-		return 0, fmt.Errorf("dbfence: ForgetOperations age %s: want a positive age, longer than any client retries (an age of 0 would forget every operation, and a retry would run it again)", age)
+	if age < time.Second {
+		return 0, fmt.Errorf("dbfence: ForgetOperations age %s: want at least a second, longer than any client retries (a shorter age forgets operations a client may still retry, and a retry would run it again; an untyped 24 is 24ns)", age)
 	}
 	q, err := t.qualified()
 	if err != nil {
@@ -146,7 +147,9 @@ func (t Table) abort(ctx context.Context, tx *sql.Tx, reason string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	var n int64
-	err = tx.QueryRowContext(ctx, `SELECT `+q+`_abort($1)`, reason).Scan(&n)
+	// The reason may quote a caller's input: as valid UTF-8, or PostgreSQL
+	// refuses the statement (22021) and the abort reads as failed.
+	err = tx.QueryRowContext(ctx, `SELECT `+q+`_abort($1)`, strings.ToValidUTF8(reason, "\uFFFD")).Scan(&n)
 	var pg sqlStater
 	switch {
 	case errors.As(err, &pg) && (pg.SQLState() == SQLStateAborted || pg.SQLState() == sqlStateInFailedTransaction), errors.Is(err, sql.ErrTxDone):

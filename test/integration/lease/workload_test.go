@@ -459,10 +459,17 @@ func TestJobReplacementOfAFailedPodStillReady(t *testing.T) {
 		t.Fatalf("second tenure %+v: want the replacement %s with a token above %d", second, repl.UID, first.Token)
 	}
 	l := getLease(t, ns, "shard-0")
+	found := false
 	for _, h := range l.Status.History {
-		if h.Token == first.Token && h.EndReason != fencerv1.TenureHolderGone {
-			t.Fatalf("the Failed pod's tenure ended %q, want %q", h.EndReason, fencerv1.TenureHolderGone)
+		if h.Token == first.Token {
+			found = true
+			if h.EndReason != fencerv1.TenureHolderGone {
+				t.Fatalf("the Failed pod's tenure ended %q, want %q", h.EndReason, fencerv1.TenureHolderGone)
+			}
 		}
+	}
+	if !found {
+		t.Fatalf("no tenure of token %d in the history %+v", first.Token, l.Status.History)
 	}
 }
 
