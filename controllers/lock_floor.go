@@ -123,3 +123,49 @@ func (f *LockFloor) record(ctx context.Context, cm *corev1.ConfigMap, rev int64)
 	}
 	return f.Client.Update(ctx, cm)
 }
+
+// LockFloorLeftover deletes a lock floor an earlier manager left when this
+// one runs with the revision check off (no --etcd-revision-configmap, or no
+// namespace to keep it in). Only the check deletes the floor, and while it
+// exists no keyed lock is queued and no Lease granted: turned off, the
+// check must not leave them closed for ever. It retries every Every until
+// etcd answers, then ends.
+type LockFloorLeftover struct {
+	Etcd   *clientv3.Client
+	Prefix string
+	Every  time.Duration
+	Log    logr.Logger
+}
+
+// Start deletes the floor, if any, once etcd answers.
+func (f *LockFloorLeftover) Start(ctx context.Context) error {
+	for {
+		err := f.open(ctx)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		f.Log.Error(err, "deleting a lock floor left by an earlier revision check")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(f.Every):
+		}
+	}
+}
+
+// NeedLeaderElection: the leader acts, as the check would.
+func (f *LockFloorLeftover) NeedLeaderElection() bool { return true }
+
+func (f *LockFloorLeftover) open(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := f.Etcd.Delete(ctx, etcdkeys.LockFloorKey(f.Prefix), clientv3.WithPrevKV())
+	if err != nil {
+		return err
+	}
+	if len(resp.PrevKvs) > 0 {
+		f.Log.Info("the revision check is off (--etcd-revision-configmap): deleted the lock floor an earlier check left, which closed keyed locks and Lease grants",
+			"floor", string(resp.PrevKvs[0].Value))
+	}
+	return nil
+}

@@ -164,6 +164,8 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		if err := mgr.Add(floor); err != nil {
 			return err
 		}
+	} else if err := mgr.Add(&controllers.LockFloorLeftover{Etcd: etcd, Prefix: o.etcd.Prefix, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}); err != nil {
+		return err
 	}
 	metrics.SetBuildInfo(version)
 	go func() {
