@@ -90,6 +90,27 @@ func indexedJobMembers(t *testing.T, ns string, n int32) map[string]string {
 	return map[string]string{"batch.kubernetes.io/job-name": job.Name, "batch.kubernetes.io/controller-uid": string(job.UID), "batch.kubernetes.io/job-completion-index": "0"}
 }
 
+// editIsSetBack edits member Lease ns/name's TTL, a field its
+// WorkloadLease owns (2 s here), and waits until it is set back. The
+// controller may write the Lease meanwhile (its status, as its holder
+// comes and goes): the edit retries on a conflict, as kubectl edit would.
+func editIsSetBack(t *testing.T, ns, name string) {
+	t.Helper()
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := getLease(t, ns, name)
+		l.Spec.TTLSeconds = 30
+		return k8s.Update(context.Background(), l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, name+"'s TTL set back to 2", func() error {
+		if ttl := getLease(t, ns, name).Spec.TTLSeconds; ttl != 2 {
+			return fmt.Errorf("ttlSeconds %d", ttl)
+		}
+		return nil
+	})
+}
+
 // memberLeases waits until the WorkloadLease's Leases are exactly names,
 // each controlled by it, and returns them.
 func memberLeases(t *testing.T, ns string, wl *fencerv1.WorkloadLease, names ...string) map[string]*fencerv1.Lease {
@@ -178,22 +199,8 @@ func TestWorkloadLeaseFollowsTheStatefulSet(t *testing.T) {
 		t.Fatalf("the hand-written web-2 was changed: %+v", l)
 	}
 
-	// An edit of a field the WorkloadLease owns is set back. The controller
-	// may write web-0 meanwhile (its status, as its holder comes and goes):
-	// retry on a conflict, as kubectl edit would.
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l0 = getLease(t, ns, "web-0")
-		l0.Spec.TTLSeconds = 30
-		return k8s.Update(ctx, l0)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "web-0's TTL set back to 2", func() error {
-		if ttl := getLease(t, ns, "web-0").Spec.TTLSeconds; ttl != 2 {
-			return fmt.Errorf("ttlSeconds %d", ttl)
-		}
-		return nil
-	})
+	// An edit of a field the WorkloadLease owns is set back.
+	editIsSetBack(t, ns, "web-0")
 
 	// The hand-written web-2 deleted, the member gets its own.
 	if err := k8s.Delete(ctx, getLease(t, ns, "web-2")); err != nil {
@@ -316,19 +323,7 @@ func TestMembersFollowTheWorkloadLeaseWhileTheStatefulSetIsGone(t *testing.T) {
 	if l := getLease(t, ns, "web-0"); !equality.Semantic.DeepEqual(l.Spec.HolderSelector, selector) {
 		t.Fatalf("web-0's selector changed to %+v while the StatefulSet was away; want it kept, %+v", l.Spec.HolderSelector, selector)
 	}
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l := getLease(t, ns, "web-0")
-		l.Spec.TTLSeconds = 30
-		return k8s.Update(ctx, l)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "web-0's TTL set back to 2", func() error {
-		if ttl := getLease(t, ns, "web-0").Spec.TTLSeconds; ttl != 2 {
-			return fmt.Errorf("ttlSeconds %d", ttl)
-		}
-		return nil
-	})
+	editIsSetBack(t, ns, "web-0")
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(wl), wl); err != nil {
 		t.Fatal(err)
 	}
