@@ -83,7 +83,7 @@ func tenureEndFrom(last time.Time, renewedHere bool, ttl, remaining time.Duratio
 // whyNotQualified names why a holder no longer qualifies: gone (deleted, or
 // being deleted) or merely not Ready.
 func whyNotQualified(pod *corev1.Pod) fencerv1.TenureEndReason {
-	if pod == nil || pod.DeletionTimestamp != nil || holder.Finished(pod) {
+	if pod == nil || pod.DeletionTimestamp != nil {
 		return fencerv1.TenureHolderGone
 	}
 	return fencerv1.TenureHolderNotReady

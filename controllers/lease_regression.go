@@ -30,11 +30,18 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 	}
 	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
 		"no grant until its revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", rev, floor, floor)
+	showRegressed(lease, msg, out)
+	metrics.RevisionRegressions.Inc()
+	return true
+}
+
+// showRegressed says that etcd went back in time and no grant is made:
+// Held False, a Warning Event, and another look in 10 s, when etcd's
+// revision may have passed.
+func showRegressed(lease *fencerv1.Lease, msg string, out *outcome) {
 	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
 	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
-	metrics.RevisionRegressions.Inc()
 	out.result.RequeueAfter = 10 * time.Second
-	return true
 }
 
 // belowFloor says why a grant was refused at etcd's lock floor: the
@@ -45,9 +52,7 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 func belowFloor(lease *fencerv1.Lease, err error, out *outcome) {
 	msg := fmt.Sprintf("%v; no Lease or keyed lock is granted until etcd's revision passes it, since every token issued now may have been issued before "+
 		"(restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", err)
-	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
-	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
-	out.result.RequeueAfter = 10 * time.Second
+	showRegressed(lease, msg, out)
 }
 
 // dropRegressed refuses a grant whose token is below one this Lease already
@@ -59,10 +64,8 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 	msg := fmt.Sprintf("etcd holds a grant to %s with token %d, below token %d this Lease already issued: etcd was restored from an old snapshot; "+
 		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
 		g.Holder, g.Token, floor, floor)
-	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
-	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
+	showRegressed(lease, msg, out)
 	metrics.RevisionRegressions.Inc()
-	out.result.RequeueAfter = 10 * time.Second
 	if err := r.endGrant(ctx, lease, g); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
 		return nil

@@ -22,17 +22,18 @@ const revisionKey = "revision"
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update,namespace=fencer-system
 
-// LockFloor keeps keyed locks from reissuing tokens after etcd went back
-// in time. A Lease's status remembers its own highest token, but keyed
-// locks are granted by the SDK straight in etcd, with no apiserver on the
-// path, so the leader records etcd's revision in a ConfigMap (outside
-// etcd, so a restore cannot take it back) every Every. When it finds etcd's
-// revision below the one recorded (restored from an old snapshot without
-// --bump-revision, or replaced), it writes the lock floor key, and the SDK
-// grants no lock at or below it; once etcd's revision has passed the
-// floor, the key goes. Tokens issued after the last record and before the
-// failure are not covered: docs/operations.md says to restore with
-// --bump-revision.
+// LockFloor keeps keyed locks and Leases from reissuing tokens after etcd
+// went back in time. A Lease's status remembers its own highest token (a
+// Lease created since remembers none), but keyed locks are granted by the
+// SDK straight in etcd, with no apiserver on the path, so the leader
+// records etcd's revision in a ConfigMap (outside etcd, so a restore
+// cannot take it back) every Every. When it finds etcd's revision below
+// the one recorded (restored from an old snapshot without --bump-revision,
+// or replaced), it writes the lock floor key: while it exists the SDK
+// queues no lock and the Lease controller grants nothing. Once etcd's
+// revision has passed the floor, the key goes. Tokens issued after the
+// last record and before the failure are not covered: docs/operations.md
+// says to restore with --bump-revision.
 type LockFloor struct {
 	// Client writes the ConfigMap, Reader reads it uncached: a cached read
 	// would watch every ConfigMap of the cluster.
@@ -40,16 +41,25 @@ type LockFloor struct {
 	Reader client.Reader
 	Etcd   *clientv3.Client
 	Prefix string
-	// Record is the ConfigMap that holds the revision.
+	// Record is the ConfigMap that holds the revision. Without one the
+	// check is off, and Start only deletes a floor an earlier check left.
 	Record types.NamespacedName
 	Every  time.Duration
 	Log    logr.Logger
 }
 
-// Start checks every Every until ctx ends.
+// Start checks every Every until ctx ends; with the check off, it deletes
+// a leftover floor, retrying every Every until etcd answers, and ends.
 func (f *LockFloor) Start(ctx context.Context) error {
+	off := f.Record.Name == ""
 	for {
-		if err := f.check(ctx); err != nil && ctx.Err() == nil {
+		if off {
+			err := f.openLeftover(ctx)
+			if err == nil || ctx.Err() != nil {
+				return nil
+			}
+			f.Log.Error(err, "deleting a lock floor left by an earlier revision check")
+		} else if err := f.check(ctx); err != nil && ctx.Err() == nil {
 			// While this fails, a restore of etcd goes unnoticed here.
 			f.Log.Error(err, "checking etcd's revision against the last one recorded", "record", f.Record)
 		}
@@ -124,39 +134,11 @@ func (f *LockFloor) record(ctx context.Context, cm *corev1.ConfigMap, rev int64)
 	return f.Client.Update(ctx, cm)
 }
 
-// LockFloorLeftover deletes a lock floor an earlier manager left when this
-// one runs with the revision check off (no --etcd-revision-configmap, or no
-// namespace to keep it in). Only the check deletes the floor, and while it
-// exists no keyed lock is queued and no Lease granted: turned off, the
-// check must not leave them closed for ever. It retries every Every until
-// etcd answers, then ends.
-type LockFloorLeftover struct {
-	Etcd   *clientv3.Client
-	Prefix string
-	Every  time.Duration
-	Log    logr.Logger
-}
-
-// Start deletes the floor, if any, once etcd answers.
-func (f *LockFloorLeftover) Start(ctx context.Context) error {
-	for {
-		err := f.open(ctx)
-		if err == nil || ctx.Err() != nil {
-			return nil
-		}
-		f.Log.Error(err, "deleting a lock floor left by an earlier revision check")
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(f.Every):
-		}
-	}
-}
-
-// NeedLeaderElection: the leader acts, as the check would.
-func (f *LockFloorLeftover) NeedLeaderElection() bool { return true }
-
-func (f *LockFloorLeftover) open(ctx context.Context) error {
+// openLeftover deletes a floor an earlier check left, for a LockFloor
+// whose check is off (no Record): only the check deletes the floor, and
+// while it exists no keyed lock is queued and no Lease granted, so the
+// check turned off must not leave them closed for ever.
+func (f *LockFloor) openLeftover(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := f.Etcd.Delete(ctx, etcdkeys.LockFloorKey(f.Prefix), clientv3.WithPrevKV())

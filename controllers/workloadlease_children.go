@@ -146,7 +146,8 @@ func (r *WorkloadLeaseReconciler) keepMembers(ctx context.Context, wl *fencerv1.
 		if l.Status.OpenTenure() != nil {
 			held++
 		}
-		kept := member{name: l.Name, selector: *l.Spec.HolderSelector.DeepCopy(), kept: true}
+		// Not a CronJob's run (cronJob false): the run memory stays as it is.
+		kept := member{name: l.Name, selector: l.Spec.HolderSelector}
 		if err := r.updateMember(ctx, wl, l, kept, out); err != nil {
 			return held, err
 		}
@@ -168,8 +169,9 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	run := selectedRun{m.runUID, m.runOrder}
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
 		// Selected already, perhaps by a manager before this one: it is
-		// this process's choice too now (a kept selector chose no run).
-		if !m.kept {
+		// this process's choice too now (only a CronJob's member selects
+		// a run).
+		if m.cronJob {
 			r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
 		}
 		return nil
@@ -196,12 +198,12 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	if err := r.Update(ctx, l); err != nil {
 		// Perhaps applied all the same: stayed on only if the Lease shows it
 		// (selectedRuns.last), never if the write was refused.
-		if !m.kept {
+		if m.cronJob {
 			r.runs.try(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
 		}
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
-	if !m.kept {
+	if m.cronJob {
 		r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
 	}
 	return nil

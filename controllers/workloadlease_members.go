@@ -37,9 +37,6 @@ type member struct {
 	// orders it among the CronJob's runs.
 	cronJob               bool
 	run, runUID, runOrder string
-	// kept marks a member whose workload lists none (keepMembers): its
-	// Lease keeps the selector it has, and no run is selected.
-	kept bool
 }
 
 // noMembers says why a workload has no members to lease: the condition's

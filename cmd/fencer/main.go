@@ -158,13 +158,14 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		return err
 	}
 	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, &controllers.LockStates{Etcd: etcd, Prefix: o.etcd.Prefix}, certExpiry(ca, o))
+	// With no ConfigMap to record in, the check is off: the LockFloor only
+	// deletes a floor an earlier check left.
+	floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
+		Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
 	if name := o.etcdAccess.revisionConfigMap; name != "" && o.webhookNamespace != "" {
-		floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
-			Record: types.NamespacedName{Namespace: o.webhookNamespace, Name: name}, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
-		if err := mgr.Add(floor); err != nil {
-			return err
-		}
-	} else if err := mgr.Add(&controllers.LockFloorLeftover{Etcd: etcd, Prefix: o.etcd.Prefix, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}); err != nil {
+		floor.Record = types.NamespacedName{Namespace: o.webhookNamespace, Name: name}
+	}
+	if err := mgr.Add(floor); err != nil {
 		return err
 	}
 	metrics.SetBuildInfo(version)

@@ -109,8 +109,9 @@ func (t Table) Lookup(ctx context.Context, q interface {
 
 // ForgetOperations deletes the idempotency records older than age. A
 // retry after that runs its operation again: keep records longer than
-// any client retries. An age of zero or less is refused: it would delete
-// every record, those of operations a client may still be retrying.
+// any client retries. An age under a second is refused (an untyped 24 is
+// 24ns): it would delete every record, those of operations a client may
+// still be retrying.
 func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Duration) (int64, error) {
 	if age < time.Second {
 		return 0, fmt.Errorf("dbfence: ForgetOperations age %s: want at least a second, longer than any client retries (a shorter age forgets operations a client may still retry, and a retry would run it again; an untyped 24 is 24ns)", age)
