@@ -42,6 +42,7 @@ type BlockOptions struct {
 // segment is one claimed block being handed out.
 type segment struct {
 	next       atomic.Int64 // the next ID to hand out
+	first      int64        // the block's first ID: below it, next wrapped past MaxInt64
 	last       int64
 	prefetchAt int64 // the ID whose issue triggers fetching the next block
 	claimedAt  time.Time
@@ -72,8 +73,8 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 	switch {
 	case o.BlockSize <= 0:
 		return nil, fmt.Errorf("idgen: BlockSize must be positive, got %d", o.BlockSize)
-	case o.Min > o.Max || o.Max == math.MaxInt64:
-		return nil, fmt.Errorf("idgen: need Min <= Max < MaxInt64, got [%d, %d]", o.Min, o.Max)
+	case o.Min < 0 || o.Min > o.Max || o.Max == math.MaxInt64:
+		return nil, fmt.Errorf("idgen: need 0 <= Min <= Max < MaxInt64, as an IDRange's spec does, got [%d, %d]", o.Min, o.Max)
 	case o.Namespace == "" || o.Name == "":
 		return nil, errors.New("idgen: Namespace and Name of the IDRange are required")
 	}
@@ -103,7 +104,9 @@ func (b *Blocks) Close() { b.close() }
 func (b *Blocks) Next(ctx context.Context) (int64, error) {
 	for {
 		s := b.cur.Load()
-		if id := s.next.Add(1) - 1; id <= s.last {
+		// Calls past the end keep adding; at the top of int64 that wraps,
+		// and the first bound keeps a wrapped counter from issuing.
+		if id := s.next.Add(1) - 1; id >= s.first && id <= s.last {
 			if id == s.prefetchAt {
 				b.startPrefetch()
 			}
@@ -203,7 +206,7 @@ func (b *Blocks) claim(ctx context.Context, size int64) (*segment, error) {
 			return nil, err
 		}
 		if claimed {
-			s := &segment{last: blk.Last, prefetchAt: blk.First + (blk.Last-blk.First+1)/10, claimedAt: time.Now()}
+			s := &segment{first: blk.First, last: blk.Last, prefetchAt: blk.First + (blk.Last-blk.First+1)/10, claimedAt: time.Now()}
 			s.next.Store(blk.First)
 			return s, nil
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"math/bits"
 	"strconv"
 	"sync"
@@ -175,6 +176,28 @@ func TestExhaustionAndShortFinalBlock(t *testing.T) {
 	}
 }
 
+// A range that ends just below MaxInt64 stays exhausted however often Next
+// is called after: the counter past the end wraps at the top of int64, and
+// a wrapped counter must not hand out negative IDs.
+func TestExhaustionAtTheTopOfInt64(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "top", Min: math.MaxInt64 - 3, Max: math.MaxInt64 - 1, BlockSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := int64(math.MaxInt64 - 3); want <= math.MaxInt64-1; want++ {
+		if id, err := a.Next(ctx); err != nil || id != want {
+			t.Fatalf("Next = %d, %v; want %d", id, err, want)
+		}
+	}
+	for i := range 4 {
+		if id, err := a.Next(ctx); !errors.Is(err, ErrExhausted) {
+			t.Fatalf("call %d past the end: Next = %d, %v; want ErrExhausted", i+1, id, err)
+		}
+	}
+}
+
 func TestAdaptiveGrows(t *testing.T) {
 	cli := startEtcd(t)
 	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "adaptive", Min: 0, Max: 1 << 40, BlockSize: 100,
@@ -197,6 +220,7 @@ func TestBlockOptionsRefused(t *testing.T) {
 		{Namespace: "ns", Name: "x", Min: 0, Max: 10},
 		{Namespace: "ns", Name: "x", Min: 5, Max: 4, BlockSize: 1},
 		{Namespace: "ns", Name: "x", Min: 0, Max: 1<<63 - 1, BlockSize: 1},
+		{Namespace: "ns", Name: "x", Min: -10, Max: 10, BlockSize: 1},
 		{Min: 0, Max: 10, BlockSize: 1},
 	} {
 		if _, err := NewBlocks(nil, o); err == nil {
