@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -80,6 +81,15 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	var out outcome
 	out.result.RequeueAfter = repairInterval
 	rng.Status.ObservedGeneration = rng.Generation
+	if rng.Spec.Min < 0 {
+		// A negative slot has no key the store can list back, so every pass
+		// would lease another; a negative block no pod can parse.
+		msg := fmt.Sprintf("spec.min is %d; fencer allocates only from 0 up: create a new IDRange with min 0 or more", rng.Spec.Min)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonInvalidRange, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidRange, "%s", msg)
+		out.result = ctrl.Result{}
+		return out, nil
+	}
 	pods, err := r.pods(ctx, rng)
 	if err != nil {
 		return out, err
@@ -170,6 +180,9 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
+	if ok, err := r.stillDeleting(ctx, rng); !ok || err != nil {
+		return ctrl.Result{}, err
+	}
 	r.handed.forget(client.ObjectKeyFromObject(rng))
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
@@ -197,6 +210,24 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	}
 	metrics.ForgetIDRange(rng.Namespace, rng.Name)
 	return dropFinalizer(ctx, apiClientOf(r.Client, r.APIReader), rng, fencerv1.IDRangeFinalizer)
+}
+
+// stillDeleting reads rng afresh from the API server before its finalize
+// releases anything. A pass working from a cache that is behind can show
+// an IDRange whose finalizer an earlier pass already removed, after a new
+// IDRange took its name: the slots and the next key are the new range's
+// then, and finalizing again would revoke its slots and, with
+// fencer.io/delete-next-on-delete, send its allocators back to min.
+func (r *IDRangeReconciler) stillDeleting(ctx context.Context, rng *fencerv1.IDRange) (bool, error) {
+	live := &fencerv1.IDRange{}
+	err := apiClientOf(r.Client, r.APIReader).live.Get(ctx, client.ObjectKeyFromObject(rng), live)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return live.UID == rng.UID && !live.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(live, fencerv1.IDRangeFinalizer), nil
 }
 
 // SetupWithManager registers the controller; a new etcd term wakes every range.

@@ -29,9 +29,10 @@ type IDRangeSpec struct {
 	// +required
 	Mode IDRangeMode `json:"mode"`
 
-	// min is the first ID (Blocks) or slot (Slots) of the range. It cannot
-	// change, since IDs below a raised min may already be in use.
+	// min is the first ID (Blocks) or slot (Slots) of the range, 0 or more.
+	// It cannot change, since IDs below a raised min may already be in use.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.min is immutable, since IDs already issued depend on it"
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="spec.min must be 0 or more: a block annotation, a worker-ID slot and the SDK's allocators carry no negative IDs"
 	// +required
 	Min int64 `json:"min"`
 
@@ -101,6 +102,12 @@ const (
 // so claiming would hand out blocks again. Ready is False with this reason
 // and no block is claimed until an operator repairs the key.
 const ReasonNextRegressed = "NextRegressed"
+
+// ReasonInvalidRange: the spec holds a range fencer does not allocate from
+// (a negative spec.min, which the CRD refuses since it was added; an object
+// stored before that keeps it). Ready is False with this reason and nothing
+// is claimed or leased.
+const ReasonInvalidRange = "InvalidRange"
 
 // IDRange hands out unique ID blocks (mode Blocks) or leased worker-ID slots
 // (mode Slots) to the pods its podSelector matches.

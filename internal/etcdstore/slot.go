@@ -102,10 +102,17 @@ func (s *Store) ReleaseSlots(ctx context.Context, slots []Slot) error {
 }
 
 // DeleteNext removes an IDRange's next key; only on explicit opt-in, since a
-// recreated range would then reissue IDs.
+// recreated range would then reissue IDs. It is fenced by the term like
+// every controller write: a deposed leader that paused inside a finalize
+// must not delete the key of a range recreated under the same name since,
+// which its pods' allocators may already be claiming from.
 func (s *Store) DeleteNext(ctx context.Context, namespace, name string) error {
+	term, err := s.elector.Term()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.cli.Delete(ctx, etcdkeys.IDRangeNextKey(s.prefix, namespace, name))
+	_, _, err = term.commit(ctx, s.cli, nil, clientv3.OpDelete(etcdkeys.IDRangeNextKey(s.prefix, namespace, name)))
 	return err
 }

@@ -159,6 +159,16 @@ func TestDeposedControllerCannotGrant(t *testing.T) {
 	if got, _ := oldStore.GetGrant(ctx, "ns", "other"); got != nil {
 		t.Fatalf("deposed controller wrote a grant: %+v", got)
 	}
+	next := etcdkeys.IDRangeNextKey(DefaultPrefix, "ns", "ids")
+	if _, err := cli.Put(ctx, next, "1001"); err != nil {
+		t.Fatal(err)
+	}
+	if err := oldStore.DeleteNext(ctx, "ns", "ids"); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("deposed DeleteNext: %v, want ErrNotLeader", err)
+	}
+	if resp, err := cli.Get(ctx, next); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("a deposed controller deleted an IDRange's next key: %v %v", resp, err)
+	}
 	newStore := NewStore(cli, DefaultPrefix, nu, nil)
 	if _, err := newStore.GrantLease(ctx, "ns", "other", "lease-uid", "pod-b", "uid-b", 30*time.Second, time.Now()); err != nil {
 		t.Fatalf("the new leader cannot grant: %v", err)

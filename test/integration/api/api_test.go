@@ -173,6 +173,7 @@ func TestIDRangeCreateRefusals(t *testing.T) {
 		{"slot TTL too long", func() *fencerv1.IDRange { r := slots("g"); r.Spec.SlotTTLSeconds = ptr.To[int32](3601); return r }, "spec.slotTTLSeconds in body should be less than or equal to 3600"},
 		{"empty pod selector", func() *fencerv1.IDRange { r := blocks("i"); r.Spec.PodSelector = metav1.LabelSelector{}; return r }, "spec.podSelector must select something"},
 		{"name of 64 characters", func() *fencerv1.IDRange { r := blocks(strings.Repeat("i", 64)); return r }, "IDRange names are limited to 63 characters"},
+		{"negative min", func() *fencerv1.IDRange { r := slots("k"); r.Spec.Min = -1000; return r }, "spec.min must be 0 or more"},
 		{"max at MaxInt64", func() *fencerv1.IDRange { r := blocks("j"); r.Spec.Max = 1<<63 - 1; return r }, "spec.max must be below 9223372036854775807"},
 		{"unknown mode", func() *fencerv1.IDRange { r := blocks("h"); r.Spec.Mode = "Ranges"; return r }, `spec.mode: Unsupported value: "Ranges"`},
 	}
