@@ -20,7 +20,10 @@ import (
 // and the SDK's etcd transactions check tokens against etcd), but pods and
 // the SDK's sources read their token there, and a pod must not report a
 // token it does not hold.
-func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
+//
+// With removalsOnly, the holder's annotations are left as they are and only
+// the other pods' are removed.
+func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, removalsOnly bool) error {
 	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
 	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
 	annotated, err := r.annotatedFor(ctx, lease.Namespace, lease.Name)
@@ -31,6 +34,9 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
 		want := map[string]string{}
 		if g != nil && byAnnotation && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
+			if removalsOnly {
+				return annotationsOf(pod, tokenKey, idKey)
+			}
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
 			if lease.Spec.Renewal == fencerv1.RenewalDirect {
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)
@@ -38,6 +44,17 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 		}
 		return want
 	}, tokenKey, idKey)
+}
+
+// annotationsOf is the pod's own values of keys, those it carries.
+func annotationsOf(pod *corev1.Pod, keys ...string) map[string]string {
+	have := map[string]string{}
+	for _, k := range keys {
+		if v, ok := pod.Annotations[k]; ok {
+			have[k] = v
+		}
+	}
+	return have
 }
 
 // unpublish removes a Lease's annotations from every pod that carries
@@ -81,6 +98,13 @@ func union(lists ...[]corev1.Pod) []*corev1.Pod {
 // pod learns a token only after the status records it, so a manager that
 // stops in between leaves no token in use that the status (and its check
 // for an etcd restored from an old snapshot) does not know.
-func (r *LeaseReconciler) publishAfterStatus(out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) {
-	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g) }
+//
+// Taking a token away reveals nothing, so the removals go first, before the
+// status write: a status write refused again and again (an admission check
+// of the cluster's own) must not leave an ex-holder reporting its token.
+// They are best effort here; the pass after the status write makes them
+// again and reports what failed.
+func (r *LeaseReconciler) publishAfterStatus(ctx context.Context, out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) {
+	_ = r.publish(ctx, lease, pods, g, true)
+	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g, false) }
 }

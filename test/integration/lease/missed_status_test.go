@@ -152,3 +152,47 @@ func TestNoPodLearnsATokenTheStatusDoesNotRecord(t *testing.T) {
 		return nil
 	})
 }
+
+// TestExHolderLosesItsTokenWhileStatusWritesAreRefused: taking a token away
+// reveals nothing the status does not know, so it does not wait for the
+// status write. With every status write refused (an admission check of the
+// cluster's own), a suspended Lease's holder still loses its annotation
+// once etcd has released the grant, rather than reporting the token for as
+// long as the refusal lasts.
+func TestExHolderLosesItsTokenWhileStatusWritesAreRefused(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	readyPod(t, ns, "w-0", "w")
+	create(t, newLease(ns, "probe", "nobody", 15))
+	create(t, newLease(ns, "job", "w", 15))
+	st := heldBy(t, ns, "job")
+	eventually(t, 30*time.Second, "the holder annotation", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != itoa(st.Token) {
+			return fmt.Errorf("w-0 annotation %q, want %d", got, st.Token)
+		}
+		return nil
+	})
+	unblock := framework.RefuseUpdates(t, k8s, ns, admissionregistrationv1.Rule{APIGroups: []string{fencerv1.GroupVersion.Group}, APIVersions: []string{fencerv1.GroupVersion.Version}, Resources: []string{"leases/status"}}, "false",
+		func(ctx context.Context) error {
+			l := getLease(t, ns, "probe")
+			l.Status.ObservedGeneration = l.Generation + 100
+			return k8s.Status().Update(ctx, l)
+		})
+	defer unblock()
+	patchSuspend(t, ns, "job", true)
+	eventually(t, 30*time.Second, "the grant released in etcd", func() error {
+		if tok := etcdToken(t, ns, "job"); tok != 0 {
+			return fmt.Errorf("etcd still holds token %d", tok)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "the ex-holder's annotation removed", func() error {
+		if got := annotation(t, ns, "w-0", "job"); got != "" {
+			return fmt.Errorf("w-0 still carries token %s, released in etcd, while the status write is refused", got)
+		}
+		return nil
+	})
+	if got := getLease(t, ns, "job").Status; got.Holder != "w-0" {
+		t.Fatalf("the status changed (holder %q) while its writes were refused: the test no longer tests the refusal", got.Holder)
+	}
+}
