@@ -197,6 +197,18 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))})
 	}
+	if live.Grant == nil && lease.Spec.Policy == fencerv1.PolicyMonotonic && f.APIReader != nil {
+		// Nobody holds the Lease, and under Monotonic a write may then pass:
+		// what stops an older token is the newest token the status records
+		// as issued, and the Lease's existence. The cache may be behind on
+		// both (a Lease granted again and released since, or deleted), and
+		// an acceptance must not rest on it, so read it afresh, after the
+		// review arrived. The status records a token before any pod learns
+		// it, so no token a write could have been accepted under is missing.
+		if lease, d = leaseFrom(ctx, ReaderLeases{f.APIReader}, req.Namespace, leaseName, w); d != nil {
+			return d.Reason, denied(d)
+		}
+	}
 	if d := decide(w, lease, live); d != nil && !brokenForTests {
 		return d.Reason, denied(d) // traced in observe (Refusals)
 	}
@@ -211,17 +223,29 @@ func (f *Checker) lease(ctx context.Context, namespace, name string, w write) (*
 		return lease, nil // the hot path: no error to classify
 	}
 	if apierrors.IsNotFound(err) && f.APIReader != nil {
-		lease, err = ReaderLeases{f.APIReader}.Lease(ctx, namespace, name)
+		return leaseFrom(ctx, ReaderLeases{f.APIReader}, namespace, name, w)
 	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, facts{w: w}.deny(fencerv1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
-			w.leaseRef, fencerv1.LeaseLabel, name)
-	case err != nil:
-		return nil, &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef,
-			Message: fmt.Sprintf("fencer: cannot read lease %s from the apiserver (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))}
+	return nil, leaseDenial(w, name, err)
+}
+
+// leaseFrom reads the fencing Lease from r, with lease's refusals.
+func leaseFrom(ctx context.Context, r LeaseReader, namespace, name string, w write) (*fencerv1.Lease, *Denial) {
+	lease, err := r.Lease(ctx, namespace, name)
+	if err != nil {
+		return nil, leaseDenial(w, name, err)
 	}
 	return lease, nil
+}
+
+// leaseDenial refuses a write whose fencing Lease could not be read (err
+// is not nil).
+func leaseDenial(w write, name string, err error) *Denial {
+	if apierrors.IsNotFound(err) {
+		return facts{w: w}.deny(fencerv1.DenialUnknownLease, "lease %s does not exist: objects labeled %s=%s can be written only while that Lease (leases.fencer.io) exists",
+			w.leaseRef, fencerv1.LeaseLabel, name)
+	}
+	return &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef,
+		Message: fmt.Sprintf("fencer: cannot read lease %s from the apiserver (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))}
 }
 
 // stalled explains a read that answerDeadline cut short.

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -156,6 +157,36 @@ func TestRecord(t *testing.T) {
 	mono.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42))
 	resp := mono.Record(context.Background(), request(admissionv1.Update, stored("", "40", "42"), stored("report", "", "42")))
 	check(t, resp, 409, "last written under token 42")
+}
+
+// Under Monotonic, with nobody holding the Lease, what stops an older token
+// is the newest token the status records as issued, and the Lease's
+// existence. A webhook whose cache is behind on either (the Lease granted
+// to B, written under, and released since; or deleted) must not accept
+// the old holder's write: it reads the Lease afresh.
+func TestMonotonicWithoutHolderReadsTheLeaseAfresh(t *testing.T) {
+	ctx := context.Background()
+	reader := func(objs ...*fencerv1.Lease) client.Reader {
+		s := runtime.NewScheme()
+		utilruntime.Must(fencerv1.AddToScheme(s))
+		b := fake.NewClientBuilder().WithScheme(s)
+		for _, o := range objs {
+			b = b.WithObjects(o)
+		}
+		return b.Build()
+	}
+	f := newChecker(t, fakeLive{live: unheld})
+	f.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42)) // the cache, behind
+	// B unfenced the object under 50; A, holding 42, fences it again.
+	f.APIReader = reader(leaseIssued(fencerv1.PolicyMonotonic, 50))
+	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "42"), stored("", "", "50"))), 409, "must send the newest token issued for the lease, 50")
+	check(t, f.Record(ctx, request(admissionv1.Create, obj("report", "42"), nil)), 409, "must send the newest token issued for the lease, 50")
+	// The Lease was deleted; the cache still shows it.
+	f.APIReader = reader()
+	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "42"), stored("report", "", "42"))), 409, "lease default/report does not exist")
+	// A cache that is current changes nothing.
+	f.APIReader = reader(leaseIssued(fencerv1.PolicyMonotonic, 42))
+	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "42"), stored("report", "", "42"))), 0, "")
 }
 
 func TestValidateTokenless(t *testing.T) {
