@@ -177,11 +177,11 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if !controllerutil.ContainsFinalizer(rng, fencerv1.IDRangeFinalizer) {
 		return ctrl.Result{}, nil
 	}
-	if _, err := r.Elector.Term(); err != nil {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	}
 	if ok, err := r.stillDeleting(ctx, rng); !ok || err != nil {
 		return ctrl.Result{}, err
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	r.handed.forget(client.ObjectKeyFromObject(rng))
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)

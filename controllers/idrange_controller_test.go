@@ -3,9 +3,13 @@ package controllers
 import (
 	"context"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -31,6 +35,35 @@ func TestNegativeMinAllocatesNothing(t *testing.T) {
 		}
 		if len(out.events) != 1 || out.events[0].reason != fencerv1.ReasonInvalidRange {
 			t.Errorf("%s: events %+v, want one %s Warning", mode, out.events, fencerv1.ReasonInvalidRange)
+		}
+	}
+}
+
+// A finalize that works from a cache behind the API server may be handed an
+// IDRange whose finalizer an earlier pass already removed, after a new
+// IDRange took its name. It must release nothing: the slots and the next
+// key are the new range's. The reconciler has no etcd or elector here, so
+// any release attempt fails the test.
+func TestFinalizeOfARangeNoLongerThereReleasesNothing(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	stale := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "ns", Name: "ids", UID: "old",
+		Annotations:       map[string]string{fencerv1.DeleteNextAnnotation: "true"},
+		Finalizers:        []string{fencerv1.IDRangeFinalizer},
+		DeletionTimestamp: &metav1.Time{Time: time.Now()},
+	}}
+	recreated := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "ns", Name: "ids", UID: "new", Finalizers: []string{fencerv1.IDRangeFinalizer},
+	}}
+	for name, live := range map[string][]client.Object{"recreated": {recreated}, "gone": nil} {
+		api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live...).Build()
+		r := &IDRangeReconciler{Client: api, APIReader: api}
+		res, err := r.finalize(context.Background(), stale)
+		if err != nil || !res.IsZero() {
+			t.Errorf("%s: finalize = %+v, %v; want nothing to do", name, res, err)
 		}
 	}
 }

@@ -132,8 +132,10 @@ func ParseSlot(annotation string) (slot, tokenValue int64, err error) {
 
 // NewSnowflake checks that the slot is live under Token, waits out a clock
 // that is behind the time reserved by the slot's previous generator (up to
-// Reserve+MaxRollback), and watches the slot so that Next stops the moment
-// it is lost. Close stops the watch.
+// Reserve+MaxRollback), and watches the slot so that Next stops once the
+// watch reports it lost; unheard, a loss stops Next at the latest when the
+// reservation runs out, since reserving again is fenced by the token. Close
+// stops the watch.
 func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions) (*Snowflake, error) {
 	if o.Slot < 0 || o.Slot > MaxWorker {
 		return nil, fmt.Errorf("idgen: slot %d does not fit the %d worker bits: use an IDRange within [0, %d]", o.Slot, WorkerBits, MaxWorker)
