@@ -2,6 +2,7 @@ package fence
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -32,13 +33,19 @@ type HeldCheck interface {
 
 // EtcdHeld checks grants in fencer's etcd, with the namespace's identity
 // (LoadEtcdAccess): a grant is live while the Lease's key has the token as
-// its CreateRevision. UntilLost watches the key (WatchHeld), so a lost
-// grant is seen the moment etcd deletes the key.
+// its CreateRevision, and, with PodUID set, names this pod as its holder.
+// UntilLost watches the key (WatchHeld), so a lost grant is seen the
+// moment etcd deletes the key.
 type EtcdHeld struct {
 	Client *clientv3.Client
 	// Prefix is fencer's etcd prefix ("" means the default, /fencer).
 	Prefix    string
 	Namespace string
+	// PodUID is this pod's UID (the Downward API's metadata.uid). Set, a
+	// live grant held by another pod reads as lost: a token annotation
+	// copied onto this pod, whose kubelet then stopped, is not confirmed.
+	// Empty, only the token's liveness is checked.
+	PodUID types.UID
 }
 
 // Held reads the Lease's key now.
@@ -59,6 +66,14 @@ func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
 		return 0, fmt.Errorf("lease %s/%s is no longer held under token %d: %w", e.Namespace, t.Lease, t.Value, ErrLeaseLost)
+	}
+	if e.PodUID != "" {
+		var g struct {
+			HolderUID types.UID `json:"holderUID"`
+		}
+		if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.HolderUID != e.PodUID {
+			return 0, fmt.Errorf("lease %s/%s is held under token %d by pod uid %q, not by this pod (uid %s): %w", e.Namespace, t.Lease, t.Value, g.HolderUID, e.PodUID, ErrLeaseLost)
+		}
 	}
 	return rev, nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -178,3 +179,33 @@ func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
 		}
 	}
 }
+
+// A token annotation copied onto another pod (whose kubelet then stops, so
+// the controller's removal never reaches its file) names a live grant, but
+// not this pod's: with PodUID set, EtcdHeld does not confirm it.
+func TestEtcdHeldWithPodUIDConfirmsOnlyThisPodsGrant(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	l, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Put(ctx, etcdkeys.LeaseKey(prefix, "ns", "report"), `{"holder":"b","holderUID":"uid-b"}`, clientv3.WithLease(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := Token{Lease: "report", Value: resp.Header.Revision}
+	if err := (EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns", PodUID: "uid-b"}).Held(ctx, tok); err != nil {
+		t.Fatalf("the holder itself: %v", err)
+	}
+	copied := Verified{Source: staticSource{tok}, Check: EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns", PodUID: "uid-c"}}
+	if got, err := copied.Token(ctx); !errors.Is(err, ErrNotHolder) {
+		t.Fatalf("another pod's copy of the token: %+v, %v; want ErrNotHolder", got, err)
+	}
+}
+
+// staticSource always reads the same token, as a Downward API file that no
+// longer changes does.
+type staticSource struct{ t Token }
+
+func (s staticSource) Token(context.Context) (Token, error) { return s.t, nil }
