@@ -31,14 +31,15 @@ func (r *LeaseReconciler) revisionRegressed(lease *fencerv1.Lease, rev int64, ou
 	msg := fmt.Sprintf("etcd's revision %d is below token %d this Lease already issued: etcd was restored from an old snapshot or replaced; "+
 		"no grant until its revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)", rev, floor, floor)
 	showRegressed(lease, msg, out)
-	metrics.RevisionRegressions.Inc()
 	return true
 }
 
 // showRegressed says that etcd went back in time and no grant is made:
-// Held False, a Warning Event, and another look in 10 s, when etcd's
-// revision may have passed.
+// Held False, a Warning Event, a count in
+// fencer_etcd_revision_regressions_total, and another look in 10 s, when
+// etcd's revision may have passed.
 func showRegressed(lease *fencerv1.Lease, msg string, out *outcome) {
+	metrics.RevisionRegressions.Inc()
 	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonEtcdRevisionRegressed, msg)
 	out.event(corev1.EventTypeWarning, fencerv1.ReasonEtcdRevisionRegressed, "%s", msg)
 	out.result.RequeueAfter = 10 * time.Second
@@ -65,7 +66,6 @@ func (r *LeaseReconciler) dropRegressed(ctx context.Context, lease *fencerv1.Lea
 		"the grant is refused and deleted, and nothing is granted until etcd's revision passes %d (restore with `etcdutl snapshot restore --bump-revision`, see docs/operations.md)",
 		g.Holder, g.Token, floor, floor)
 	showRegressed(lease, msg, out)
-	metrics.RevisionRegressions.Inc()
 	if err := r.endGrant(ctx, lease, g); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "deleting a regressed grant", "token", g.Token)
 		return nil

@@ -77,7 +77,7 @@ var (
 	// below a token already issued.
 	RevisionRegressions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencer_etcd_revision_regressions_total",
-		Help: "Grants and block claims refused because etcd went back in time: its revision below a token a Lease already issued, or an IDRange's next-ID key below its status.next (etcd restored from an old snapshot, or replaced). Any increase needs an operator.",
+		Help: "Grants and block claims refused because etcd went back in time (restored from an old snapshot, or replaced): its revision below a token a Lease already issued or below the lock floor, or an IDRange's next-ID key below its status.next; and each time the manager closes grants with the lock floor. Any increase needs an operator.",
 	})
 
 	// FailoverSeconds measures from a lease key's deletion to the next grant.

@@ -68,6 +68,21 @@ func TestLeaseSourceMatchesTheUID(t *testing.T) {
 	}
 }
 
+// A token carries an etcd lease ID only for a Direct holder, which renews
+// it itself (Hold). Under PodReady the status's leaseID is the
+// controller's etcd lease, which the pod must never renew.
+func TestLeaseSourceGivesTheEtcdLeaseOnlyToADirectHolder(t *testing.T) {
+	ctx := context.Background()
+	for renewal, want := range map[fencerv1alpha1.RenewalMode]int64{fencerv1alpha1.RenewalPodReady: 0, fencerv1alpha1.RenewalDirect: 77} {
+		l := statusLease("db-0", "me", 9)
+		l.Spec.Renewal, l.Status.LeaseID = renewal, 77
+		tok, err := (LeaseSource{Client: fakeClient(l), Namespace: "ns", Lease: "report", Pod: "db-0", UID: "me"}).Token(ctx)
+		if err != nil || tok.LeaseID != want {
+			t.Errorf("%s: Token = %+v, %v; want LeaseID %d", renewal, tok, err, want)
+		}
+	}
+}
+
 // An annotation that stays (its pod's kubelet has stopped, or the
 // controller cannot patch it) must not keep RunExclusive's work going once
 // the grant has ended: the status check cancels it.

@@ -223,5 +223,11 @@ func (l LeaseSource) Token(ctx context.Context) (Token, error) {
 	if lease.Status.Holder != l.Pod || lease.Status.HolderUID != l.UID || lease.Status.Token == 0 {
 		return Token{}, fmt.Errorf("lease %s/%s is held by %q (uid %s): %w", l.Namespace, l.Lease, lease.Status.Holder, lease.Status.HolderUID, ErrNotHolder)
 	}
-	return Token{Lease: l.Lease, Value: lease.Status.Token, LeaseID: lease.Status.LeaseID}, nil
+	t := Token{Lease: l.Lease, Value: lease.Status.Token}
+	if lease.Spec.Renewal == fencerv1alpha1.RenewalDirect {
+		// Only a Direct holder renews its etcd lease itself; under PodReady
+		// the etcd lease is the controller's, and Hold must not touch it.
+		t.LeaseID = lease.Status.LeaseID
+	}
+	return t, nil
 }
