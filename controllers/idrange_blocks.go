@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -38,7 +37,7 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 	// covers every block in use, so a manager that stops in between leaves
 	// no ID in use that the check for a restored etcd does not know. This
 	// also holds when a claim fails part way.
-	id := client.ObjectKeyFromObject(rng)
+	id := rng.UID
 	defer func() { out.afterStatus = r.annotateBlocks(id, key, given) }()
 	advance := func(n int64) {
 		next = n
@@ -81,7 +80,7 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 
 // annotateBlocks annotates each pod with the block handed to it
 // (handedBlocks), which it is offered again if the write fails.
-func (r *IDRangeReconciler) annotateBlocks(id types.NamespacedName, key string, pods []*corev1.Pod) func(context.Context) error {
+func (r *IDRangeReconciler) annotateBlocks(id types.UID, key string, pods []*corev1.Pod) func(context.Context) error {
 	if len(pods) == 0 {
 		return nil
 	}

@@ -183,7 +183,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
-	r.handed.forget(client.ObjectKeyFromObject(rng))
+	r.handed.forget(rng.UID)
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return ctrl.Result{}, err

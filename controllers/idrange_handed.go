@@ -7,31 +7,33 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// handedBlocks remembers, per IDRange and pod UID, the block last given to a
+// handedBlocks remembers, per IDRange UID and pod UID, the block last given to a
 // pod whose annotation the cache does not show yet: the patch may still be
 // on its way back through the watch (the next reconcile lists pods from the
 // cache), or it failed. Either way the pod is offered that block again, not
 // a new one, so neither a lagging cache nor a pod whose patches are refused
 // burns blocks. The block is covered by status.next and was claimed for
 // this pod alone. A manager restart forgets it: a pod then skips at most
-// one block.
+// one block. Keyed by the IDRange's UID, not its name: a range deleted and
+// created again under the name (on another manager, while this one stood
+// by) must not be offered blocks of the old range's sequence.
 type handedBlocks struct {
 	mu sync.Mutex
-	m  map[types.NamespacedName]map[types.UID]string
+	m  map[types.UID]map[types.UID]string
 }
 
-func (h *handedBlocks) get(rng types.NamespacedName, uid types.UID) (string, bool) {
+func (h *handedBlocks) get(rng types.UID, uid types.UID) (string, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	v, ok := h.m[rng][uid]
 	return v, ok
 }
 
-func (h *handedBlocks) put(rng types.NamespacedName, uid types.UID, block string) {
+func (h *handedBlocks) put(rng types.UID, uid types.UID, block string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.m == nil {
-		h.m = map[types.NamespacedName]map[types.UID]string{}
+		h.m = map[types.UID]map[types.UID]string{}
 	}
 	if h.m[rng] == nil {
 		h.m[rng] = map[types.UID]string{}
@@ -41,7 +43,7 @@ func (h *handedBlocks) put(rng types.NamespacedName, uid types.UID, block string
 
 // prune forgets the pods that are gone or whose annotation (key) the cache
 // shows: from then on the annotation is the record.
-func (h *handedBlocks) prune(rng types.NamespacedName, pods []corev1.Pod, key string) {
+func (h *handedBlocks) prune(rng types.UID, pods []corev1.Pod, key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	waiting := map[types.UID]bool{}
@@ -60,7 +62,7 @@ func (h *handedBlocks) prune(rng types.NamespacedName, pods []corev1.Pod, key st
 	}
 }
 
-func (h *handedBlocks) forget(rng types.NamespacedName) {
+func (h *handedBlocks) forget(rng types.UID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.m, rng)

@@ -10,7 +10,7 @@ import (
 
 func TestHandedBlocks(t *testing.T) {
 	const key = "idrange.fencer.io/ids"
-	rng := types.NamespacedName{Namespace: "ns", Name: "ids"}
+	rng := types.UID("range-uid")
 	var h handedBlocks
 	h.put(rng, "a", "block=1-10")
 	h.put(rng, "b", "block=11-20")
@@ -28,6 +28,9 @@ func TestHandedBlocks(t *testing.T) {
 		if v, ok := h.get(rng, uid); ok {
 			t.Errorf("pod %s: still remembers %q", uid, v)
 		}
+	}
+	if v, ok := h.get("recreated-range-uid", "a"); ok {
+		t.Errorf("a range recreated under the name is offered the old range's block %q", v)
 	}
 	h.forget(rng)
 	if _, ok := h.get(rng, "a"); ok {
