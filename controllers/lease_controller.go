@@ -132,7 +132,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 			return out, nil
 		}
 		if !ended {
-			r.publishAfterStatus(ctx, &out, lease, pods, grant)
+			r.publishAfterStatus(&out, lease, pods, grant, rev)
 			return out, nil
 		}
 	default:
@@ -147,7 +147,7 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		r.etcdUnavailable(lease, &out, err)
 		return out, nil
 	}
-	r.publishAfterStatus(ctx, &out, lease, pods, grant)
+	r.publishAfterStatus(&out, lease, pods, grant, rev)
 	return out, nil
 }
 

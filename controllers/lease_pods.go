@@ -20,29 +20,51 @@ import (
 // and the SDK's etcd transactions check tokens against etcd), but pods and
 // the SDK's sources read their token there, and a pod must not report a
 // token it does not hold.
-//
-// With removalsOnly, the holder's annotations are left as they are and only
-// the other pods' are removed.
-func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, removalsOnly bool) error {
-	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
-	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
-	annotated, err := r.annotatedFor(ctx, lease.Namespace, lease.Name)
-	if err != nil {
-		return err
-	}
-	byAnnotation := lease.Spec.TokenDelivery != fencerv1.DeliveryLeaseStatus
-	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
+func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
+	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
 		want := map[string]string{}
-		if g != nil && byAnnotation && pod.Name == g.Holder && string(pod.UID) == g.HolderUID {
-			if removalsOnly {
-				return annotationsOf(pod, tokenKey, idKey)
-			}
+		if holds(lease, g, pod) {
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
 			if lease.Spec.Renewal == fencerv1.RenewalDirect {
 				want[idKey] = strconv.FormatInt(int64(g.LeaseID), 10)
 			}
 		}
 		return want
+	})
+}
+
+// removeReleased is the part of publish that needs no status write: it
+// removes the Lease's annotations from the pods other than g's
+// holder whose token etcd had released by revision rev, the revision this
+// pass read the grant at. It leaves the holder's as they are, and a token
+// above rev too: that grant came after the read, and a pass that did not
+// see it (a replica deposed without knowing it yet) must not take it from
+// its holder. The next pass whose status write succeeds removes the rest.
+func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) error {
+	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
+		if tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey]); holds(lease, g, pod) || (err == nil && tok > rev) {
+			return annotationsOf(pod, tokenKey, idKey)
+		}
+		return nil
+	})
+}
+
+// holds reports whether pod is g's holder and gets its token by annotation.
+func holds(lease *fencerv1.Lease, g *etcdstore.Grant, pod *corev1.Pod) bool {
+	return g != nil && lease.Spec.TokenDelivery != fencerv1.DeliveryLeaseStatus && pod.Name == g.Holder && string(pod.UID) == g.HolderUID
+}
+
+// annotateFor sets the Lease's annotations on the candidates and on every
+// pod that carries them to what want returns for each.
+func (r *LeaseReconciler) annotateFor(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, want func(pod *corev1.Pod, tokenKey, idKey string) map[string]string) error {
+	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
+	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
+	annotated, err := r.annotatedFor(ctx, lease.Namespace, lease.Name)
+	if err != nil {
+		return err
+	}
+	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
+		return want(pod, tokenKey, idKey)
 	}, tokenKey, idKey)
 }
 
@@ -99,12 +121,13 @@ func union(lists ...[]corev1.Pod) []*corev1.Pod {
 // stops in between leaves no token in use that the status (and its check
 // for an etcd restored from an old snapshot) does not know.
 //
-// Taking a token away reveals nothing, so the removals go first, before the
-// status write: a status write refused again and again (an admission check
-// of the cluster's own) must not leave an ex-holder reporting its token.
-// They are best effort here; the pass after the status write makes them
-// again and reports what failed.
-func (r *LeaseReconciler) publishAfterStatus(ctx context.Context, out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) {
-	_ = r.publish(ctx, lease, pods, g, true)
-	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g, false) }
+// Taking a token away reveals nothing, so if the status write fails, the
+// tokens etcd had released by rev are removed all the same: a status write
+// refused again and again (an admission check of the cluster's own) must
+// not leave an ex-holder reporting its token. On the usual path the
+// removals and the new holder's token go out together after the status
+// write, so a handover waits for no extra round trip.
+func (r *LeaseReconciler) publishAfterStatus(out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) {
+	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g) }
+	out.statusRefused = func(ctx context.Context) { _ = r.removeReleased(ctx, lease, pods, g, rev) }
 }

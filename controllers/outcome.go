@@ -16,6 +16,10 @@ type outcome struct {
 	// what must never get ahead of the status, such as a token reaching a
 	// pod before the status records it as issued.
 	afterStatus func(context.Context) error
+	// statusRefused runs, best effort, when the status write fails: what
+	// may go ahead without it, such as taking a released token away, so a
+	// status write refused again and again holds none of it back.
+	statusRefused func(context.Context)
 }
 
 type recordedEvent struct{ kind, reason, note string }

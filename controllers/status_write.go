@@ -74,6 +74,9 @@ func dropFinalizer(ctx context.Context, c apiClient, obj client.Object, finalize
 func finish(ctx context.Context, c apiClient, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
 	if !equality.Semantic.DeepEqual(before, after) {
 		if err := writeStatus(ctx, c.Client, obj, before); err != nil {
+			if out.statusRefused != nil {
+				out.statusRefused(ctx)
+			}
 			return c.requeueIfStale(ctx, obj, err)
 		}
 	}
