@@ -191,7 +191,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	for _, sl := range slots {
 		r.Renewer.Stop(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
 	}
-	if err := r.Store.ReleaseSlots(ctx, slots); err != nil {
+	if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, slots); err != nil {
 		return ctrl.Result{}, err
 	}
 	if rng.Annotations[fencerv1.DeleteNextAnnotation] == "true" {

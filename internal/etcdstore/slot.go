@@ -87,12 +87,26 @@ func (s *Store) LeaseSlot(ctx context.Context, namespace, name string, min, max 
 	return nil, ErrExhausted
 }
 
-// ReleaseSlots revokes the etcd leases of slots, deleting their keys. Used
-// when an IDRange is deleted; a slot's generator is fenced off at once.
-func (s *Store) ReleaseSlots(ctx context.Context, slots []Slot) error {
+// ReleaseSlots deletes the slot keys of an IDRange being deleted, each only
+// while it is still the slot listed (its CreateRevision, the slot's token)
+// and this controller's term holds, then revokes its etcd lease. A slot's
+// generator is fenced off at once. A deposed leader that paused inside a
+// finalize cannot release the slots of a range recreated under the same
+// name since: ErrNotLeader.
+func (s *Store) ReleaseSlots(ctx context.Context, namespace, name string, slots []Slot) error {
+	term, err := s.elector.Term()
+	if err != nil {
+		return err
+	}
 	for _, sl := range slots {
-		ctx, cancel := s.bound(ctx)
-		_, err := s.cli.Revoke(ctx, sl.LeaseID)
+		key := etcdkeys.SlotKey(s.prefix, namespace, name, sl.N)
+		bctx, cancel := s.bound(ctx)
+		_, ok, err := term.commit(bctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", sl.Token)}, clientv3.OpDelete(key))
+		if err == nil && ok {
+			// The key is what fences the generator; its lease, now
+			// holding nothing, would expire with its TTL anyway.
+			_, _ = s.cli.Revoke(bctx, sl.LeaseID)
+		}
 		cancel()
 		if err != nil {
 			return err
@@ -102,10 +116,10 @@ func (s *Store) ReleaseSlots(ctx context.Context, slots []Slot) error {
 }
 
 // DeleteNext removes an IDRange's next key; only on explicit opt-in, since a
-// recreated range would then reissue IDs. It is fenced by the term like
-// every controller write: a deposed leader that paused inside a finalize
-// must not delete the key of a range recreated under the same name since,
-// which its pods' allocators may already be claiming from.
+// recreated range would then reissue IDs. It is fenced by the term: a
+// deposed leader that paused inside a finalize must not delete the key of a
+// range recreated under the same name since, which its pods' allocators
+// may already be claiming from.
 func (s *Store) DeleteNext(ctx context.Context, namespace, name string) error {
 	term, err := s.elector.Term()
 	if err != nil {

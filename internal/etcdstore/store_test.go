@@ -169,7 +169,37 @@ func TestDeposedControllerCannotGrant(t *testing.T) {
 	if resp, err := cli.Get(ctx, next); err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("a deposed controller deleted an IDRange's next key: %v %v", resp, err)
 	}
+	// A range recreated under the name: its slot, leased by the new leader,
+	// survives the deposed leader's release, and a listing of an earlier
+	// lease of the slot (another token) releases nothing either.
 	newStore := NewStore(cli, DefaultPrefix, nu, nil)
+	sl, err := newStore.LeaseSlot(ctx, "ns", "ids", 0, 3, nil, "pod-b", "uid-b", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier := *sl
+	earlier.Token--
+	if err := oldStore.ReleaseSlots(ctx, "ns", "ids", []Slot{*sl}); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("deposed ReleaseSlots: %v, want ErrNotLeader", err)
+	}
+	if err := newStore.ReleaseSlots(ctx, "ns", "ids", []Slot{earlier}); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := newStore.Slots(ctx, "ns", "ids"); err != nil || len(live) != 1 || live[0].Token != sl.Token {
+		t.Fatalf("slots after two releases that must not take it: %+v, %v", live, err)
+	}
+	if err := newStore.ReleaseSlots(ctx, "ns", "ids", []Slot{*sl}); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := newStore.Slots(ctx, "ns", "ids"); err != nil || len(live) != 0 {
+		t.Fatalf("the leader's release left %+v, %v", live, err)
+	}
+	if err := newStore.DeleteNext(ctx, "ns", "ids"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := cli.Get(ctx, next); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("the leader's DeleteNext left the key: %v %v", resp, err)
+	}
 	if _, err := newStore.GrantLease(ctx, "ns", "other", "lease-uid", "pod-b", "uid-b", 30*time.Second, time.Now()); err != nil {
 		t.Fatalf("the new leader cannot grant: %v", err)
 	}
