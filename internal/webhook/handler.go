@@ -197,7 +197,8 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
 			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))})
 	}
-	if live.Grant == nil && lease.Spec.Policy == fencerv1.PolicyMonotonic && f.APIReader != nil {
+	d = decide(w, lease, live)
+	if afresh(d, lease, live) && f.APIReader != nil {
 		// Nobody holds the Lease, and under Monotonic a write may then pass:
 		// what stops an older token is the newest token the status records
 		// as issued, and the Lease's existence. The cache may be behind on
@@ -205,14 +206,22 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 		// an acceptance must not rest on it, so read it afresh, after the
 		// review arrived. The status records a token before any pod learns
 		// it, so no token a write could have been accepted under is missing.
-		if lease, d = leaseFrom(ctx, ReaderLeases{f.APIReader}, req.Namespace, leaseName, w); d != nil {
-			return d.Reason, denied(d)
+		if lease, d = leaseFrom(ctx, ReaderLeases{f.APIReader}, req.Namespace, leaseName, w); d == nil {
+			d = decide(w, lease, live)
 		}
 	}
-	if d := decide(w, lease, live); d != nil && !brokenForTests {
+	if d != nil && !brokenForTests {
 		return d.Reason, denied(d) // traced in observe (Refusals)
 	}
 	return ReasonAllowed, admission.Allowed("")
+}
+
+// afresh reports whether decision d, made from the cached Lease, must be
+// made again from the Lease read afresh: an acceptance, or a token refused
+// as forged (a newer status may show it issued), of a Monotonic Lease that
+// nobody holds. Other refusals stand whatever the fresher Lease says.
+func afresh(d *Denial, lease *fencerv1.Lease, live etcdstore.Live) bool {
+	return live.Grant == nil && lease.Spec.Policy == fencerv1.PolicyMonotonic && (d == nil || d.Reason == fencerv1.DenialForged)
 }
 
 // lease fetches the fencing Lease, from the cache or, if the cache has not

@@ -187,6 +187,32 @@ func TestMonotonicWithoutHolderReadsTheLeaseAfresh(t *testing.T) {
 	// A cache that is current changes nothing.
 	f.APIReader = reader(leaseIssued(fencerv1.PolicyMonotonic, 42))
 	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "42"), stored("report", "", "42"))), 0, "")
+	// A token the cached status already shows as issued, 43 here, is
+	// forged only to a view behind it.
+	f.APIReader = reader(leaseIssued(fencerv1.PolicyMonotonic, 43))
+	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "43"), stored("report", "", "42"))), 0, "")
+
+	// Refusals that a fresher Lease cannot turn into acceptances cost no
+	// read of it: a write that cannot carry a token, and one below the
+	// newest token the cache already shows.
+	reads := &countingReader{Reader: reader(leaseIssued(fencerv1.PolicyMonotonic, 42))}
+	f.APIReader = reads
+	check(t, f.Record(ctx, request(admissionv1.Update, obj("report", "41"), stored("", "", ""))), 409, "must send the newest token issued for the lease, 42")
+	check(t, f.Validate(ctx, request(admissionv1.Delete, nil, stored("report", "", "42"))), 403, "a DELETE cannot carry a fencing token")
+	if reads.n != 0 {
+		t.Fatalf("%d reads of the Lease for refusals the cache decides", reads.n)
+	}
+}
+
+// countingReader counts the Gets it serves.
+type countingReader struct {
+	client.Reader
+	n int
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.n++
+	return c.Reader.Get(ctx, key, obj, opts...)
 }
 
 func TestValidateTokenless(t *testing.T) {
