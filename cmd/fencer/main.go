@@ -158,15 +158,17 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		return err
 	}
 	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, &controllers.LockStates{Etcd: etcd, Prefix: o.etcd.Prefix}, certExpiry(ca, o))
-	// With no ConfigMap to record in, the check is off: the LockFloor only
-	// deletes a floor an earlier check left.
-	floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
-		Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
-	if name := o.etcdAccess.revisionConfigMap; name != "" && o.webhookNamespace != "" {
-		floor.Record = types.NamespacedName{Namespace: o.webhookNamespace, Name: name}
-	}
-	if err := mgr.Add(floor); err != nil {
-		return err
+	if record, run := revisionRecord(o); run {
+		// With no ConfigMap to record in, the check is off: the LockFloor
+		// only deletes a floor an earlier check left.
+		floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
+			Record: record, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
+		if err := mgr.Add(floor); err != nil {
+			return err
+		}
+	} else {
+		ctrl.Log.WithName("lock-floor").Info("etcd's revision is not checked: --etcd-revision-configmap needs --webhook-namespace to record in (not running in a pod); a lock floor an earlier check left stays",
+			"configmap", o.etcdAccess.revisionConfigMap)
 	}
 	metrics.SetBuildInfo(version)
 	go func() {
@@ -301,6 +303,23 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 }
 
 // podNamespace is the namespace of the pod fencer runs in, or "".
+// revisionRecord is where the etcd revision check records, and whether the
+// LockFloor runs at all. --etcd-revision-configmap="" turns the check off
+// and has the LockFloor delete a floor an earlier check left. A ConfigMap
+// name with no namespace to put it in (a manager run outside a pod without
+// --webhook-namespace) cannot record either, but nobody asked to drop the
+// protection: the LockFloor does not run, and a leftover floor stays.
+func revisionRecord(o *options) (record types.NamespacedName, run bool) {
+	switch name := o.etcdAccess.revisionConfigMap; {
+	case name == "":
+		return types.NamespacedName{}, true
+	case o.webhookNamespace == "":
+		return types.NamespacedName{}, false
+	default:
+		return types.NamespacedName{Namespace: o.webhookNamespace, Name: name}, true
+	}
+}
+
 func podNamespace() string {
 	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
 		return ns

@@ -7,12 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/fencer-io/fencer/controllers"
@@ -90,7 +92,7 @@ func (a *etcdAccess) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.credentialsSecret, "etcd-credentials-secret", "fencer-etcd-client", "Name of the Secret with a namespace's etcd credentials (ca.crt, tls.crt, tls.key, endpoints, prefix), kept in every namespace that has a Lease or an IDRange, with --etcd-pki-secret.")
 	fs.StringVar(&a.viewerSecret, "etcd-viewer-secret", "", "Secret, in --webhook-namespace, to keep the read-only lock viewer's etcd client certificate in (user <prefix>:viewer: reads the keyed locks, writes nothing), with the endpoints and prefix; `kubectl fencer locks` connects with it. Needs --etcd-pki-secret and --etcd-enable-auth.")
 	fs.StringVar(&a.identityNamespaces, "identity-namespaces", "", "Comma-separated namespaces that get an etcd identity even with no Lease or IDRange, for workloads that use only keyed locks (or a fenced data key).")
-	fs.StringVar(&a.revisionConfigMap, "etcd-revision-configmap", "fencer-etcd-revision", "ConfigMap, in --webhook-namespace, where the leader records etcd's revision every 10 s; a revision below it later (etcd restored from an old snapshot without --bump-revision) closes keyed locks and Lease grants until etcd passes it. Empty turns the check off, and deletes a floor an earlier check left.")
+	fs.StringVar(&a.revisionConfigMap, "etcd-revision-configmap", "fencer-etcd-revision", "ConfigMap, in --webhook-namespace, where the leader records etcd's revision every 10 s; a revision below it later (etcd restored from an old snapshot without --bump-revision) closes keyed locks and Lease grants until etcd passes it. Empty turns the check off, and deletes a floor an earlier check left. Without --webhook-namespace (outside a pod) there is nowhere to record: the check is off, and a leftover floor stays.")
 	fs.StringVar(&a.workloadEndpoints, "etcd-workload-endpoints", "", "Comma-separated etcd client URLs written into the namespaces' credentials; defaults to --etcd-endpoints.")
 }
 
@@ -131,13 +133,27 @@ func (a *etcdAccess) validate() error {
 	if a.viewerSecret != "" && (a.pkiSecret == "" || !a.enableAuth) {
 		return errors.New("--etcd-viewer-secret needs --etcd-pki-secret (the CA to issue from) and --etcd-enable-auth (without auth its certificate would open all of etcd)")
 	}
-	for _, ns := range etcdstore.SplitList(a.identityNamespaces) {
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return fmt.Errorf("--identity-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+	if err := namespaceList("identity-namespaces", a.identityNamespaces); err != nil {
+		return err
+	}
+	for _, e := range etcdstore.SplitList(a.workloadEndpoints) {
+		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+			return fmt.Errorf("--etcd-workload-endpoints: %q must start with http:// or https://, as the workloads' etcd clients dial it", e)
 		}
 	}
 	if a.credentialsSecret == "" {
 		return errors.New("--etcd-credentials-secret must not be empty")
+	}
+	return nil
+}
+
+// namespaceList refuses a comma-separated list of flag that names
+// something no namespace can be called.
+func namespaceList(flag, list string) error {
+	for _, ns := range etcdstore.SplitList(list) {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("--%s: %q is not a namespace name: %s", flag, ns, strings.Join(errs, "; "))
+		}
 	}
 	return nil
 }
@@ -156,8 +172,10 @@ func (o *options) validate() error {
 	if o.leaderElect && o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be less than --leader-elect-lease-duration (%s)", o.renewDeadline, o.leaseDuration)
 	}
-	if o.leaderElect && o.retryPeriod >= o.renewDeadline {
-		return fmt.Errorf("--leader-elect-retry-period (%s) must be less than --leader-elect-renew-deadline (%s)", o.retryPeriod, o.renewDeadline)
+	if o.leaderElect && (o.retryPeriod <= 0 || float64(o.renewDeadline) <= leaderelection.JitterFactor*float64(o.retryPeriod)) {
+		// client-go's own rule, checked here to name the flags.
+		return fmt.Errorf("--leader-elect-retry-period (%s) must be positive, and --leader-elect-renew-deadline (%s) more than %g times it",
+			o.retryPeriod, o.renewDeadline, leaderelection.JitterFactor)
 	}
 	if o.electionTTL < time.Second {
 		return fmt.Errorf("--etcd-election-ttl must be at least 1s, got %s", o.electionTTL)
@@ -171,7 +189,7 @@ func (o *options) validate() error {
 	if o.certRotation && o.webhookNamespace == "" {
 		return errors.New("--webhook-cert-rotation needs --webhook-namespace (not running in a pod, so it cannot be guessed)")
 	}
-	if o.kubeAPIQPS <= 0 || o.kubeAPIBurst <= 0 {
+	if !(o.kubeAPIQPS > 0) || math.IsInf(o.kubeAPIQPS, 1) || o.kubeAPIBurst <= 0 { // !(> 0) refuses NaN too
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.kubeAPIQPS, o.kubeAPIBurst)
 	}
 	if o.leaseWorkers < 1 {
@@ -180,9 +198,9 @@ func (o *options) validate() error {
 	if o.leaseDeleteWebhook && o.webhookPort == 0 {
 		return errors.New("--lease-delete-webhook needs the webhook server; --webhook-port is 0")
 	}
-	for _, ns := range etcdstore.SplitList(o.finalizerNamespaces) {
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return fmt.Errorf("--lease-finalizer-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+	for flag, list := range map[string]string{"namespaces": o.namespaces, "lease-finalizer-namespaces": o.finalizerNamespaces} {
+		if err := namespaceList(flag, list); err != nil {
+			return err
 		}
 	}
 	if o.etcdStepDown < 0 || o.maintenanceEvery < 0 || o.defragFree < 0 {
