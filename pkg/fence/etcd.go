@@ -105,8 +105,14 @@ type Txn struct {
 // (etcdkeys.DefaultPrefix unless fencer was started with --etcd-prefix).
 func NewTxn(cli *clientv3.Client, prefix, namespace string, t EtcdFence) *Txn {
 	f, err := t.etcdFence(prefix, namespace)
+	if cli == nil && err == nil {
+		err = errNoClient
+	}
 	return &Txn{cli: cli, fence: f, err: err}
 }
+
+// errNoClient: an etcd call was given no client (LoadEtcdAccess makes one).
+var errNoClient = fmt.Errorf("%w: no etcd client (fence.LoadEtcdAccess makes one)", ErrMisconfigured)
 
 // Then adds operations to run when the token is live.
 func (x *Txn) Then(ops ...clientv3.Op) *Txn {
@@ -156,6 +162,9 @@ var ErrLeaseLost = errors.New("fence: the lease was lost")
 func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t Token) (context.Context, error) {
 	if t.LeaseID == 0 {
 		return nil, fmt.Errorf("fence: token of lease %s has no etcd lease ID; Hold is for renewal: Direct leases", t.Lease)
+	}
+	if cli == nil {
+		return nil, errNoClient
 	}
 	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
 	resp, err := cli.Get(ctx, key)

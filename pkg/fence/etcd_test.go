@@ -299,3 +299,19 @@ func TestWatchHeldSeesThroughCompaction(t *testing.T) {
 		t.Fatal("the deletion after a compaction was never seen")
 	}
 }
+
+// Without an etcd client the SDK's etcd calls say what is missing instead
+// of panicking in the caller.
+func TestEtcdCallsWithoutAClient(t *testing.T) {
+	ctx := context.Background()
+	tok := Token{Lease: "job", Value: 5, LeaseID: 7}
+	if _, err := NewTxn(nil, prefix, "ns", tok).Commit(ctx); !errors.Is(err, ErrMisconfigured) {
+		t.Errorf("NewTxn(nil).Commit: %v", err)
+	}
+	if _, err := Hold(ctx, nil, prefix, "ns", tok); !errors.Is(err, ErrMisconfigured) {
+		t.Errorf("Hold(nil): %v", err)
+	}
+	if err := (EtcdHeld{Namespace: "ns"}).Held(ctx, tok); !errors.Is(err, ErrMisconfigured) {
+		t.Errorf("EtcdHeld without a client: %v", err)
+	}
+}

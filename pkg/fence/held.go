@@ -55,6 +55,9 @@ func (e EtcdHeld) Held(ctx context.Context, t Token) error {
 }
 
 func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
+	if e.Client == nil {
+		return 0, errNoClient
+	}
 	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(e.Prefix), e.Namespace, t.Lease)
 	resp, err := e.Client.Get(ctx, key)
 	if err != nil {
@@ -81,7 +84,7 @@ func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
 // UntilLost watches the Lease's key until it stops holding t's grant.
 func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
 	rev, err := e.read(ctx, t)
-	for err != nil && !errors.Is(err, ErrLeaseLost) {
+	for err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrMisconfigured) {
 		// etcd is away: keep trying until it answers or ctx ends.
 		select {
 		case <-ctx.Done():

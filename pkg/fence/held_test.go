@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,8 +185,18 @@ func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
 		"LeaseSource without UID": LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", Lease: "report"},
 		"StatusHeld without PodUID": &Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
 			Check: StatusHeld{Client: c, Namespace: "ns"}},
+		"FileSource on a path with no file": FileSource{Path: filepath.Join(t.TempDir(), "annotations"), Lease: "report"},
+		"FileSource without Path":           FileSource{Lease: "report"},
+		"FileSource without Lease":          FileSource{Path: "testdata/simple.annotations"},
+		"PodSource without Lease":           PodSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me"},
+		"PodSource without Pod":             PodSource{Client: c, Namespace: "ns", UID: "me", Lease: "report"},
+		"LeaseSource without Namespace":     LeaseSource{Client: c, Pod: "w-0", UID: "me", Lease: "report"},
+		"LeaseSource without Lease":         LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me"},
 	} {
-		err := RunExclusive(context.Background(), src, "report", time.Millisecond, func(context.Context, Token) error {
+		// Each of these waited for ever before: no retry fixes them.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := RunExclusive(ctx, src, "report", time.Millisecond, func(context.Context, Token) error {
 			t.Errorf("%s: ran", name)
 			return nil
 		})
@@ -224,3 +235,23 @@ func TestEtcdHeldWithPodUIDConfirmsOnlyThisPodsGrant(t *testing.T) {
 type staticSource struct{ t Token }
 
 func (s staticSource) Token(context.Context) (Token, error) { return s.t, nil }
+
+// A poll interval that is not positive polls every second, not in a busy
+// loop against the file or the apiserver.
+func TestWatchWithoutAnIntervalDoesNotSpin(t *testing.T) {
+	src := &countingSource{}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	for range Watch(ctx, src, "report", 0) {
+	}
+	if n := src.n.Load(); n > 2 {
+		t.Fatalf("%d reads in 200 ms with interval 0", n)
+	}
+}
+
+type countingSource struct{ n atomic.Int32 }
+
+func (c *countingSource) Token(context.Context) (Token, error) {
+	c.n.Add(1)
+	return Token{Lease: "report", Value: 1}, nil
+}

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -94,6 +95,9 @@ func truncate(s string) string {
 
 // TokenFromAnnotations reads lease's token from a pod's annotations.
 func TokenFromAnnotations(annotations map[string]string, lease string) (Token, error) {
+	if lease == "" {
+		return Token{}, fmt.Errorf("%w: no Lease name to read the token of", ErrMisconfigured)
+	}
 	raw, ok := annotations[TokenAnnotationPrefix+lease]
 	if !ok {
 		return Token{}, fmt.Errorf("no %s%s annotation: %w", TokenAnnotationPrefix, lease, ErrNotHolder)
@@ -121,7 +125,15 @@ type FileSource struct {
 
 // Token reads the file now.
 func (f FileSource) Token(context.Context) (Token, error) {
+	if f.Path == "" {
+		return Token{}, fmt.Errorf("%w: FileSource needs Path, the Downward API annotations file", ErrMisconfigured)
+	}
 	data, err := os.ReadFile(f.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The kubelet writes a Downward API file before the container
+		// starts: a missing one is a path or a volume mount to fix.
+		return Token{}, fmt.Errorf("%w: %w (is the Downward API volume with metadata.annotations mounted there?)", ErrMisconfigured, err)
+	}
 	if err != nil {
 		return Token{}, err
 	}
@@ -151,6 +163,9 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 	if p.UID == "" {
 		return Token{}, fmt.Errorf("%w: PodSource needs UID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
 	}
+	if p.Namespace == "" || p.Pod == "" || p.Lease == "" {
+		return Token{}, fmt.Errorf("%w: PodSource needs Namespace, Pod and Lease, got %q, %q and %q", ErrMisconfigured, p.Namespace, p.Pod, p.Lease)
+	}
 	pod := &corev1.Pod{}
 	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
 		return Token{}, err
@@ -161,11 +176,14 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 	return TokenFromAnnotations(pod.Annotations, p.Lease)
 }
 
-// Watch polls src every interval and sends each change: a new token, or
-// the zero Token (with Lease set) when the pod stops holding the lease. The
-// channel closes when ctx ends. Read errors other than ErrNotHolder are
-// retried at the next tick.
+// Watch polls src every interval (1 s if interval is not positive) and
+// sends each change: a new token, or the zero Token (with Lease set) when
+// the pod stops holding the lease. The channel closes when ctx ends. Read
+// errors other than ErrNotHolder are retried at the next tick.
 func Watch(ctx context.Context, src Source, lease string, interval time.Duration) <-chan Token {
+	if interval <= 0 {
+		interval = time.Second // not a busy loop against the file or the apiserver
+	}
 	ch := make(chan Token, 1)
 	go func() {
 		defer close(ch)
@@ -215,6 +233,9 @@ type LeaseSource struct {
 func (l LeaseSource) Token(ctx context.Context) (Token, error) {
 	if l.UID == "" {
 		return Token{}, fmt.Errorf("%w: LeaseSource needs UID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
+	}
+	if l.Lease == "" || l.Namespace == "" || l.Pod == "" {
+		return Token{}, fmt.Errorf("%w: LeaseSource needs Namespace, Lease and Pod, got %q, %q and %q", ErrMisconfigured, l.Namespace, l.Lease, l.Pod)
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {

@@ -77,6 +77,8 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 		return nil, fmt.Errorf("idgen: need 0 <= Min <= Max < MaxInt64, as an IDRange's spec does, got [%d, %d]", o.Min, o.Max)
 	case o.Namespace == "" || o.Name == "":
 		return nil, errors.New("idgen: Namespace and Name of the IDRange are required")
+	case cli == nil:
+		return nil, errors.New("idgen: NewBlocks needs an etcd client (fence.LoadEtcdAccess makes one)")
 	}
 	if o.Prefix == "" {
 		o.Prefix = etcdkeys.DefaultPrefix

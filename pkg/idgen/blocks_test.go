@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,8 +224,21 @@ func TestBlockOptionsRefused(t *testing.T) {
 		{Namespace: "ns", Name: "x", Min: -10, Max: 10, BlockSize: 1},
 		{Min: 0, Max: 10, BlockSize: 1},
 	} {
-		if _, err := NewBlocks(nil, o); err == nil {
+		// A client that is never dialled: only the options are wrong.
+		if _, err := NewBlocks(new(clientv3.Client), o); err == nil {
 			t.Errorf("NewBlocks(%+v) accepted", o)
 		}
+	}
+	good := BlockOptions{Namespace: "ns", Name: "x", Min: 0, Max: 10, BlockSize: 1}
+	if _, err := NewBlocks(new(clientv3.Client), good); err != nil {
+		t.Fatalf("NewBlocks(%+v): %v", good, err)
+	}
+	// Without a client the first Next's background fetch would panic, where
+	// no caller can recover it.
+	if _, err := NewBlocks(nil, good); err == nil || !strings.Contains(err.Error(), "needs an etcd client") {
+		t.Errorf("NewBlocks without a client: %v", err)
+	}
+	if _, err := NewSnowflake(context.Background(), nil, SnowflakeOptions{Slot: 1, PodUID: "u"}); err == nil || !strings.Contains(err.Error(), "needs an etcd client") {
+		t.Errorf("NewSnowflake without a client: %v", err)
 	}
 }

@@ -143,6 +143,9 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if o.PodUID == "" {
 		return nil, errors.New("idgen: SnowflakeOptions.PodUID is required: this pod's UID, from the Downward API's metadata.uid")
 	}
+	if cli == nil {
+		return nil, errors.New("idgen: NewSnowflake needs an etcd client (fence.LoadEtcdAccess makes one)")
+	}
 	if o.Prefix == "" {
 		o.Prefix = etcdkeys.DefaultPrefix
 	}
