@@ -67,7 +67,7 @@ func statusCmd(o *options) *cobra.Command {
 			if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 				return err
 			}
-			var out []leaseStatus
+			out := []leaseStatus{} // [] in JSON for a namespace with none, not null
 			for i := range leases {
 				s, err := statusOf(&leases[i], pods.Items)
 				if err != nil {
