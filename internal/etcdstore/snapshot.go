@@ -23,7 +23,10 @@ const (
 // Snapshot saves a snapshot of etcd into dir as fencer-etcd-<UTC time>.db
 // and deletes all but the newest keep snapshots there. The file appears
 // under its name only once complete and synced, so a crash mid-way leaves
-// no truncated snapshot to restore from. Restore it with etcdutl
+// no truncated snapshot to restore from. When the write fails (a full
+// volume, say), all but the newest keep-1 (at least one) are deleted, so
+// that the next run has room: otherwise pruning, which follows a written
+// snapshot, would never come again. Restore it with etcdutl
 // (docs/operations.md), always with --bump-revision.
 func Snapshot(ctx context.Context, cli *clientv3.Client, dir string, keep int, now time.Time) (path string, size int64, err error) {
 	if keep < 1 {
@@ -36,6 +39,9 @@ func Snapshot(ctx context.Context, cli *clientv3.Client, dir string, keep int, n
 	defer rc.Close()
 	path = filepath.Join(dir, snapshotPrefix+now.UTC().Format("20060102T150405Z")+snapshotSuffix)
 	if size, err = writeSynced(path, rc); err != nil {
+		if perr := prune(dir, max(keep-1, 1)); perr != nil {
+			err = fmt.Errorf("%w; making room for the next: %w", err, perr)
+		}
 		return "", 0, err
 	}
 	return path, size, prune(dir, keep)

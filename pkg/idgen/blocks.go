@@ -27,7 +27,9 @@ type BlockOptions struct {
 	Prefix string
 	// Namespace and Name name the Blocks-mode IDRange.
 	Namespace, Name string
-	// Min and Max are the range's spec.min and spec.max.
+	// Min and Max are the range's spec.min and spec.max. NewBlocks cannot
+	// check them (etcd holds only next): a larger Max hands out IDs past the
+	// range, never twice.
 	Min, Max int64
 	// BlockSize is the size of the blocks this allocator claims.
 	BlockSize int64

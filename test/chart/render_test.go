@@ -11,6 +11,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/strvals"
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
@@ -140,6 +141,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{`commonLabels.fencer\.io/lease=x`, "commonLabels sets the label fencer.io/lease"},
 		{`podLabels.fencer\.io/lease=x`, "podLabels sets the label fencer.io/lease"},
 		{`metrics.dashboard.labels.fencer\.io/lease=x`, "metrics.dashboard.labels sets the label fencer.io/lease"},
+		// Names too long for the backup CronJob (52) and the etcd pods' hash label.
+		{"fullnameOverride=" + strings.Repeat("f", 41), "fullnameOverride"},
+		{"nameOverride=" + strings.Repeat("n", 34), "at most 40 fit"},
+		// A PodDisruptionBudget that would block every drain.
+		{"replicaCount=1", "podDisruptionBudget.minAvailable (1) must be below replicaCount (1)"},
+		// A namespace served but never sent to the webhooks.
+		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
 	} {
 		_, err := renderGo("--set", c.set)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -156,4 +164,31 @@ func TestLeaseFinalizerPolicyIsIgnored(t *testing.T) {
 	if n := len(find(all, "MutatingAdmissionPolicy")) + len(find(all, "MutatingAdmissionPolicyBinding")); n != 0 {
 		t.Errorf("rendered %d MutatingAdmissionPolicy objects; the value is deprecated and ignored", n)
 	}
+}
+
+// extraExemptUsers adds to the lifecycle identities; setting exemptUsers
+// would replace them (Helm replaces lists), and namespace deletion would
+// then hang on the webhook's refusals.
+func TestExtraExemptUsersKeepTheLifecycleIdentities(t *testing.T) {
+	var d appsv1.Deployment
+	one(t, render(t, "--set", "webhook.extraExemptUsers={system:serviceaccount:apps:hpa}"), "Deployment", &d)
+	want := "--exempt-users=system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector,system:kube-controller-manager,system:serviceaccount:apps:hpa"
+	for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--exempt-users=") {
+			if a != want {
+				t.Fatalf("%s\nwant %s", a, want)
+			}
+			return
+		}
+	}
+	t.Fatal("no --exempt-users argument")
+}
+
+// The defaults pass every check of values-check.yaml, and so does a
+// PodDisruptionBudget given as a percentage with one replica.
+func TestValuesChecksPassTheirBounds(t *testing.T) {
+	render(t, "--set", "fullnameOverride="+strings.Repeat("f", 40))
+	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.minAvailable=50%")
+	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.enabled=false")
+	render(t, "--set", "namespaces={team-a}")
 }
