@@ -146,6 +146,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"nameOverride=" + strings.Repeat("n", 34), "at most 40 fit"},
 		// A PodDisruptionBudget that would block every drain.
 		{"replicaCount=1", "podDisruptionBudget.minAvailable (1) must be below replicaCount (1)"},
+		{"podDisruptionBudget.minAvailable=2", "podDisruptionBudget.minAvailable (2) must be below replicaCount (2)"},
 		// A namespace served but never sent to the webhooks.
 		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
 	} {
