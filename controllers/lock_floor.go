@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,26 +43,40 @@ type LockFloor struct {
 	Etcd   *clientv3.Client
 	Prefix string
 	// Record is the ConfigMap that holds the revision. Without one the
-	// check is off, and Start only deletes a floor an earlier check left.
+	// check is off, and Start only deletes a floor an earlier check left:
+	// at once, or, with KeepFloor, once etcd's revision has passed it.
 	Record types.NamespacedName
-	Every  time.Duration
-	Log    logr.Logger
+	// KeepFloor, with no Record, keeps a leftover floor while etcd's
+	// revision is below it: for a manager that cannot record (no namespace
+	// to put the ConfigMap in) but was not told to drop the protection.
+	KeepFloor bool
+	Every     time.Duration
+	Log       logr.Logger
 }
 
-// Start checks every Every until ctx ends; with the check off, it deletes
-// a leftover floor, retrying every Every until etcd answers, and ends.
+// Start checks every Every until ctx ends. With the check off, it deletes
+// a leftover floor, retrying every Every until etcd answers, and ends; with
+// KeepFloor it looks every Every, and deletes the floor once etcd's
+// revision has passed it.
 func (f *LockFloor) Start(ctx context.Context) error {
 	off := f.Record.Name == ""
 	for {
-		if off {
+		switch {
+		case off && f.KeepFloor:
+			if err := f.passFloor(ctx); err != nil && ctx.Err() == nil {
+				f.Log.Error(err, "checking etcd's revision against a lock floor left by an earlier revision check")
+			}
+		case off:
 			err := f.openLeftover(ctx)
 			if err == nil || ctx.Err() != nil {
 				return nil
 			}
 			f.Log.Error(err, "deleting a lock floor left by an earlier revision check")
-		} else if err := f.check(ctx); err != nil && ctx.Err() == nil {
-			// While this fails, a restore of etcd goes unnoticed here.
-			f.Log.Error(err, "checking etcd's revision against the last one recorded", "record", f.Record)
+		default:
+			if err := f.check(ctx); err != nil && ctx.Err() == nil {
+				// While this fails, a restore of etcd goes unnoticed here.
+				f.Log.Error(err, "checking etcd's revision against the last one recorded", "record", f.Record)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -109,16 +124,51 @@ func (f *LockFloor) check(ctx context.Context) error {
 		_, err := f.Etcd.Put(ctx, floorKey, floor)
 		return err
 	}
-	if len(resp.Kvs) > 0 {
-		if _, err := f.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpDelete(floorKey)).Commit(); err != nil {
-			return err
-		}
-		f.Log.Info("etcd's revision passed the lock floor: keyed locks are open again", "revision", rev)
+	if err := f.open(ctx, resp.Kvs, rev); err != nil {
+		return err
 	}
 	if rev == recorded {
 		return nil
 	}
 	return f.record(ctx, cm, rev)
+}
+
+// open deletes the floor read as kvs (if any) at etcd revision rev, the
+// floor that revision has passed; the delete compares the floor's
+// ModRevision, so a floor written since stays.
+func (f *LockFloor) open(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) error {
+	if len(kvs) == 0 {
+		return nil
+	}
+	floorKey := etcdkeys.LockFloorKey(f.Prefix)
+	if _, err := f.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", kvs[0].ModRevision)).Then(clientv3.OpDelete(floorKey)).Commit(); err != nil {
+		return err
+	}
+	f.Log.Info("etcd's revision passed the lock floor: keyed locks and Lease grants are open again", "revision", rev)
+	return nil
+}
+
+// passFloor is the check of a LockFloor that cannot record (KeepFloor):
+// a floor an earlier check left goes once etcd's revision passes it, as
+// the check would delete it, and not before.
+func (f *LockFloor) passFloor(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := f.Etcd.Get(ctx, etcdkeys.LockFloorKey(f.Prefix))
+	if err != nil || len(resp.Kvs) == 0 {
+		return err
+	}
+	rev, err := etcdreply.Revision(resp.Header)
+	if err != nil {
+		return err
+	}
+	floor, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	if err != nil || rev < floor {
+		// A floor that is not a number was not written by a check: it
+		// stays, as the grants that refuse it say.
+		return err
+	}
+	return f.open(ctx, resp.Kvs, rev)
 }
 
 // record writes rev into the ConfigMap, creating it if need be.

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -32,5 +33,36 @@ func TestLockFloorLeftByAnEarlierCheckIsDeleted(t *testing.T) {
 	}
 	if err := f.Start(ctx); err != nil { // no floor: nothing to do
 		t.Fatal(err)
+	}
+}
+
+// A manager that cannot record (KeepFloor) keeps a floor an earlier check
+// left while etcd's revision is below it, and deletes it once the revision
+// has passed it, as the check would: it neither drops the protection nor
+// keeps grants closed for ever.
+func TestLockFloorKeptUntilEtcdPassesIt(t *testing.T) {
+	e := testenv.StartSecureEtcd(t, etcdkeys.DefaultPrefix)
+	cli := e.Client(t, "manager")
+	ctx := context.Background()
+	floor := etcdkeys.LockFloorKey(etcdkeys.DefaultPrefix)
+	f := &LockFloor{Etcd: cli, Prefix: etcdkeys.DefaultPrefix, KeepFloor: true, Log: logr.Discard()}
+	resp, err := cli.Put(ctx, floor, "1000000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.passFloor(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cli.Get(ctx, floor); err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("a floor above etcd's revision %d: %v, %v; want it kept", resp.Header.Revision, got.Kvs, err)
+	}
+	if _, err := cli.Put(ctx, floor, strconv.FormatInt(resp.Header.Revision, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.passFloor(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cli.Get(ctx, floor); err != nil || len(got.Kvs) != 0 {
+		t.Fatalf("a floor etcd's revision has passed: %v, %v; want it deleted", got.Kvs, err)
 	}
 }

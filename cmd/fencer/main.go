@@ -158,17 +158,15 @@ func setupControllers(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, 
 		return err
 	}
 	ctrlmetrics.Registry.MustRegister(&controllers.LeaseStates{Reader: mgr.GetCache(), Clock: clock.RealClock{}}, &controllers.LockStates{Etcd: etcd, Prefix: o.etcd.Prefix}, certExpiry(ca, o))
-	if record, run := revisionRecord(o); run {
-		// With no ConfigMap to record in, the check is off: the LockFloor
-		// only deletes a floor an earlier check left.
-		floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
-			Record: record, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
-		if err := mgr.Add(floor); err != nil {
-			return err
-		}
-	} else {
-		ctrl.Log.WithName("lock-floor").Info("etcd's revision is not checked: --etcd-revision-configmap needs --webhook-namespace to record in (not running in a pod); a lock floor an earlier check left stays",
+	record, keepFloor := revisionRecord(o)
+	if keepFloor {
+		ctrl.Log.WithName("lock-floor").Info("etcd's revision is not recorded: --etcd-revision-configmap needs --webhook-namespace (not running in a pod); a lock floor an earlier check left stays until etcd's revision passes it",
 			"configmap", o.etcdAccess.revisionConfigMap)
+	}
+	floor := &controllers.LockFloor{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Etcd: etcd, Prefix: o.etcd.Prefix,
+		Record: record, KeepFloor: keepFloor, Every: 10 * time.Second, Log: ctrl.Log.WithName("lock-floor")}
+	if err := mgr.Add(floor); err != nil {
+		return err
 	}
 	metrics.SetBuildInfo(version)
 	go func() {
@@ -303,20 +301,21 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 }
 
 // podNamespace is the namespace of the pod fencer runs in, or "".
-// revisionRecord is where the etcd revision check records, and whether the
-// LockFloor runs at all. --etcd-revision-configmap="" turns the check off
-// and has the LockFloor delete a floor an earlier check left. A ConfigMap
-// name with no namespace to put it in (a manager run outside a pod without
+// revisionRecord is where the etcd revision check records, if anywhere.
+// --etcd-revision-configmap="" turns the check off, and the LockFloor then
+// deletes a floor an earlier check left. A ConfigMap name with no
+// namespace to put it in (a manager run outside a pod without
 // --webhook-namespace) cannot record either, but nobody asked to drop the
-// protection: the LockFloor does not run, and a leftover floor stays.
-func revisionRecord(o *options) (record types.NamespacedName, run bool) {
+// protection: keepFloor, and a leftover floor stays until etcd's revision
+// passes it, as the check itself would have it.
+func revisionRecord(o *options) (record types.NamespacedName, keepFloor bool) {
 	switch name := o.etcdAccess.revisionConfigMap; {
 	case name == "":
-		return types.NamespacedName{}, true
-	case o.webhookNamespace == "":
 		return types.NamespacedName{}, false
+	case o.webhookNamespace == "":
+		return types.NamespacedName{}, true
 	default:
-		return types.NamespacedName{Namespace: o.webhookNamespace, Name: name}, true
+		return types.NamespacedName{Namespace: o.webhookNamespace, Name: name}, false
 	}
 }
 

@@ -51,3 +51,28 @@ func TestEnableAuthRefusesAForeignCommonName(t *testing.T) {
 		}
 	}
 }
+
+// A manager that cannot record etcd's revision (no namespace to put the
+// ConfigMap in) keeps a floor an earlier check left until etcd passes it:
+// only --etcd-revision-configmap="" asks for it to go at once.
+func TestRevisionRecord(t *testing.T) {
+	cases := []struct {
+		args      []string
+		record    string
+		keepFloor bool
+	}{
+		{[]string{"--webhook-namespace=fencer-system"}, "fencer-system/fencer-etcd-revision", false},
+		{[]string{"--webhook-namespace="}, "/", true},
+		{[]string{"--webhook-namespace=", "--etcd-revision-configmap="}, "/", false},
+		{[]string{"--webhook-namespace=fencer-system", "--etcd-revision-configmap="}, "/", false},
+	}
+	for _, tc := range cases {
+		o, err := parseFlagsQuiet(append([]string{"--etcd-endpoints=http://e:1"}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if record, keep := revisionRecord(o); record.String() != tc.record || keep != tc.keepFloor {
+			t.Errorf("%v: record %q, keepFloor %v; want %q, %v", tc.args, record.String(), keep, tc.record, tc.keepFloor)
+		}
+	}
+}
