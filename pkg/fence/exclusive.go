@@ -16,6 +16,11 @@ import (
 // ran. Pass every write fn makes through the token (Stamp, Client, NewTxn),
 // since cancellation alone cannot stop a write already on the wire.
 func RunExclusive(ctx context.Context, src Source, lease string, poll time.Duration, fn func(context.Context, Token) error) error {
+	if c, ok := src.(interface{ misconfigured() error }); ok {
+		if err := c.misconfigured(); err != nil {
+			return err // a Verified source's check, which a pod not yet holding never reaches
+		}
+	}
 	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) {
 		return err // Watch would retry it forever
 	}

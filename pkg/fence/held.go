@@ -48,6 +48,14 @@ type EtcdHeld struct {
 	PodUID types.UID
 }
 
+// misconfigured says what no retry of e will fix, before any I/O.
+func (e EtcdHeld) misconfigured() error {
+	if e.Client == nil {
+		return errNoClient
+	}
+	return nil
+}
+
 // Held reads the Lease's key now.
 func (e EtcdHeld) Held(ctx context.Context, t Token) error {
 	_, err := e.read(ctx, t)
@@ -55,8 +63,8 @@ func (e EtcdHeld) Held(ctx context.Context, t Token) error {
 }
 
 func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
-	if e.Client == nil {
-		return 0, errNoClient
+	if err := e.misconfigured(); err != nil {
+		return 0, err
 	}
 	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(e.Prefix), e.Namespace, t.Lease)
 	resp, err := e.Client.Get(ctx, key)
@@ -111,10 +119,18 @@ type StatusHeld struct {
 	Interval time.Duration
 }
 
-// Held reads the Lease now.
-func (s StatusHeld) Held(ctx context.Context, t Token) error {
+// misconfigured says what no retry of s will fix, before any I/O.
+func (s StatusHeld) misconfigured() error {
 	if s.PodUID == "" {
 		return fmt.Errorf("%w: StatusHeld needs PodUID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
+	}
+	return nil
+}
+
+// Held reads the Lease now.
+func (s StatusHeld) Held(ctx context.Context, t Token) error {
+	if err := s.misconfigured(); err != nil {
+		return err
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: t.Lease}, lease); err != nil {
@@ -155,6 +171,16 @@ type Verified struct {
 }
 
 func (v Verified) untilLost(ctx context.Context, t Token) error { return v.Check.UntilLost(ctx, t) }
+
+// misconfigured says what no retry of v's check will fix, before any I/O:
+// a pod that does not hold the lease yet reads no token to check, so
+// RunExclusive asks this up front instead of waiting for the grant.
+func (v Verified) misconfigured() error {
+	if c, ok := v.Check.(interface{ misconfigured() error }); ok {
+		return c.misconfigured()
+	}
+	return nil
+}
 
 // Token reads Source, then confirms the grant with Check.
 func (v Verified) Token(ctx context.Context) (Token, error) {

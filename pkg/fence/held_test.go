@@ -192,6 +192,12 @@ func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
 		"PodSource without Pod":             PodSource{Client: c, Namespace: "ns", UID: "me", Lease: "report"},
 		"LeaseSource without Namespace":     LeaseSource{Client: c, Pod: "w-0", UID: "me", Lease: "report"},
 		"LeaseSource without Lease":         LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me"},
+		// A pod that does not hold the lease yet: the source reads no
+		// token, so the check's own misconfiguration shows only up front.
+		"EtcdHeld without a client, not holding": Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-1", UID: "other", Lease: "report"},
+			Check: EtcdHeld{Namespace: "ns"}},
+		"StatusHeld without PodUID, not holding": &Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-1", UID: "other", Lease: "report"},
+			Check: StatusHeld{Client: c, Namespace: "ns"}},
 	} {
 		// Each of these waited for ever before: no retry fixes them.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
