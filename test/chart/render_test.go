@@ -142,11 +142,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{`podLabels.fencer\.io/lease=x`, "podLabels sets the label fencer.io/lease"},
 		{`metrics.dashboard.labels.fencer\.io/lease=x`, "metrics.dashboard.labels sets the label fencer.io/lease"},
 		// Names too long for the backup CronJob (52) and the etcd pods' hash label.
-		{"fullnameOverride=" + strings.Repeat("f", 41), "fullnameOverride"},
+		{"fullnameOverride=" + strings.Repeat("f", 41), "at most 40 fit (the backup CronJob"},
 		{"nameOverride=" + strings.Repeat("n", 34), "at most 40 fit"},
+		{"fullnameOverride=" + strings.Repeat("f", 51), "fullnameOverride"},
 		// A PodDisruptionBudget that would block every drain.
-		{"replicaCount=1", "podDisruptionBudget.minAvailable (1) must be below replicaCount (1)"},
-		{"podDisruptionBudget.minAvailable=2", "podDisruptionBudget.minAvailable (2) must be below replicaCount (2)"},
+		{"replicaCount=1", "podDisruptionBudget.minAvailable (1) leaves none of the 1 replicas free to evict"},
+		{"podDisruptionBudget.minAvailable=2", "podDisruptionBudget.minAvailable (2) leaves none of the 2 replicas free to evict"},
+		{"podDisruptionBudget.minAvailable=100%", "podDisruptionBudget.minAvailable (100%) leaves none of the 2 replicas"},
 		// A namespace served but never sent to the webhooks.
 		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
 	} {
@@ -185,11 +187,13 @@ func TestExtraExemptUsersKeepTheLifecycleIdentities(t *testing.T) {
 	t.Fatal("no --exempt-users argument")
 }
 
-// The defaults pass every check of values-check.yaml, and so does a
-// PodDisruptionBudget given as a percentage with one replica.
+// What values-check.yaml allows at each of its bounds still renders.
 func TestValuesChecksPassTheirBounds(t *testing.T) {
 	render(t, "--set", "fullnameOverride="+strings.Repeat("f", 40))
-	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.minAvailable=50%")
+	render(t, "--set", "fullnameOverride="+strings.Repeat("f", 47), "--set", "etcd.backup.enabled=false")
+	render(t, "--set", "fullnameOverride="+strings.Repeat("f", 50), "--set", "etcd.endpoints={https://etcd:2379}")
+	render(t, "--set", "replicaCount=3", "--set", "podDisruptionBudget.minAvailable=50%")
 	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.enabled=false")
 	render(t, "--set", "namespaces={team-a}")
+	render(t, "--set", "webhook.exemptUsers=null") // renders --exempt-users= as before extraExemptUsers
 }
