@@ -109,7 +109,7 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 	plugin("status.golden", "status")
 	plugin("status-job.golden", "status", "job")
 	plugin("status-job-json.golden", "status", "job", "-o", "json")
-	plugin("status-none-json.golden", "status", "-n", "default", "-o", "json") // [], not null
+	plugin("status-none-json.golden", "status", "-n", "kube-public", "-o", "json") // no Leases there: [], not null
 	plugin("history.golden", "history", "job")
 	plugin("check-allowed.golden", "check", "cm/out", "--token", strconv.FormatInt(token, 10))
 	plugin("check-stale.golden", "check", "configmap", "out", "--token", strconv.FormatInt(token-1, 10))
