@@ -124,6 +124,9 @@ func (s StatusHeld) misconfigured() error {
 	if s.PodUID == "" {
 		return fmt.Errorf("%w: StatusHeld needs PodUID, this pod's UID (the Downward API's metadata.uid)", ErrMisconfigured)
 	}
+	if s.Client == nil {
+		return errNoAPIClient("StatusHeld")
+	}
 	return nil
 }
 

@@ -192,6 +192,11 @@ func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
 		"PodSource without Pod":             PodSource{Client: c, Namespace: "ns", UID: "me", Lease: "report"},
 		"LeaseSource without Namespace":     LeaseSource{Client: c, Pod: "w-0", UID: "me", Lease: "report"},
 		"LeaseSource without Lease":         LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me"},
+		// A nil client panicked at the first read.
+		"PodSource without Client":   PodSource{Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+		"LeaseSource without Client": LeaseSource{Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+		"StatusHeld without Client, holding": &Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+			Check: StatusHeld{Namespace: "ns", PodUID: "me"}},
 		// A pod that does not hold the lease yet: the source reads no
 		// token, so the check's own misconfiguration shows only up front.
 		"EtcdHeld without a client, not holding": Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-1", UID: "other", Lease: "report"},

@@ -46,6 +46,13 @@ var ErrNotHolder = errors.New("this pod does not hold the lease")
 // pod's UID, say): no retry will help. RunExclusive returns it at once.
 var ErrMisconfigured = errors.New("fence: misconfigured")
 
+// errNoAPIClient: a source or check that reads the API was given no client
+// (a nil interface would panic at the first read, in a goroutine no caller
+// can recover).
+func errNoAPIClient(what string) error {
+	return fmt.Errorf("%w: %s needs Client, a reader of the Kubernetes API (controller-runtime's client.New makes one)", ErrMisconfigured, what)
+}
+
 // Token is a fencing token of one lease.
 type Token struct {
 	// Lease is the name of the fencer Lease, in the pod's namespace.
@@ -166,6 +173,9 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 	if p.Namespace == "" || p.Pod == "" || p.Lease == "" {
 		return Token{}, fmt.Errorf("%w: PodSource needs Namespace, Pod and Lease, got %q, %q and %q", ErrMisconfigured, p.Namespace, p.Pod, p.Lease)
 	}
+	if p.Client == nil {
+		return Token{}, errNoAPIClient("PodSource")
+	}
 	pod := &corev1.Pod{}
 	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
 		return Token{}, err
@@ -236,6 +246,9 @@ func (l LeaseSource) Token(ctx context.Context) (Token, error) {
 	}
 	if l.Lease == "" || l.Namespace == "" || l.Pod == "" {
 		return Token{}, fmt.Errorf("%w: LeaseSource needs Namespace, Lease and Pod, got %q, %q and %q", ErrMisconfigured, l.Namespace, l.Lease, l.Pod)
+	}
+	if l.Client == nil {
+		return Token{}, errNoAPIClient("LeaseSource")
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {
