@@ -177,7 +177,8 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if !controllerutil.ContainsFinalizer(rng, fencerv1.IDRangeFinalizer) {
 		return ctrl.Result{}, nil
 	}
-	if ok, err := r.stillDeleting(ctx, rng); !ok || err != nil {
+	live, err := r.stillDeleting(ctx, rng)
+	if live == nil || err != nil {
 		return ctrl.Result{}, err
 	}
 	if _, err := r.Elector.Term(); err != nil {
@@ -194,7 +195,9 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, slots); err != nil {
 		return ctrl.Result{}, err
 	}
-	if rng.Annotations[fencerv1.DeleteNextAnnotation] == "true" {
+	// The opt-in as the API server has it now: one set just before the
+	// delete may not have reached the cache.
+	if live.Annotations[fencerv1.DeleteNextAnnotation] == "true" {
 		if err := r.Store.DeleteNext(ctx, rng.Namespace, rng.Name); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -217,17 +220,21 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 // an IDRange whose finalizer an earlier pass already removed, after a new
 // IDRange took its name: the slots and the next key are the new range's
 // then, and finalizing again would revoke its slots and, with
-// fencer.io/delete-next-on-delete, send its allocators back to min.
-func (r *IDRangeReconciler) stillDeleting(ctx context.Context, rng *fencerv1.IDRange) (bool, error) {
+// fencer.io/delete-next-on-delete, send its allocators back to min. It
+// returns the fresh IDRange, or nil when there is nothing to finalize.
+func (r *IDRangeReconciler) stillDeleting(ctx context.Context, rng *fencerv1.IDRange) (*fencerv1.IDRange, error) {
 	live := &fencerv1.IDRange{}
 	err := apiClientOf(r.Client, r.APIReader).live.Get(ctx, client.ObjectKeyFromObject(rng), live)
 	if apierrors.IsNotFound(err) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return live.UID == rng.UID && !live.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(live, fencerv1.IDRangeFinalizer), nil
+	if live.UID != rng.UID || live.DeletionTimestamp.IsZero() || !controllerutil.ContainsFinalizer(live, fencerv1.IDRangeFinalizer) {
+		return nil, nil
+	}
+	return live, nil
 }
 
 // SetupWithManager registers the controller; a new etcd term wakes every range.

@@ -8,10 +8,15 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // An IDRange stored before the CRD refused a negative min still reaches the
@@ -64,6 +69,65 @@ func TestFinalizeOfARangeNoLongerThereReleasesNothing(t *testing.T) {
 		res, err := r.finalize(context.Background(), stale)
 		if err != nil || !res.IsZero() {
 			t.Errorf("%s: finalize = %+v, %v; want nothing to do", name, res, err)
+		}
+	}
+}
+
+// The opt-in fencer.io/delete-next-on-delete is read from the API server at
+// the finalize, not from the cache: an annotation set just before the
+// delete may not have reached the cache, and the next-ID key must go all
+// the same (and stay when the API server no longer has the opt-in).
+func TestFinalizeTakesTheDeleteNextOptInFromTheAPIServer(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	e := testenv.StartSecureEtcd(t, etcdkeys.DefaultPrefix)
+	cli := e.Client(t, "manager")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	elector := etcdstore.NewElector(cli, etcdkeys.DefaultPrefix, "test", 5*time.Second)
+	go func() { _ = elector.Start(ctx) }()
+	for _, err := elector.Term(); err != nil; _, err = elector.Term() {
+		select {
+		case <-elector.Changed():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no etcd term")
+		}
+	}
+	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, nil)
+	next := etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, "ns", "ids")
+	for name, tc := range map[string]struct {
+		cached, live map[string]string
+		deleted      bool
+	}{
+		"set after the cache saw the range": {live: map[string]string{fencerv1.DeleteNextAnnotation: "true"}, deleted: true},
+		"removed after the cache saw it":    {cached: map[string]string{fencerv1.DeleteNextAnnotation: "true"}},
+	} {
+		if _, err := cli.Put(ctx, next, "1001"); err != nil {
+			t.Fatal(err)
+		}
+		meta := func(ann map[string]string) metav1.ObjectMeta {
+			return metav1.ObjectMeta{
+				Namespace: "ns", Name: "ids", UID: "u", Annotations: ann,
+				Finalizers: []string{fencerv1.IDRangeFinalizer}, DeletionTimestamp: &metav1.Time{Time: time.Now()},
+			}
+		}
+		api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(&fencerv1.IDRange{ObjectMeta: meta(tc.live)}).Build()
+		r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
+		r.APIReader = api
+		if _, err := r.finalize(ctx, &fencerv1.IDRange{ObjectMeta: meta(tc.cached)}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		resp, err := cli.Get(ctx, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gone := len(resp.Kvs) == 0; gone != tc.deleted {
+			t.Errorf("%s: next key deleted = %v, want %v", name, gone, tc.deleted)
 		}
 	}
 }
