@@ -2,8 +2,10 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -70,7 +72,14 @@ func writeSynced(path string, r io.Reader) (int64, error) {
 	return n, nil
 }
 
-// prune deletes all but the newest keep snapshots in dir.
+// abandonedPart is how long a partial copy may go unwritten before prune
+// takes it for one a killed run left (a Job past its deadline, the OOM
+// killer): a write in progress streams into it all the time, and nothing
+// else would ever delete it.
+const abandonedPart = 10 * time.Minute
+
+// prune deletes all but the newest keep snapshots in dir, and the partial
+// copies killed runs left there.
 func prune(dir string, keep int) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -78,8 +87,18 @@ func prune(dir string, keep int) error {
 	}
 	var snaps []string
 	for _, e := range entries {
-		if n := e.Name(); strings.HasPrefix(n, snapshotPrefix) && strings.HasSuffix(n, snapshotSuffix) {
+		n := e.Name()
+		if !strings.HasPrefix(n, snapshotPrefix) || e.IsDir() {
+			continue
+		}
+		if strings.HasSuffix(n, snapshotSuffix) {
 			snaps = append(snaps, n)
+		} else if strings.HasSuffix(n, snapshotSuffix+".part") {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > abandonedPart {
+				if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
 		}
 	}
 	sort.Strings(snaps)

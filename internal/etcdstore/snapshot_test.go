@@ -2,6 +2,8 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -81,5 +83,34 @@ func TestSnapshotThatFailsMakesRoomForTheNext(t *testing.T) {
 	want := []string{"fencer-etcd-20261130T130000Z.db", "fencer-etcd-20261130T140000Z.db"}
 	if len(names) != 2 || names[0] != want[0] || names[1] != want[1] {
 		t.Fatalf("after a failed write: %v, want %v", names, want)
+	}
+}
+
+// A run killed mid-write (a Job past its deadline, the OOM killer) leaves
+// its partial copy behind, and nothing else would ever delete it: the next
+// run does, once it has gone unwritten long enough that no write is in
+// progress into it. A fresh one, another run's write, stays.
+func TestSnapshotDeletesPartialCopiesKilledRunsLeft(t *testing.T) {
+	cli := startEtcd(t)
+	dir := t.TempDir()
+	abandoned := filepath.Join(dir, "fencer-etcd-20261130T110000Z.db.part")
+	writing := filepath.Join(dir, "fencer-etcd-20261130T115959Z.db.part")
+	for _, p := range []string{abandoned, writing} {
+		if err := os.WriteFile(p, []byte("half a snapshot"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-abandonedPart - time.Minute)
+	if err := os.Chtimes(abandoned, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Snapshot(context.Background(), cli, dir, 2, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(abandoned); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the killed run's partial copy: %v, want it deleted", err)
+	}
+	if _, err := os.Stat(writing); err != nil {
+		t.Errorf("a partial copy still being written: %v, want it kept", err)
 	}
 }
