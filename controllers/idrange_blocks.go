@@ -46,14 +46,24 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 	}
 	advance(next)
 	r.handed.prune(id, pods, key)
+	r.own.prune(id, pods)
 	for i := range pods {
 		pod := &pods[i]
-		if pod.DeletionTimestamp != nil || pod.Annotations[key] != "" {
+		if pod.DeletionTimestamp != nil {
 			continue
 		}
 		if _, ok := r.handed.get(id, pod.UID); ok {
 			given = append(given, pod)
 			continue
+		}
+		if shown := pod.Annotations[key]; shown != "" {
+			own, err := r.ownBlock(ctx, rng, pod, shown, out)
+			if err != nil {
+				return err
+			}
+			if own {
+				continue
+			}
 		}
 		if next > rng.Spec.Max {
 			waiting = append(waiting, pod.Name)
@@ -76,6 +86,27 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 	}
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
 	return nil
+}
+
+// ownBlock says whether pod's annotation shown is a block this controller
+// claimed for it. One that is not (forged, copied with the rest of another
+// pod's metadata, damaged) is one idgen.ConsumeBlock refuses, so the pod
+// would never have a block: it is replaced with a new one, with a Warning.
+func (r *IDRangeReconciler) ownBlock(ctx context.Context, rng *fencerv1.IDRange, pod *corev1.Pod, shown string, out *outcome) (bool, error) {
+	if r.own.is(rng.UID, pod.UID, shown) {
+		return true, nil
+	}
+	ok, err := r.Store.BlockClaimed(ctx, rng.Namespace, rng.Name, shown, pod.UID)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		r.own.add(rng.UID, pod.UID, shown)
+		return true, nil
+	}
+	metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
+	out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q, not a block fencer claimed for it (forged, copied from another pod, or damaged); claiming a new one", pod.Name, shown)
+	return false, nil
 }
 
 // annotateBlocks annotates each pod with the block handed to it

@@ -46,6 +46,7 @@ type IDRangeReconciler struct {
 	APIReader client.Reader
 	wake      waker[fencerv1.IDRange, *fencerv1.IDRange]
 	handed    handedBlocks
+	own       ownBlocks
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
@@ -185,6 +186,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	r.handed.forget(rng.UID)
+	r.own.forget(rng.UID)
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return ctrl.Result{}, err

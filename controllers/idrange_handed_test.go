@@ -15,14 +15,19 @@ func TestHandedBlocks(t *testing.T) {
 	h.put(rng, "a", "block=1-10")
 	h.put(rng, "b", "block=11-20")
 	h.put(rng, "c", "block=21-30")
+	h.put(rng, "d", "block=31-40")
 	pods := []corev1.Pod{
 		{ObjectMeta: metav1.ObjectMeta{UID: "a"}},                                                     // still waiting
 		{ObjectMeta: metav1.ObjectMeta{UID: "b", Annotations: map[string]string{key: "block=11-20"}}}, // the cache shows it
 		// c is gone
+		{ObjectMeta: metav1.ObjectMeta{UID: "d", Annotations: map[string]string{key: "block=1-10"}}}, // a copied block the handed one replaces
 	}
 	h.prune(rng, pods, key)
 	if v, ok := h.get(rng, "a"); !ok || v != "block=1-10" {
 		t.Errorf("a waiting pod's block was forgotten: %q %v", v, ok)
+	}
+	if v, ok := h.get(rng, "d"); !ok || v != "block=31-40" {
+		t.Errorf("a pod still showing a copied block lost the block that replaces it: %q %v", v, ok)
 	}
 	for _, uid := range []types.UID{"b", "c"} {
 		if v, ok := h.get(rng, uid); ok {

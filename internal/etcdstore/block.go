@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/idgen"
@@ -52,6 +53,26 @@ func (s *Store) ClaimBlock(ctx context.Context, namespace, name string, min, max
 		}
 		// Another claimer moved next first: read it again.
 	}
+}
+
+// BlockClaimed says whether annotation (a pod's idrange.fencer.io/<name>
+// value) is a block this controller claimed for the pod podUID: its claim
+// record names exactly that block and pod. A forged, copied or damaged
+// annotation is not, and idgen.ConsumeBlock would refuse it.
+func (s *Store) BlockClaimed(ctx context.Context, namespace, name, annotation string, podUID types.UID) (ok bool, err error) {
+	b, err := idgen.ParseBlock(annotation)
+	if err != nil {
+		return false, nil
+	}
+	defer s.timed("get")(&err)
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, etcdkeys.IDRangeClaimKey(s.prefix, namespace, name, b.First))
+	if err != nil || len(resp.Kvs) == 0 {
+		return false, err
+	}
+	var c idgen.BlockClaim
+	return json.Unmarshal(resp.Kvs[0].Value, &c) == nil && c.Names(b, podUID), nil
 }
 
 // ReadNext returns the next unallocated ID (min if nothing was claimed yet).

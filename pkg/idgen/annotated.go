@@ -54,6 +54,11 @@ type BlockClaim struct {
 	Last   int64  `json:"last"`
 }
 
+// Names says whether the record is of block b, handed to the pod podUID.
+func (c BlockClaim) Names(b Block, podUID types.UID) bool {
+	return c.Last == b.Last && c.PodUID == string(podUID)
+}
+
 // ConsumeBlock takes the block of annotation (the pod's
 // idrange.fencer.io/<idrange> value) for this container start, once. The
 // block must be one the controller handed to this pod: its claim record
@@ -104,7 +109,7 @@ func checkClaim(ctx context.Context, cli *clientv3.Client, claimKey string, b Bl
 	if err := json.Unmarshal(resp.Kvs[0].Value, &c); err != nil {
 		return 0, fmt.Errorf("claim record %s holds %q: %w", claimKey, resp.Kvs[0].Value, ErrBlockNotClaimed)
 	}
-	if c.Last != b.Last || c.PodUID != string(podUID) {
+	if !c.Names(b, podUID) {
 		return 0, fmt.Errorf("fencer handed block %d-%d to pod %s (uid %s), not %d-%d to this pod (uid %s): %w",
 			b.First, c.Last, c.Pod, c.PodUID, b.First, b.Last, podUID, ErrBlockNotClaimed)
 	}

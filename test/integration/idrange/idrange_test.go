@@ -23,6 +23,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/idgen"
 	"github.com/fencer-io/fencer/test/support/framework"
 )
 
@@ -446,4 +447,59 @@ func TestNextRegressionRefusesClaims(t *testing.T) {
 	}
 	waitBlocks(t, ns, 4, 60*time.Second)
 	checkDisjoint(t, parseBlocks(t, annotations(t, ns, "ids")), 0, 1_000_000)
+}
+
+// TestRepairForgedAndCopiedBlock: a Blocks pod whose annotation is not a
+// block the controller claimed for it (copied from another pod, as a pod
+// template copied from `kubectl get pod -o yaml` carries; or forged) could
+// never consume it: idgen.ConsumeBlock refuses both. The controller gives
+// such a pod a block of its own, which it can consume, and leaves the
+// pods whose blocks are theirs alone.
+func TestRepairForgedAndCopiedBlock(t *testing.T) {
+	fx.StartController(t, "c1")
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	pods(t, ns, 0, 3)
+	if err := fx.Client.Create(ctx, blocksRange(ns, 1, 1_000_000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	waitBlocks(t, ns, 3, 60*time.Second)
+	before := annotations(t, ns, "ids")
+	key := fencerv1.IDRangeAnnotationPrefix + "ids"
+	set := func(pod, value string) {
+		p := &corev1.Pod{}
+		if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); err != nil {
+			t.Fatal(err)
+		}
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations[key] = value
+		if err := fx.Client.Patch(ctx, p, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := map[string]string{"w-001": before["w-000"], "w-002": "block=2-999999"}
+	for pod, v := range bad {
+		set(pod, v)
+	}
+	for pod, v := range bad {
+		framework.Eventually(t, 60*time.Second, pod+" repaired", func() error {
+			now := annotations(t, ns, "ids")[pod]
+			if now == v || now == before[pod] {
+				return fmt.Errorf("%s still carries %q", pod, now)
+			}
+			p := &corev1.Pod{}
+			if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); err != nil {
+				return err
+			}
+			if _, err := idgen.ConsumeBlock(ctx, fx.EtcdCli, etcdkeys.DefaultPrefix, ns, "ids", now, p.UID); err != nil {
+				t.Fatalf("%s's new block %q: %v", pod, now, err)
+			}
+			return nil
+		})
+	}
+	after := annotations(t, ns, "ids")
+	if after["w-000"] != before["w-000"] {
+		t.Errorf("w-000's own block changed from %q to %q", before["w-000"], after["w-000"])
+	}
+	checkDisjoint(t, parseBlocks(t, after), 1, 1_000_000)
 }
