@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -111,14 +112,21 @@ func (f *LockFloor) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if rev < recorded {
-		floor := strconv.FormatInt(recorded, 10)
+	must := recorded
+	if floor, ok := floorValue(resp.Kvs); ok && floor > must {
+		// A floor above the record: the record was lost (the ConfigMap
+		// deleted, edited, or renamed with the release) after an earlier
+		// check closed the floor. The floor is what etcd must pass.
+		must = floor
+	}
+	if rev < must {
+		floor := strconv.FormatInt(must, 10)
 		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == floor {
 			return nil // closed already
 		}
 		if len(resp.Kvs) == 0 {
 			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks and Lease grants are closed until its revision passes the one recorded (docs/operations.md)",
-				"revision", rev, "recorded", recorded, "record", f.Record)
+				"revision", rev, "recorded", must, "record", f.Record)
 			metrics.RevisionRegressions.Inc()
 		}
 		_, err := f.Etcd.Put(ctx, floorKey, floor)
@@ -141,11 +149,22 @@ func (f *LockFloor) open(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64)
 		return nil
 	}
 	floorKey := etcdkeys.LockFloorKey(f.Prefix)
-	if _, err := f.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", kvs[0].ModRevision)).Then(clientv3.OpDelete(floorKey)).Commit(); err != nil {
-		return err
+	resp, err := f.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", kvs[0].ModRevision)).Then(clientv3.OpDelete(floorKey)).Commit()
+	if err != nil || !resp.Succeeded {
+		return err // a floor written since stays, for the next check
 	}
 	f.Log.Info("etcd's revision passed the lock floor: keyed locks and Lease grants are open again", "revision", rev)
 	return nil
+}
+
+// floorValue reads the floor key's revision, when kvs holds one. Spaces
+// around it are allowed: etcdctl put from a file or stdin keeps a newline.
+func floorValue(kvs []*mvccpb.KeyValue) (int64, bool) {
+	if len(kvs) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(kvs[0].Value)), 10, 64)
+	return v, err == nil
 }
 
 // passFloor is the check of a LockFloor that cannot record (KeepFloor):
@@ -162,12 +181,11 @@ func (f *LockFloor) passFloor(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	floor, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
-	if err != nil || rev < floor {
-		// A floor that is not a number was not written by a check: it
-		// stays, as the grants that refuse it say.
-		return err
+	if floor, ok := floorValue(resp.Kvs); ok && rev < floor {
+		return nil
 	}
+	// Passed, or not a number (no check wrote it): the check would delete
+	// it too, and nothing else would.
 	return f.open(ctx, resp.Kvs, rev)
 }
 

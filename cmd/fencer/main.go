@@ -300,7 +300,6 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 	return mgr.AddReadyzCheck("etcd-auth", enabler.Checker)
 }
 
-// podNamespace is the namespace of the pod fencer runs in, or "".
 // revisionRecord is where the etcd revision check records, if anywhere.
 // --etcd-revision-configmap="" turns the check off, and the LockFloor then
 // deletes a floor an earlier check left. A ConfigMap name with no
@@ -319,6 +318,7 @@ func revisionRecord(o *options) (record types.NamespacedName, keepFloor bool) {
 	}
 }
 
+// podNamespace is the namespace of the pod fencer runs in, or "".
 func podNamespace() string {
 	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
 		return ns
