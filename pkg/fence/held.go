@@ -53,6 +53,11 @@ func (e EtcdHeld) misconfigured() error {
 	if e.Client == nil {
 		return errNoClient
 	}
+	if e.Namespace == "" {
+		// The Lease's key would be read in no namespace: never there, so
+		// every token would read as lost, and RunExclusive wait for ever.
+		return fmt.Errorf("%w: EtcdHeld needs Namespace, the Lease's namespace", ErrMisconfigured)
+	}
 	return nil
 }
 
@@ -127,6 +132,9 @@ func (s StatusHeld) misconfigured() error {
 	if s.Client == nil {
 		return errNoAPIClient("StatusHeld")
 	}
+	if s.Namespace == "" {
+		return fmt.Errorf("%w: StatusHeld needs Namespace, the Lease's namespace", ErrMisconfigured)
+	}
 	return nil
 }
 
@@ -179,14 +187,24 @@ func (v Verified) untilLost(ctx context.Context, t Token) error { return v.Check
 // a pod that does not hold the lease yet reads no token to check, so
 // RunExclusive asks this up front instead of waiting for the grant.
 func (v Verified) misconfigured() error {
-	if c, ok := v.Check.(interface{ misconfigured() error }); ok {
-		return c.misconfigured()
+	if v.Source == nil || v.Check == nil {
+		return fmt.Errorf("%w: Verified needs both Source and Check", ErrMisconfigured)
+	}
+	for _, part := range []any{v.Source, v.Check} { // a Verified may wrap another
+		if c, ok := part.(interface{ misconfigured() error }); ok {
+			if err := c.misconfigured(); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
 
 // Token reads Source, then confirms the grant with Check.
 func (v Verified) Token(ctx context.Context) (Token, error) {
+	if v.Source == nil || v.Check == nil {
+		return Token{}, v.misconfigured()
+	}
 	t, err := v.Source.Token(ctx)
 	if err != nil {
 		return Token{}, err

@@ -192,7 +192,16 @@ func TestRunExclusiveRefusesAMisconfiguredSource(t *testing.T) {
 		"PodSource without Pod":             PodSource{Client: c, Namespace: "ns", UID: "me", Lease: "report"},
 		"LeaseSource without Namespace":     LeaseSource{Client: c, Pod: "w-0", UID: "me", Lease: "report"},
 		"LeaseSource without Lease":         LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me"},
-		// A nil client panicked at the first read.
+		// A nil client panicked at the first read, and so did a Verified
+		// without its Check, once the pod held the lease.
+		"Verified without Check, holding": Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"}},
+		"Verified without Source":         &Verified{Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me"}},
+		"EtcdHeld without Namespace": Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+			Check: EtcdHeld{Client: &clientv3.Client{}}},
+		"StatusHeld without Namespace": Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
+			Check: StatusHeld{Client: c, PodUID: "me"}},
+		"a Verified wrapping a misconfigured Verified": Verified{Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me"},
+			Source: Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"}, Check: StatusHeld{Client: c, Namespace: "ns"}}},
 		"PodSource without Client":   PodSource{Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
 		"LeaseSource without Client": LeaseSource{Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
 		"StatusHeld without Client, holding": &Verified{Source: LeaseSource{Client: c, Namespace: "ns", Pod: "w-0", UID: "me", Lease: "report"},
