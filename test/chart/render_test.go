@@ -3,6 +3,8 @@ package chart
 import (
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,7 +20,7 @@ import (
 
 // render renders the chart with Helm's Go packages (loader, chartutil,
 // engine), as `helm install` does, into objects. args are the variant's
-// helm flags: --set and --api-versions.
+// helm flags: --set, -f and --api-versions.
 func render(t *testing.T, args ...string) []*unstructured.Unstructured {
 	t.Helper()
 	objs, err := renderGo(args...)
@@ -29,6 +31,15 @@ func render(t *testing.T, args ...string) []*unstructured.Unstructured {
 }
 
 func renderGo(args ...string) ([]*unstructured.Unstructured, error) {
+	files, err := renderFiles(args...)
+	if err != nil {
+		return nil, err
+	}
+	return parseRendered(files)
+}
+
+// renderFiles renders the chart into its files' text, by name.
+func renderFiles(args ...string) (map[string]string, error) {
 	ch, err := loader.Load(chartDir())
 	if err != nil {
 		return nil, err
@@ -42,6 +53,14 @@ func renderGo(args ...string) ([]*unstructured.Unstructured, error) {
 			if err := strvals.ParseInto(args[i+1], vals); err != nil {
 				return nil, fmt.Errorf("--set %s: %w", args[i+1], err)
 			}
+		case "-f": // a values file, read as helm reads one (numbers are float64)
+			data, err := os.ReadFile(args[i+1])
+			if err == nil {
+				err = yaml.Unmarshal(data, &vals)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("-f %s: %w", args[i+1], err)
+			}
 		case "--api-versions":
 			caps.APIVersions = append(caps.APIVersions, args[i+1])
 		default:
@@ -53,11 +72,12 @@ func renderGo(args ...string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, err
 	}
-	files, err := engine.Render(ch, top)
-	if err != nil {
-		return nil, err
-	}
-	// helm template's order: by file name within the chart.
+	return engine.Render(ch, top)
+}
+
+// parseRendered parses rendered files into objects, in helm template's
+// order: by file name within the chart.
+func parseRendered(files map[string]string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if !strings.HasSuffix(name, ".yaml") {
@@ -149,6 +169,11 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"replicaCount=1", "podDisruptionBudget.minAvailable (1) leaves none of the 1 replicas free to evict"},
 		{"podDisruptionBudget.minAvailable=2", "podDisruptionBudget.minAvailable (2) leaves none of the 2 replicas free to evict"},
 		{"podDisruptionBudget.minAvailable=100%", "podDisruptionBudget.minAvailable (100%) leaves none of the 2 replicas"},
+		{"podDisruptionBudget.minAvailable= 2", "minAvailable"},
+		{"podDisruptionBudget.minAvailable=+2", "minAvailable"},
+		// The lifecycle identities dropped: namespace deletion would hang.
+		{"webhook.exemptUsers=null", "webhook.exemptUsers is empty"},
+		{"webhook.exemptUsers={}", "exemptUsers"},
 		// A namespace served but never sent to the webhooks.
 		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
 	} {
@@ -195,5 +220,21 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	render(t, "--set", "replicaCount=3", "--set", "podDisruptionBudget.minAvailable=50%")
 	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.enabled=false")
 	render(t, "--set", "namespaces={team-a}")
-	render(t, "--set", "webhook.exemptUsers=null") // renders --exempt-users= as before extraExemptUsers
+}
+
+// A values file's number is a float64: a large minAvailable must still
+// render as an integer (not 1e+06, which the API server refuses).
+func TestLargeMinAvailableRendersAsAnInteger(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte("replicaCount: 1000001\npodDisruptionBudget:\n  minAvailable: 1000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files, err := renderFiles("-f", values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The text, since YAML reads 1e+06 as the same number.
+	if pdb := files["fencer/templates/deployment.yaml"]; !strings.Contains(pdb, "minAvailable: 1000000\n") {
+		t.Errorf("minAvailable does not render as the integer 1000000:\n%s", pdb)
+	}
 }
