@@ -99,7 +99,7 @@ var (
 	// AdmissionDecisions counts the webhook's decisions.
 	AdmissionDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_admission_decisions_total",
-		Help: "Decisions of the fencing webhook. Label operation: CREATE, UPDATE, DELETE, CONNECT. Label result: allowed, refused. Label reason: Allowed, NotFenced, ExemptIdentity, FinalizersReleased, MissingToken, MalformedToken, ForgedToken, BelowObjectToken, BelowLiveToken, NoHolder, NotHolderIdentity, UnknownLease, LeaseLabelChanged, TokenlessWrite, EtcdRevisionRegressed, SupersededToken, LeaseReplaced, LookupFailed, BadRequest, HandlerPanicked (a bug: the handler panicked and the write was refused).",
+		Help: admissionDecisionsHelp,
 	}, []string{"operation", "result", "reason"})
 
 	// AdmissionSeconds measures how long the webhook takes to decide.
@@ -220,3 +220,7 @@ func SetBuildInfo(version string) {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	ctrlmetrics.Registry.MustRegister(buildInfo)
 }
+
+// admissionDecisionsHelp documents every label value of
+// fencer_admission_decisions_total.
+const admissionDecisionsHelp = "Decisions of the fencing webhook. Label operation: CREATE, UPDATE, DELETE, CONNECT. Label result: allowed, refused. Label reason: Allowed, NotFenced, ExemptIdentity, FinalizersReleased, MissingToken, MalformedToken, ForgedToken, BelowObjectToken, BelowLiveToken, NotNewestToken, NoHolder, NotHolderIdentity, UnknownLease, LeaseLabelChanged, TokenlessWrite, EtcdRevisionRegressed, SupersededToken, LeaseReplaced, LookupFailed, BadRequest, HandlerPanicked (a bug: the handler panicked and the write was refused)."
