@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"unicode"
 )
 
 // Resource names what a token fences: the lock whose tokens it takes and
@@ -182,14 +181,11 @@ func (t Table) guardStatement(res Resource, token int64, n int, strict bool) (st
 //     INSERT … SELECT) may not see that holder's rows. For those, call
 //     Guard first; the statements after it read afresh.
 //
-// query must not begin with WITH, and its table must have no DO INSTEAD
+// query may open with comments, but must not begin with WITH, and its table must have no DO INSTEAD
 // rule (a rule that rewrites the statement away drops the guard with it):
 // use Guard, then your statement.
 func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, query string, args ...any) (sql.Result, error) {
-	verb := strings.TrimLeftFunc(query, unicode.IsSpace)
-	if end := strings.IndexFunc(verb, unicode.IsSpace); end >= 0 { // a space, tab or line break
-		verb = verb[:end]
-	}
+	verb := leadingVerb(query)
 	switch strings.ToUpper(verb) {
 	case "INSERT", "UPDATE", "DELETE":
 	default:

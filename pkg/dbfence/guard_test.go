@@ -373,7 +373,7 @@ func TestExecGuardsTheStatement(t *testing.T) {
 	if got := body(t, db); got != "twenty again" {
 		t.Fatalf("body %q, want twenty again", got)
 	}
-	for _, q := range []string{"SELECT 1", "WITH x AS (SELECT 1) UPDATE reports SET body = 'x'", ""} {
+	for _, q := range []string{"SELECT 1", "WITH x AS (SELECT 1) UPDATE reports SET body = 'x'", "/* a comment */ WITH x AS (SELECT 1) UPDATE reports SET body = 'x'", "-- only a comment", ""} {
 		tx, _ := db.BeginTx(ctx, nil)
 		if _, err := table.Exec(ctx, tx, res, 30, q); err == nil || !strings.Contains(err.Error(), "INSERT, UPDATE or DELETE") {
 			t.Errorf("Exec(%q): %v, want a refusal naming what it takes", q, err)

@@ -258,3 +258,21 @@ func TestExecTakesAVerbFollowedByALineBreak(t *testing.T) {
 		t.Fatalf("body %q", got)
 	}
 }
+
+// A statement that opens with a comment, as tools and ORMs write them
+// (/* app=orders */, -- a note), is guarded and run: PostgreSQL reads past
+// the comment, and so does Exec (it refused them before).
+func TestExecTakesAStatementOpeningWithAComment(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	if _, err := table.Exec(ctx, tx, res, 10, "/* app=orders */ -- the nightly report\nINSERT INTO reports VALUES (1, 'commented', $1)", int64(10)); err != nil {
+		t.Fatalf("Exec of an INSERT behind comments: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := body(t, db); got != "commented" {
+		t.Fatalf("body %q", got)
+	}
+}

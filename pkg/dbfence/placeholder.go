@@ -20,6 +20,34 @@ func highestPlaceholder(query string) int {
 	return s.highest
 }
 
+// leadingVerb is the first word of query that PostgreSQL reads: after
+// whitespace and comments (-- to the end of the line, and /* */, which
+// nest), so that Exec takes a statement that opens with a comment, as
+// tools and ORMs write them, and still sees a WITH behind one.
+func leadingVerb(query string) string {
+	s := placeholderScan{q: query}
+	for s.i < len(s.q) {
+		switch c := s.q[s.i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			s.i++
+		case c == '-' && s.at(s.i+1) == '-':
+			s.lineComment()
+		case c == '/' && s.at(s.i+1) == '*':
+			s.blockComment()
+		default:
+			start := s.i
+			for s.i < len(s.q) && identPart(s.q[s.i]) {
+				s.i++
+			}
+			if s.i == start {
+				s.i++ // not a word: name the one character
+			}
+			return s.q[start:s.i]
+		}
+	}
+	return ""
+}
+
 // maxPlaceholder caps what a long run of digits reads as: PostgreSQL
 // allows at most 65,535 parameters, so any $n above that is too many.
 const maxPlaceholder = 1 << 20

@@ -95,3 +95,43 @@ func TestHighestPlaceholderReadsLongNumbers(t *testing.T) {
 		}
 	}
 }
+
+// The verb Exec checks is the statement's first word past whitespace and
+// comments, as PostgreSQL reads it: a leading comment (tools and ORMs
+// write them) no longer hides an UPDATE, and cannot hide a WITH.
+func TestLeadingVerb(t *testing.T) {
+	for query, want := range map[string]string{
+		"UPDATE t SET a = 1":                             "UPDATE",
+		"  \n\tdelete from t":                            "delete",
+		"-- the nightly job\nUPDATE t SET a = 1":         "UPDATE",
+		"/* app=orders */ INSERT INTO t VALUES (1)":      "INSERT",
+		"/* outer /* nested */ still a comment */UPDATE": "UPDATE",
+		"/* hides */ WITH x AS (SELECT 1) UPDATE t":      "WITH",
+		"-- only a comment":                              "",
+		"/* never closed UPDATE t":                       "",
+		"UPDATE\"t\" SET a = 1":                          "UPDATE",
+		"(SELECT 1)":                                     "(",
+		"":                                               "",
+	} {
+		if got := leadingVerb(query); got != want {
+			t.Errorf("leadingVerb(%q) = %q, want %q", query, got, want)
+		}
+	}
+}
+
+// FuzzLeadingVerb: whatever the statement, the verb is a piece of it, and
+// a comment put in front of a statement does not change its verb.
+func FuzzLeadingVerb(f *testing.F) {
+	for _, q := range []string{"UPDATE t SET a = 1", "-- c\nDELETE FROM t", "/* /* */ */WITH x", "/*", "--", "\xff", ""} {
+		f.Add(q)
+	}
+	f.Fuzz(func(t *testing.T, q string) {
+		v := leadingVerb(q)
+		if !strings.Contains(q, v) {
+			t.Fatalf("leadingVerb(%q) = %q, not part of it", q, v)
+		}
+		if got := leadingVerb("/* a comment */ " + q); got != v {
+			t.Fatalf("a comment in front of %q changed its verb from %q to %q", q, v, got)
+		}
+	})
+}
