@@ -101,7 +101,7 @@ func (r *IDRangeReconciler) ownBlock(ctx context.Context, rng *fencerv1.IDRange,
 		return false, err
 	}
 	if ok {
-		r.own.add(rng.UID, pod.UID, shown)
+		r.own.put(rng.UID, pod.UID, shown)
 		return true, nil
 	}
 	metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()

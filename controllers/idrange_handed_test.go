@@ -42,3 +42,27 @@ func TestHandedBlocks(t *testing.T) {
 		t.Error("forget kept a block")
 	}
 }
+
+func TestOwnBlocks(t *testing.T) {
+	rng := types.UID("range-uid")
+	var o ownBlocks
+	o.put(rng, "a", "block=1-10")
+	o.put(rng, "b", "block=11-20")
+	if !o.is(rng, "a", "block=1-10") {
+		t.Error("a checked block is not remembered")
+	}
+	if o.is(rng, "a", "block=11-20") {
+		t.Error("a changed annotation counts as checked")
+	}
+	if o.is("recreated-range-uid", "a", "block=1-10") {
+		t.Error("a range recreated under the name shares the old range's checks")
+	}
+	o.prune(rng, []corev1.Pod{{ObjectMeta: metav1.ObjectMeta{UID: "a"}}}) // b is gone
+	if !o.is(rng, "a", "block=1-10") || o.is(rng, "b", "block=11-20") {
+		t.Error("prune kept a gone pod or dropped a present one")
+	}
+	o.forget(rng)
+	if o.is(rng, "a", "block=1-10") {
+		t.Error("forget kept a check")
+	}
+}
