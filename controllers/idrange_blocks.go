@@ -56,14 +56,16 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 			given = append(given, pod)
 			continue
 		}
+		foreign := ""
 		if shown := pod.Annotations[key]; shown != "" {
-			own, err := r.ownBlock(ctx, rng, pod, shown, out)
-			if err != nil {
-				return err
-			}
-			if own {
+			switch r.checkAnnotation(ctx, rng, pod, shown, out) {
+			case annotationOwn:
+				continue
+			case annotationRestored:
+				given = append(given, pod)
 				continue
 			}
+			foreign = shown
 		}
 		if next > rng.Spec.Max {
 			waiting = append(waiting, pod.Name)
@@ -81,32 +83,64 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		advance(n)
 		rng.Status.AllocatedBlocks++
 		metrics.IDRangeBlocks.Inc()
-		r.handed.put(id, pod.UID, fmt.Sprintf("block=%d-%d", b.First, b.Last))
+		block := fmt.Sprintf("block=%d-%d", b.First, b.Last)
+		r.handed.put(id, pod.UID, block)
 		given = append(given, pod)
+		if foreign != "" {
+			metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
+			out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q, not a block fencer claimed for it (forged, copied from another pod, or damaged); gave it %s", pod.Name, foreign, block)
+		}
 	}
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
 	return nil
 }
 
-// ownBlock says whether pod's annotation shown is a block this controller
-// claimed for it. One that is not (forged, copied with the rest of another
-// pod's metadata, damaged) is one idgen.ConsumeBlock refuses, so the pod
-// would never have a block: it is replaced with a new one, with a Warning.
-func (r *IDRangeReconciler) ownBlock(ctx context.Context, rng *fencerv1.IDRange, pod *corev1.Pod, shown string, out *outcome) (bool, error) {
-	if r.own.is(rng.UID, pod.UID, shown) {
-		return true, nil
+// annotationCheck is what checkAnnotation found a pod's block annotation
+// to be.
+type annotationCheck int
+
+const (
+	// annotationOwn: a block claimed for this pod, or one not checked yet
+	// (etcd did not answer; the next pass reads it again). Left alone.
+	annotationOwn annotationCheck = iota
+	// annotationRestored: not the pod's, but the pod's own block is known,
+	// and is offered again in its place.
+	annotationRestored
+	// annotationForeign: not a block claimed for this pod, and no block of
+	// its own is known: a new one is to be claimed.
+	annotationForeign
+)
+
+// checkAnnotation says whether pod's annotation shown is a block this
+// controller claimed for it. One that is not (forged, copied with the rest
+// of another pod's metadata, damaged) is one idgen.ConsumeBlock refuses, so
+// the pod would never have a block: it gets its own block back, when this
+// manager has seen it, or a new one. Each annotation is read from etcd
+// once: a pod whose annotation is rewritten again and again gets its own
+// block back each time, not a new block each time, and a foreign one that
+// waits for a block (the range exhausted) costs no read per pass.
+func (r *IDRangeReconciler) checkAnnotation(ctx context.Context, rng *fencerv1.IDRange, pod *corev1.Pod, shown string, out *outcome) annotationCheck {
+	switch {
+	case r.own.is(rng.UID, pod.UID, shown):
+		return annotationOwn
+	case !r.own.foreign(rng.UID, pod.UID, shown):
+		ok, err := r.Store.BlockClaimed(ctx, rng.Namespace, rng.Name, shown, pod.UID)
+		if err != nil {
+			return annotationOwn
+		}
+		if ok {
+			r.own.put(rng.UID, pod.UID, shown)
+			return annotationOwn
+		}
+		r.own.markForeign(rng.UID, pod.UID, shown)
 	}
-	ok, err := r.Store.BlockClaimed(ctx, rng.Namespace, rng.Name, shown, pod.UID)
-	if err != nil {
-		return false, err
+	if mine, ok := r.own.get(rng.UID, pod.UID); ok {
+		r.handed.put(rng.UID, pod.UID, mine)
+		metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
+		out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q in place of its block %s; restoring it", pod.Name, shown, mine)
+		return annotationRestored
 	}
-	if ok {
-		r.own.put(rng.UID, pod.UID, shown)
-		return true, nil
-	}
-	metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
-	out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q, not a block fencer claimed for it (forged, copied from another pod, or damaged); claiming a new one", pod.Name, shown)
-	return false, nil
+	return annotationForeign
 }
 
 // annotateBlocks annotates each pod with the block handed to it

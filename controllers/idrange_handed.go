@@ -80,15 +80,26 @@ func (h *handedBlocks) prune(rng types.UID, pods []corev1.Pod, key string) {
 }
 
 // ownBlocks remembers the block annotation found to be one this controller
-// claimed for the pod (its claim record in etcd names it), so that each
-// pod's annotation is read from etcd once per manager, not at every pass.
-// A pod whose annotation changed is checked again.
-type ownBlocks struct{ podBlocks }
+// claimed for the pod (its claim record in etcd names it), and the last one
+// found not to be, so that each annotation a pod shows is read from etcd
+// once per manager, not at every pass.
+type ownBlocks struct {
+	podBlocks
+	notOwn podBlocks
+}
 
 func (o *ownBlocks) is(rng, uid types.UID, block string) bool {
 	v, ok := o.get(rng, uid)
 	return ok && v == block
 }
+
+// foreign says whether block was found not to be the pod's.
+func (o *ownBlocks) foreign(rng, uid types.UID, block string) bool {
+	v, ok := o.notOwn.get(rng, uid)
+	return ok && v == block
+}
+
+func (o *ownBlocks) markForeign(rng, uid types.UID, block string) { o.notOwn.put(rng, uid, block) }
 
 // prune forgets the pods that are gone.
 func (o *ownBlocks) prune(rng types.UID, pods []corev1.Pod) {
@@ -96,5 +107,12 @@ func (o *ownBlocks) prune(rng types.UID, pods []corev1.Pod) {
 	for i := range pods {
 		present[pods[i].UID] = true
 	}
-	o.retain(rng, func(uid types.UID, _ string) bool { return present[uid] })
+	keep := func(uid types.UID, _ string) bool { return present[uid] }
+	o.retain(rng, keep)
+	o.notOwn.retain(rng, keep)
+}
+
+func (o *ownBlocks) forget(rng types.UID) {
+	o.podBlocks.forget(rng)
+	o.notOwn.forget(rng)
 }

@@ -57,12 +57,20 @@ func TestOwnBlocks(t *testing.T) {
 	if o.is("recreated-range-uid", "a", "block=1-10") {
 		t.Error("a range recreated under the name shares the old range's checks")
 	}
+	o.markForeign(rng, "a", "block=500-509")
+	o.markForeign(rng, "b", "block=500-509")
+	if !o.foreign(rng, "a", "block=500-509") || o.foreign(rng, "a", "block=1-10") {
+		t.Error("foreign does not say what was found foreign")
+	}
 	o.prune(rng, []corev1.Pod{{ObjectMeta: metav1.ObjectMeta{UID: "a"}}}) // b is gone
+	if !o.foreign(rng, "a", "block=500-509") || o.foreign(rng, "b", "block=500-509") {
+		t.Error("prune kept a gone pod's foreign block or dropped a present one's")
+	}
 	if !o.is(rng, "a", "block=1-10") || o.is(rng, "b", "block=11-20") {
 		t.Error("prune kept a gone pod or dropped a present one")
 	}
 	o.forget(rng)
-	if o.is(rng, "a", "block=1-10") {
+	if o.is(rng, "a", "block=1-10") || o.foreign(rng, "a", "block=500-509") {
 		t.Error("forget kept a check")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -450,22 +451,30 @@ func TestNextRegressionRefusesClaims(t *testing.T) {
 }
 
 // TestRepairForgedAndCopiedBlock: a Blocks pod whose annotation is not a
-// block the controller claimed for it (copied from another pod, as a pod
-// template copied from `kubectl get pod -o yaml` carries; or forged) could
-// never consume it: idgen.ConsumeBlock refuses both. The controller gives
-// such a pod a block of its own, which it can consume, and leaves the
-// pods whose blocks are theirs alone.
+// block the controller claimed for it could never consume it:
+// idgen.ConsumeBlock refuses it. A pod created with one (its template
+// copied from `kubectl get pod -o yaml` of another pod, or forged) gets a
+// new block of its own; a pod whose own block is overwritten gets that
+// block back, as often as it is overwritten, and no block is burned. The
+// pods whose blocks are theirs are left alone.
 func TestRepairForgedAndCopiedBlock(t *testing.T) {
 	fx.StartController(t, "c1")
 	ctx := context.Background()
 	ns := fx.Namespace(t)
-	pods(t, ns, 0, 3)
+	pods(t, ns, 0, 2)
 	if err := fx.Client.Create(ctx, blocksRange(ns, 1, 1_000_000, 10)); err != nil {
 		t.Fatal(err)
 	}
-	waitBlocks(t, ns, 3, 60*time.Second)
+	waitBlocks(t, ns, 2, 60*time.Second)
 	before := annotations(t, ns, "ids")
 	key := fencerv1.IDRangeAnnotationPrefix + "ids"
+	uid := func(pod string) types.UID {
+		p := &corev1.Pod{}
+		if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); err != nil {
+			t.Fatal(err)
+		}
+		return p.UID
+	}
 	set := func(pod, value string) {
 		p := &corev1.Pod{}
 		if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); err != nil {
@@ -477,29 +486,52 @@ func TestRepairForgedAndCopiedBlock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bad := map[string]string{"w-001": before["w-000"], "w-002": "block=2-999999"}
-	for pod, v := range bad {
-		set(pod, v)
+	// Created with a copied and a forged annotation.
+	bad := map[string]string{"w-002": before["w-000"], "w-003": "block=2-999999"}
+	for name, v := range bad {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "w"}, Annotations: map[string]string{key: v}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		if err := fx.Client.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		fx.SetReady(t, pod, true)
 	}
-	for pod, v := range bad {
-		framework.Eventually(t, 60*time.Second, pod+" repaired", func() error {
-			now := annotations(t, ns, "ids")[pod]
-			if now == v || now == before[pod] {
-				return fmt.Errorf("%s still carries %q", pod, now)
-			}
-			p := &corev1.Pod{}
-			if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); err != nil {
-				return err
-			}
-			if _, err := idgen.ConsumeBlock(ctx, fx.EtcdCli, etcdkeys.DefaultPrefix, ns, "ids", now, p.UID); err != nil {
-				t.Fatalf("%s's new block %q: %v", pod, now, err)
+	for name, v := range bad {
+		framework.Eventually(t, 60*time.Second, name+" given a block of its own", func() error {
+			if now := annotations(t, ns, "ids")[name]; now == v {
+				return fmt.Errorf("%s still carries %q", name, now)
 			}
 			return nil
 		})
 	}
 	after := annotations(t, ns, "ids")
-	if after["w-000"] != before["w-000"] {
-		t.Errorf("w-000's own block changed from %q to %q", before["w-000"], after["w-000"])
+	for name := range bad {
+		if _, err := idgen.ConsumeBlock(ctx, fx.EtcdCli, etcdkeys.DefaultPrefix, ns, "ids", after[name], uid(name)); err != nil {
+			t.Fatalf("%s's new block %q: %v", name, after[name], err)
+		}
+	}
+	for _, name := range []string{"w-000", "w-001"} {
+		if after[name] != before[name] {
+			t.Errorf("%s's own block changed from %q to %q", name, before[name], after[name])
+		}
 	}
 	checkDisjoint(t, parseBlocks(t, after), 1, 1_000_000)
+	// Overwritten, twice (a tool keeping the pod's metadata in line with a
+	// copied template): the pod gets its own block back each time, and no
+	// block is burned.
+	next := etcdNext(t, ns, "ids")
+	for range 2 {
+		set("w-001", before["w-000"])
+		framework.Eventually(t, 60*time.Second, "w-001's own block restored", func() error {
+			if now := annotations(t, ns, "ids")["w-001"]; now != before["w-001"] {
+				return fmt.Errorf("w-001 carries %q, want its block %q back", now, before["w-001"])
+			}
+			return nil
+		})
+	}
+	if n := etcdNext(t, ns, "ids"); n != next {
+		t.Errorf("restoring w-001's block moved next from %d to %d: a block was burned", next, n)
+	}
 }
