@@ -102,7 +102,7 @@ func (f *LockFloor) check(ctx context.Context) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	recorded, _ := strconv.ParseInt(cm.Data[revisionKey], 10, 64)
+	recorded, _ := strconv.ParseInt(strings.TrimSpace(cm.Data[revisionKey]), 10, 64)
 	floorKey := etcdkeys.LockFloorKey(f.Prefix)
 	resp, err := f.Etcd.Get(ctx, floorKey) // linearizable: its header is etcd's revision now
 	if err != nil {
@@ -124,7 +124,7 @@ func (f *LockFloor) check(ctx context.Context) error {
 		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == floor {
 			return nil // closed already
 		}
-		if len(resp.Kvs) == 0 {
+		if _, closed := floorValue(resp.Kvs); !closed { // no floor, or one that is not a number
 			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks and Lease grants are closed until its revision passes the one recorded (docs/operations.md)",
 				"revision", rev, "recorded", must, "record", f.Record)
 			metrics.RevisionRegressions.Inc()
