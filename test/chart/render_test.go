@@ -172,8 +172,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"podDisruptionBudget.minAvailable= 2", "minAvailable"},
 		{"podDisruptionBudget.minAvailable=+2", "minAvailable"},
 		// The lifecycle identities dropped: namespace deletion would hang.
-		{"webhook.exemptUsers=null", "webhook.exemptUsers is empty"},
+		{"webhook.exemptUsers=null", "leave out system:serviceaccount:kube-system:namespace-controller"},
 		{"webhook.exemptUsers={}", "exemptUsers"},
+		{"webhook.exemptUsers={someone}", "leave out system:serviceaccount:kube-system:namespace-controller"},
+		// A leading zero: sprig's int reads 08 as octal (0), YAML as 8.
+		{"podDisruptionBudget.minAvailable=08", "minAvailable"},
+		{"podDisruptionBudget.minAvailable=099%", "minAvailable"},
 		// A namespace served but never sent to the webhooks.
 		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
 	} {
@@ -220,6 +224,12 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	render(t, "--set", "replicaCount=3", "--set", "podDisruptionBudget.minAvailable=50%")
 	render(t, "--set", "replicaCount=1", "--set", "podDisruptionBudget.enabled=false")
 	render(t, "--set", "namespaces={team-a}")
+	// The lifecycle identities through extraExemptUsers, or through groups.
+	render(t, "--set", "webhook.exemptUsers=null", "--set", "webhook.extraExemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector,system:kube-controller-manager}")
+	render(t, "--set", "webhook.exemptUsers={someone}", "--set", "webhook.exemptGroups={system:serviceaccounts:kube-system}")
+	// docs/webhook.md: without system:kube-controller-manager, where every
+	// built-in controller writes as it.
+	render(t, "--set", "webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector}")
 }
 
 // A values file's number is a float64: a large minAvailable must still
