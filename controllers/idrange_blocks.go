@@ -56,16 +56,13 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 			given = append(given, pod)
 			continue
 		}
-		foreign := ""
-		if shown := pod.Annotations[key]; shown != "" {
-			switch r.checkAnnotation(ctx, rng, pod, shown, out) {
-			case annotationOwn:
-				continue
-			case annotationRestored:
-				given = append(given, pod)
-				continue
-			}
-			foreign = shown
+		foreign := pod.Annotations[key]
+		switch r.checkAnnotation(ctx, rng, pod, foreign, out) {
+		case annotationOwn:
+			continue
+		case annotationRestored:
+			given = append(given, pod)
+			continue
 		}
 		if next > rng.Spec.Max {
 			waiting = append(waiting, pod.Name)
@@ -115,12 +112,14 @@ const (
 // controller claimed for it. One that is not (forged, copied with the rest
 // of another pod's metadata, damaged) is one idgen.ConsumeBlock refuses, so
 // the pod would never have a block: it gets its own block back, when this
-// manager has seen it, or a new one. Each annotation is read from etcd
-// once: a pod whose annotation is rewritten again and again gets its own
-// block back each time, not a new block each time, and a foreign one that
+// manager has seen it, or a new one. A pod whose annotation was removed
+// gets its own block back too. Each annotation is read from etcd once: a
+// pod whose annotation is rewritten or removed again and again gets its
+// own block back each time, not a new block each time, and a foreign one that
 // waits for a block (the range exhausted) costs no read per pass.
 func (r *IDRangeReconciler) checkAnnotation(ctx context.Context, rng *fencerv1.IDRange, pod *corev1.Pod, shown string, out *outcome) annotationCheck {
 	switch {
+	case shown == "": // none yet, or removed
 	case r.own.is(rng.UID, pod.UID, shown):
 		return annotationOwn
 	case !r.own.foreign(rng.UID, pod.UID, shown):
@@ -136,8 +135,13 @@ func (r *IDRangeReconciler) checkAnnotation(ctx context.Context, rng *fencerv1.I
 	}
 	if mine, ok := r.own.get(rng.UID, pod.UID); ok {
 		r.handed.put(rng.UID, pod.UID, mine)
-		metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
-		out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q in place of its block %s; restoring it", pod.Name, shown, mine)
+		if shown == "" {
+			metrics.IDRangeRepairs.WithLabelValues("block_removed").Inc()
+			out.event(corev1.EventTypeWarning, "Repaired", "pod %s lost the annotation of its block %s; restoring it", pod.Name, mine)
+		} else {
+			metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
+			out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q in place of its block %s; restoring it", pod.Name, shown, mine)
+		}
 		return annotationRestored
 	}
 	return annotationForeign

@@ -482,6 +482,9 @@ func TestRepairForgedAndCopiedBlock(t *testing.T) {
 		}
 		patch := client.MergeFrom(p.DeepCopy())
 		p.Annotations[key] = value
+		if value == "" {
+			delete(p.Annotations, key)
+		}
 		if err := fx.Client.Patch(ctx, p, patch); err != nil {
 			t.Fatal(err)
 		}
@@ -518,12 +521,12 @@ func TestRepairForgedAndCopiedBlock(t *testing.T) {
 		}
 	}
 	checkDisjoint(t, parseBlocks(t, after), 1, 1_000_000)
-	// Overwritten, twice (a tool keeping the pod's metadata in line with a
-	// copied template): the pod gets its own block back each time, and no
-	// block is burned.
+	// Overwritten twice (a tool keeping the pod's metadata in line with a
+	// copied template), then removed: the pod gets its own block back each
+	// time, and no block is burned.
 	next := etcdNext(t, ns, "ids")
-	for range 2 {
-		set("w-001", before["w-000"])
+	for _, v := range []string{before["w-000"], before["w-000"], ""} { // "": removed
+		set("w-001", v)
 		framework.Eventually(t, 60*time.Second, "w-001's own block restored", func() error {
 			if now := annotations(t, ns, "ids")["w-001"]; now != before["w-001"] {
 				return fmt.Errorf("w-001 carries %q, want its block %q back", now, before["w-001"])
