@@ -124,7 +124,7 @@ func (f *LockFloor) check(ctx context.Context) error {
 		if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == floor {
 			return nil // closed already
 		}
-		if _, closed := floorValue(resp.Kvs); !closed { // no floor, or one that is not a number
+		if v, ok := floorValue(resp.Kvs); !ok || v < must { // no floor, one that is not a number, or an older one
 			f.Log.Error(nil, "etcd's revision is below one already seen: etcd was restored from an old snapshot or replaced; keyed locks and Lease grants are closed until its revision passes the one recorded (docs/operations.md)",
 				"revision", rev, "recorded", must, "record", f.Record)
 			metrics.RevisionRegressions.Inc()

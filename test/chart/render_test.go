@@ -172,9 +172,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"podDisruptionBudget.minAvailable= 2", "minAvailable"},
 		{"podDisruptionBudget.minAvailable=+2", "minAvailable"},
 		// The lifecycle identities dropped: namespace deletion would hang.
-		{"webhook.exemptUsers=null", "leave out system:serviceaccount:kube-system:namespace-controller"},
+		{"webhook.exemptUsers=null", "exempt neither the namespace controller's"},
 		{"webhook.exemptUsers={}", "exemptUsers"},
-		{"webhook.exemptUsers={someone}", "leave out system:serviceaccount:kube-system:namespace-controller"},
+		{"webhook.exemptUsers={someone}", "exempt neither the namespace controller's"},
+		{"webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller}", "exempt neither"},
+		// A group that cannot hold the lifecycle controllers.
+		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={team-admins}", "exempt neither"},
 		// A leading zero: sprig's int reads 08 as octal (0), YAML as 8.
 		{"podDisruptionBudget.minAvailable=08", "minAvailable"},
 		{"podDisruptionBudget.minAvailable=099%", "minAvailable"},
@@ -227,9 +230,11 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	// The lifecycle identities through extraExemptUsers, or through groups.
 	render(t, "--set", "webhook.exemptUsers=null", "--set", "webhook.extraExemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector,system:kube-controller-manager}")
 	render(t, "--set", "webhook.exemptUsers={someone}", "--set", "webhook.exemptGroups={system:serviceaccounts:kube-system}")
-	// docs/webhook.md: without system:kube-controller-manager, where every
-	// built-in controller writes as it.
+	// docs/webhook.md: the two service accounts alone (with
+	// --use-service-account-credentials), or the controller manager's own
+	// identity alone (without it, the lifecycle controllers write as it).
 	render(t, "--set", "webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector}")
+	render(t, "--set", "webhook.exemptUsers={system:kube-controller-manager,ci-bot}")
 }
 
 // A values file's number is a float64: a large minAvailable must still
