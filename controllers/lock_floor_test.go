@@ -116,6 +116,17 @@ func TestLockFloorCheckKeepsAFloorWhoseRecordWasLost(t *testing.T) {
 	if got, _ := strconv.ParseInt(cm.Data[revisionKey], 10, 64); got < resp.Header.Revision {
 		t.Fatalf("recorded %q, want at least %d", cm.Data[revisionKey], resp.Header.Revision)
 	}
+	// A record that is a number is the truth, even lowered by hand below a
+	// floor: that is how an operator reopens after a false alarm.
+	if _, err := cli.Put(ctx, floor, "1000000"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cli.Get(ctx, floor); err != nil || len(got.Kvs) != 0 {
+		t.Fatalf("a floor above a record etcd passed: %v, %v; want it deleted", got.Kvs, err)
+	}
 }
 
 // A floor written by hand with a trailing newline is read as its number,
