@@ -102,8 +102,7 @@ func (f *LockFloor) check(ctx context.Context) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	recorded, perr := strconv.ParseInt(strings.TrimSpace(cm.Data[revisionKey]), 10, 64)
-	lost := perr != nil // no record, or not a number
+	recorded, _ := strconv.ParseInt(strings.TrimSpace(cm.Data[revisionKey]), 10, 64)
 	floorKey := etcdkeys.LockFloorKey(f.Prefix)
 	resp, err := f.Etcd.Get(ctx, floorKey) // linearizable: its header is etcd's revision now
 	if err != nil {
@@ -114,12 +113,13 @@ func (f *LockFloor) check(ctx context.Context) error {
 		return err
 	}
 	must := recorded
-	if floor, ok := floorValue(resp.Kvs); ok && lost && floor > must {
-		// The record was lost (the ConfigMap deleted, renamed with the
-		// release, or its value damaged) after an earlier check closed
-		// the floor: the floor is what etcd must pass. A record that is a
-		// number is the truth, even lowered by hand: that is how an
-		// operator reopens after a false alarm.
+	if floor, ok := floorValue(resp.Kvs); ok && floor > must {
+		// A floor above the record: the record was lost or went back (the
+		// ConfigMap deleted, renamed with the release, edited, or
+		// restored from a cluster backup) after an earlier check closed
+		// the floor. The floor is what etcd must pass; an operator who
+		// knows the alarm was false deletes it by hand
+		// (docs/operations.md).
 		must = floor
 	}
 	if rev < must {

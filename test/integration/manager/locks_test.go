@@ -29,7 +29,7 @@ import (
 func TestKeyedLocksThroughTheManager(t *testing.T) {
 	ctx := context.Background()
 	const ns, app = "locks-mgr", "locks-only"
-	cl, _, etcd := lockedDownManager(t, ns, "--etcd-viewer-secret=etcd-viewer", "--identity-namespaces="+app)
+	cl, pki, etcd := lockedDownManager(t, ns, "--etcd-viewer-secret=etcd-viewer", "--identity-namespaces="+app)
 	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: app}}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,13 +115,24 @@ func TestKeyedLocksThroughTheManager(t *testing.T) {
 		}
 		return nil
 	})
-	// The operator's recovery: etcd's revision passes the record (here,
-	// the record is put back below it).
+	// The recovery from a false alarm (docs/operations.md): the record put
+	// back below etcd's revision, and the floor deleted by hand. Either
+	// alone keeps the locks closed (TestLockFloorCheckKeepsAFloorWhoseRecordWasLost):
+	// the record alone leaves the floor above it, and the floor alone is
+	// written again from the record.
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(&record), &record); err != nil {
 		t.Fatal(err)
 	}
 	record.Data["revision"] = "1"
 	if err := cl.Update(ctx, &record); err != nil {
+		t.Fatal(err)
+	}
+	root, err := pki.Client([]string{etcd.Endpoint}, "manager")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if _, err := root.Delete(ctx, etcdkeys.LockFloorKey("/fencer")); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "keyed locks open again", func() error {
