@@ -178,6 +178,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller}", "exempt neither"},
 		// A group that cannot hold the lifecycle controllers.
 		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={team-admins}", "exempt neither"},
+		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={system:authenticated}", "exempt neither"},
 		// A leading zero: sprig's int reads 08 as octal (0), YAML as 8.
 		{"podDisruptionBudget.minAvailable=08", "minAvailable"},
 		{"podDisruptionBudget.minAvailable=099%", "minAvailable"},
@@ -230,6 +231,12 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	// The lifecycle identities through extraExemptUsers, or through groups.
 	render(t, "--set", "webhook.exemptUsers=null", "--set", "webhook.extraExemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector,system:kube-controller-manager}")
 	render(t, "--set", "webhook.exemptUsers={someone}", "--set", "webhook.exemptGroups={system:serviceaccounts:kube-system}")
+	// One entry holding two groups, as the manager splits it.
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte("webhook:\n  exemptUsers: [someone]\n  exemptGroups: [\"ops, system:serviceaccounts:kube-system\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	render(t, "-f", values)
 	// docs/webhook.md: the two service accounts alone (with
 	// --use-service-account-credentials), or the controller manager's own
 	// identity alone (without it, the lifecycle controllers write as it).
