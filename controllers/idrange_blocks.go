@@ -11,6 +11,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/internal/holder"
 	"github.com/fencer-io/fencer/internal/metrics"
 )
 
@@ -49,8 +50,8 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 	r.own.prune(id, pods)
 	for i := range pods {
 		pod := &pods[i]
-		if pod.DeletionTimestamp != nil {
-			continue
+		if pod.DeletionTimestamp != nil || holder.Finished(pod) {
+			continue // it will issue no more IDs
 		}
 		if _, ok := r.handed.get(id, pod.UID); ok {
 			given = append(given, pod)

@@ -538,3 +538,38 @@ func TestRepairForgedAndCopiedBlock(t *testing.T) {
 		t.Errorf("restoring w-001's block moved next from %d to %d: a block was burned", next, n)
 	}
 }
+
+// TestFinishedPodGetsNoBlock: a pod that has finished (a Job's, Succeeded
+// or Failed) issues no more IDs, so it gets no block: one given to it
+// would be wasted, as Slots mode already knows. Pods are served in name
+// order, and their annotations written in that order after the status, so
+// once w-001 shows its block, a block for w-000 would show too.
+func TestFinishedPodGetsNoBlock(t *testing.T) {
+	fx.StartController(t, "c1")
+	ctx := context.Background()
+	ns := fx.Namespace(t)
+	done := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "w-000", Namespace: ns, Labels: map[string]string{"app": "w"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	if err := fx.Client.Create(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	done.Status.Phase = corev1.PodSucceeded
+	if err := fx.Client.Status().Update(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	pods(t, ns, 1, 2)
+	if err := fx.Client.Create(ctx, blocksRange(ns, 1, 1_000_000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, "w-001's block", func() error {
+		if annotations(t, ns, "ids")["w-001"] == "" {
+			return fmt.Errorf("no block yet")
+		}
+		return nil
+	})
+	if v := annotations(t, ns, "ids")["w-000"]; v != "" {
+		t.Fatalf("the finished pod w-000 was given %q", v)
+	}
+}
