@@ -57,8 +57,8 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 			given = append(given, pod)
 			continue
 		}
-		foreign := pod.Annotations[key]
-		switch r.checkAnnotation(ctx, rng, pod, foreign, out) {
+		shown := pod.Annotations[key] // "" when none: such a pod is simply given a block
+		switch r.checkAnnotation(ctx, rng, pod, shown, out) {
 		case annotationOwn:
 			continue
 		case annotationRestored:
@@ -84,9 +84,9 @@ func (r *IDRangeReconciler) blocks(ctx context.Context, rng *fencerv1.IDRange, p
 		block := fmt.Sprintf("block=%d-%d", b.First, b.Last)
 		r.handed.put(id, pod.UID, block)
 		given = append(given, pod)
-		if foreign != "" {
+		if shown != "" { // a foreign block replaced
 			metrics.IDRangeRepairs.WithLabelValues("block_not_claimed").Inc()
-			out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q, not a block fencer claimed for it (forged, copied from another pod, or damaged); gave it %s", pod.Name, foreign, block)
+			out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q, not a block fencer claimed for it (forged, copied from another pod, or damaged); gave it %s", pod.Name, shown, block)
 		}
 	}
 	exhausted(rng, len(waiting) > 0 || rng.Status.Remaining == 0, waiting, out, "no IDs are left in [%d, %d]", rng.Spec.Min, rng.Spec.Max)
