@@ -3,8 +3,6 @@ package devcluster
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -35,8 +33,9 @@ func freePort() (int, error) {
 
 // FreePorts returns n distinct ports free on 127.0.0.1, for processes that
 // take a port by number. They lie below the kernel's ephemeral range, so no
-// socket the kernel numbers can take one between now and its use. Every
-// listener is held until all n are chosen, so the ports differ.
+// socket the kernel numbers can take one between now and its use, and each
+// is reserved on this machine for reserveFor (see reservations), so no other
+// test process choosing ports at the same time can take it either.
 func FreePorts(n int) ([]int, error) {
 	hi, err := ephemeralStart()
 	if err != nil {
@@ -45,26 +44,7 @@ func FreePorts(n int) ([]int, error) {
 	if hi-portsFrom < 1000 {
 		return nil, fmt.Errorf("the kernel's ephemeral ports start at %d (%s), leaving too few below it above %d; lower it with sysctl net.ipv4.ip_local_port_range", hi, ephemeralFile, portsFrom)
 	}
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for tries := 0; len(ports) < n; tries++ {
-		if tries == 100*n {
-			return nil, fmt.Errorf("found only %d free ports of %d in [%d, %d) after %d tries", len(ports), n, portsFrom, hi, tries)
-		}
-		port := portsFrom + rand.IntN(hi-portsFrom)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue // in use: try another
-		}
-		ls = append(ls, l)
-		ports = append(ports, port)
-	}
-	return ports, nil
+	return reservations{dir: reservationDir(), from: portsFrom, to: hi}.choose(n)
 }
 
 // ephemeralStart is the first port of the kernel's ephemeral range.

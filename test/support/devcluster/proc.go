@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -51,7 +52,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 func (p *proc) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited early (%w); see %s", p.name, p.err, p.log)
+		return fmt.Errorf("%s exited early (%w); see %s, which ends:\n%s", p.name, p.err, p.log, logTail(p.log, 5))
 	default:
 		return nil
 	}
@@ -85,4 +86,18 @@ func (p *proc) stop(grace time.Duration) error {
 func (p *proc) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
+}
+
+// logTail is the last n lines of a log, for the error that reports a process
+// gone: CI keeps the test's output, not the files it wrote.
+func logTail(path string, n int) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(unreadable: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "\t" + strings.Join(lines, "\n\t")
 }
