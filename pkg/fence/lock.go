@@ -265,27 +265,19 @@ func waitDeleted(ctx, sess context.Context, cli *clientv3.Client, key string, cr
 }
 
 // abandon deletes lk's waiter keys, which must not block the keys for as
-// long as the session lives: at once when etcd answers within the
-// Locker's Timeout and the caller's ctx, else in the background. A Lock
-// whose ctx has ended returns then, not a Timeout later.
-func (l *Locker) abandon(ctx context.Context, lk *Lock) {
-	if ctx.Err() != nil || l.deleteWaiters(ctx, lk) != nil {
+// long as the session lives: at once when etcd answers, else in the
+// background.
+func (l *Locker) abandon(lk *Lock) {
+	if l.deleteWaiters(lk) != nil {
 		go l.retryDelete(lk)
 	}
 }
 
-// deleteWaiters deletes lk's waiter keys, bounded by the Locker's Timeout
-// and by ctx's deadline, but not ended by ctx's end: the keys must go
-// even when the caller has gone.
-func (l *Locker) deleteWaiters(ctx context.Context, lk *Lock) error {
-	dctx, cancel := context.WithTimeout(l.ctx, l.opts.Timeout)
+// deleteWaiters deletes lk's waiter keys, bounded by the Locker's Timeout.
+func (l *Locker) deleteWaiters(lk *Lock) error {
+	ctx, cancel := context.WithTimeout(l.ctx, l.opts.Timeout)
 	defer cancel()
-	if deadline, ok := ctx.Deadline(); ok {
-		var cancelAt context.CancelFunc
-		dctx, cancelAt = context.WithDeadline(dctx, deadline)
-		defer cancelAt()
-	}
-	_, err := l.deleteWaitersCtx(dctx, lk)
+	_, err := l.deleteWaitersCtx(ctx, lk)
 	return err
 }
 
@@ -353,7 +345,7 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 // when the session ends, taking them with it.
 func (l *Locker) retryDelete(lk *Lock) {
 	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, 5*time.Second) {
-		err := l.deleteWaiters(lk.sess.ctx, lk)
+		err := l.deleteWaiters(lk)
 		if err == nil {
 			return
 		}

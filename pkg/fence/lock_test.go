@@ -512,44 +512,6 @@ func TestLockFailsFastWhenEtcdIsUnreachable(t *testing.T) {
 	}
 }
 
-// A Lock whose ctx ends while etcd does not answer returns then, not a
-// Timeout later: its clean-up goes on in the background and deletes its
-// waiter key once etcd answers again. The connection stays open and
-// silent, as a partition that drops packets leaves it: a refused one would
-// fail the clean-up at once.
-func TestLockReturnsWhenItsCtxEndsWithEtcdSilent(t *testing.T) {
-	e := startLockEtcd(t)
-	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
-	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
-	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
-	// A Timeout far past the moment ctx ends, and a TTL that outlives the cut.
-	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.Lock(ctx, "k")
-		done <- err
-	}()
-	waitForWaiters(t, e.mgr, "a", "k", 2)
-	p.stall()
-	cancel()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Lock whose ctx was cancelled: %v, want context.Canceled", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Lock outlived its ctx by 15 s with etcd silent: its clean-up waited out the Timeout")
-	}
-	waitForWaiters(t, e.mgr, "a", "k", 2) // etcd has not heard of it yet
-	p.flow()
-	waitForWaiters(t, e.mgr, "a", "k", 1) // the background clean-up deleted it
-	if err := holder.Unlock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A namespace's identity reaches only its own namespace's locks: etcd
 // itself refuses the rest.
 func TestAnotherNamespacesLocksAreRefusedByEtcd(t *testing.T) {

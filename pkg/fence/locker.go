@@ -359,8 +359,8 @@ type LockHolder struct {
 // at one etcd revision, and a waiter only ever waits for older revisions.
 // Waiters on a key are served in the order they queued, and a release
 // wakes only the next. Locks are not reentrant: locking a key this process
-// already holds queues behind it. When ctx ends first, Lock returns ctx's
-// error then, and its waiter keys are deleted in the background.
+// already holds queues behind it. When ctx ends first, the waiter keys are
+// deleted and ctx's error returned.
 func (l *Locker) Lock(ctx context.Context, keys ...string) (*Lock, error) {
 	return l.lock(ctx, ctx, keys)
 }
@@ -411,7 +411,7 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		err = fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
 	}
 	if err != nil {
-		l.abandon(ctx, lk)
+		l.abandon(lk)
 		if waitCtx.Err() != nil && ctx.Err() == nil && sess.ctx.Err() == nil {
 			// Only the wait ran out; a session lost (or closed) first is
 			// the error even when the wait has run out since.
@@ -510,7 +510,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		// time, and this token may have been issued already.
 		if resp.Succeeded {
 			lk.token = resp.Header.Revision
-			l.abandon(ctx, lk)
+			l.abandon(lk)
 		}
 		lk.sess.lose(fmt.Errorf("%w: revision %d after %d", ErrEtcdRegressed, resp.Header.Revision, sentAfter))
 		go l.revoke(lk.sess.id)
@@ -522,7 +522,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		}
 		// A key of this slot exists: an earlier queueing that applied after
 		// its caller gave up. Nobody owns it; delete it and leave the slot.
-		l.abandon(ctx, &Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
+		l.abandon(&Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
 		return false, errNameTaken
 	}
 	lk.token = resp.Header.Revision
