@@ -14,7 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
+
+	"github.com/fencer-io/fencer/test/support/machinelock"
 )
 
 // lockFile serializes the installs of every process on the machine.
@@ -49,7 +50,7 @@ func Install(ctx context.Context, pkgs ...string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("installing %s needs root (apt-get)", strings.Join(pkgs, " "))
 	}
-	unlock, err := lock(ctx)
+	unlock, err := machinelock.Take(ctx, lockFile, "the apt-get install lock")
 	if err != nil {
 		return err
 	}
@@ -68,31 +69,6 @@ func Install(ctx context.Context, pkgs ...string) error {
 		return err
 	}
 	return aptGet(ctx, install...)
-}
-
-// lock takes the machine-wide install lock, waiting for another process's
-// install to end (or ctx).
-func lock(ctx context.Context) (unlock func(), err error) {
-	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("the apt-get lock: %w", err)
-	}
-	locked := make(chan error, 1)
-	go func() { locked <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
-	select {
-	case err := <-locked:
-		if err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("the apt-get lock %s: %w", lockFile, err)
-		}
-		return func() { _ = f.Close() }, nil // closing the file releases the lock
-	case <-ctx.Done():
-		// The Flock goroutine still waits on f: whether it then takes the
-		// lock or fails, closing f lets the lock go.
-		closeWhenDone := func(error) { _ = f.Close() }
-		go func() { closeWhenDone(<-locked) }()
-		return nil, fmt.Errorf("waiting for another apt-get install (%s): %w", lockFile, ctx.Err())
-	}
 }
 
 func aptGet(ctx context.Context, args ...string) error {

@@ -1,6 +1,7 @@
 package devcluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,8 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
+
+	"github.com/fencer-io/fencer/test/support/machinelock"
 )
 
 // reserveFor is how long a chosen port stays reserved. A free port is only
@@ -25,7 +27,7 @@ const reserveFor = 2 * time.Hour
 
 // reservations is a directory with one file per reserved port, named by
 // the port and dated by its modification time, shared by every test process
-// of this user on the machine. A lock file serialises the choosing.
+// of this user on the machine. Its lock file serialises the choosing.
 type reservations struct {
 	dir      string
 	from, to int // ports in [from, to)
@@ -39,7 +41,10 @@ func reservationDir() string {
 // choose picks n distinct ports, each free to listen on now and not reserved
 // by any process within reserveFor, and reserves them.
 func (r reservations) choose(n int) ([]int, error) {
-	unlock, err := r.lock()
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("test port reservations: %w", err)
+	}
+	unlock, err := machinelock.Take(context.Background(), filepath.Join(r.dir, "lock"), "test port reservations")
 	if err != nil {
 		return nil, err
 	}
@@ -96,21 +101,4 @@ func (r reservations) reserve(port int) error {
 		return fmt.Errorf("reserving test port %d: %w", port, err)
 	}
 	return nil
-}
-
-// lock takes the directory's lock file, waiting for another process that
-// holds it; the lock goes with the process if it dies.
-func (r reservations) lock() (unlock func(), err error) {
-	if err := os.MkdirAll(r.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("test port reservations: %w", err)
-	}
-	f, err := os.OpenFile(filepath.Join(r.dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("test port reservations: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("test port reservations: locking %s: %w", f.Name(), err)
-	}
-	return func() { f.Close() }, nil // closing releases the flock
 }
