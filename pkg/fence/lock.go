@@ -399,56 +399,6 @@ func atRevision(key string, rev int64, op clientv3.Op) clientv3.Op {
 	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev)}, []clientv3.Op{op}, nil)
 }
 
-// retire handles a queueing whose outcome is unknown: its transaction may
-// still apply after the caller has given up, and leave waiter keys that
-// nobody will delete, ahead of everyone, for as long as the session lives.
-// Its slot is never used again, and each of its keys is deleted now if it
-// is there and whenever it appears, until the session ends.
-func (l *Locker) retire(lk *Lock) {
-	for _, k := range lk.keys {
-		go l.sweep(lk.sess.ctx, lk.waiterKey(k))
-	}
-}
-
-// sweep deletes key (at the revision it has) whenever it exists, until ctx
-// ends.
-func (l *Locker) sweep(ctx context.Context, key string) {
-	for ctx.Err() == nil {
-		gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-		resp, err := l.cli.Get(gctx, key)
-		cancel()
-		var readAt int64
-		if err == nil {
-			readAt, err = etcdreply.Revision(resp.Header)
-		}
-		if err != nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		if len(resp.Kvs) > 0 {
-			l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
-		}
-		for wr := range l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(readAt+1), clientv3.WithFilterDelete()) {
-			if wr.Err() != nil || wr.CompactRevision != 0 {
-				break
-			}
-			for _, ev := range wr.Events {
-				l.deleteAt(ctx, key, ev.Kv.CreateRevision)
-			}
-		}
-	}
-}
-
-// deleteAt deletes key while its CreateRevision is rev.
-func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) {
-	dctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-	defer cancel()
-	_, _ = l.cli.Txn(dctx).Then(atRevision(key, rev, clientv3.OpDelete(key))).Commit()
-}
-
 // markHeld records in a waiter's keys when it became holder, for `kubectl
 // fencer locks`; only while each key still has its revision, and off the
 // lock's path: Lock has already returned.

@@ -620,30 +620,6 @@ func TestLockerNoticesEtcdGoneBackInTime(t *testing.T) {
 	waitForWaiters(t, e.mgr, "a", "held", 0) // the session's lease was revoked
 }
 
-// A queueing whose outcome was unknown may apply after its caller gave up:
-// its keys are deleted whenever they appear, for as long as the session
-// lives, so they never block the lock.
-func TestARetiredQueueingLeavesNoKey(t *testing.T) {
-	e := startLockEtcd(t)
-	cli := e.client(t, "a", nil)
-	l := e.locker(t, cli, "a", LockerOptions{})
-	_ = mustLock(t, l, "warm").Unlock(context.Background())
-	sess, err := l.session(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	lk := &Lock{locker: l, sess: sess, keys: []string{"k"}, waiter: "late-1"}
-	l.retire(lk)
-	time.Sleep(200 * time.Millisecond) // the sweep watches
-	// The transaction applies late.
-	if _, err := cli.Put(context.Background(), lk.waiterKey("k"), "{}", clientv3.WithLease(sess.id)); err != nil {
-		t.Fatal(err)
-	}
-	waitForWaiters(t, e.mgr, "a", "k", 0)
-	other := mustLock(t, e.locker(t, cli, "a", LockerOptions{}), "k")
-	_ = other.Unlock(context.Background())
-}
-
 // One Locker shared by many goroutines: their answers arrive in any order,
 // and none of them is taken for etcd going back in time.
 func TestOneLockerManyGoroutines(t *testing.T) {

@@ -88,6 +88,11 @@ type Locker struct {
 	granting *sessionGrant // the grant in flight, if any
 	// maxRev is the highest etcd revision any answer carried (seen).
 	maxRev atomic.Int64
+
+	// sweepWatch and sweepPoll replace, when set (tests), how long a
+	// retired waiter key is watched and how often it is polled after
+	// (sweepWatchFor, sweepPollEvery).
+	sweepWatch, sweepPoll time.Duration
 }
 
 // lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
@@ -108,6 +113,9 @@ type lockSession struct {
 	mu   sync.Mutex
 	free []uint64
 	next uint64
+	// retired are the waiter keys of queueings whose outcome is unknown,
+	// past their first watch (sweep.go): polled until the session ends.
+	retired []string
 }
 
 // take is a slot no live acquisition of the session uses.
