@@ -3,7 +3,6 @@ package fence
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -79,13 +78,17 @@ func TestFencedTxn(t *testing.T) {
 }
 
 // proxy forwards TCP to target until paused, as a network partition or a
-// paused process would cut a client off.
+// paused process would cut a client off, or stalled: its connections stay
+// open and carry nothing, as a partition that drops packets does, until
+// flow.
 type proxy struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	paused bool
 	conns  []net.Conn
+	// stalled, while not nil, holds every byte back until it is closed.
+	stalled chan struct{}
 }
 
 func newProxy(t *testing.T, target string) *proxy {
@@ -123,8 +126,50 @@ func (p *proxy) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close() }()
-		go func() { _, _ = io.Copy(c, up); c.Close() }()
+		go p.pipe(up, c)
+		go p.pipe(c, up)
+	}
+}
+
+// pipe copies src to dst, holding each read back while the proxy stalls.
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			stalled := p.stalled
+			p.mu.Unlock()
+			if stalled != nil {
+				<-stalled
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// stall holds every byte back on the open connections, which stay open.
+func (p *proxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled == nil {
+		p.stalled = make(chan struct{})
+	}
+}
+
+// flow lets the bytes a stall held back through.
+func (p *proxy) flow() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled != nil {
+		close(p.stalled)
+		p.stalled = nil
 	}
 }
 

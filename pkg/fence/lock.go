@@ -167,7 +167,7 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	defer cancel()
 	deleted, err := l.deleteWaitersCtx(tctx, lk)
 	if err != nil {
-		go l.retryDelete(lk)
+		l.deleteInBackground(lk, make(chan struct{}))
 		return fmt.Errorf("fence: unlocking %q: %w", lk.keys, l.unavailable(tctx, err))
 	}
 	for i, ok := range deleted {
@@ -264,13 +264,34 @@ func waitDeleted(ctx, sess context.Context, cli *clientv3.Client, key string, cr
 	return err
 }
 
-// abandon deletes lk's waiter keys, which must not block the keys for as
-// long as the session lives: at once when etcd answers, else in the
-// background.
-func (l *Locker) abandon(lk *Lock) {
-	if l.deleteWaiters(lk) != nil {
-		go l.retryDelete(lk)
+// abandon deletes the waiter keys of lk, which never held, and returns
+// once the first attempt is over (it is bounded by the Locker's Timeout) or
+// ctx has ended, whichever comes first. A caller whose ctx has ended is not
+// kept waiting for etcd: the deletion goes on in the background, retried
+// until etcd answers or the session ends, and the Locker's next Lock of
+// these keys waits for it instead (deletions).
+func (l *Locker) abandon(ctx context.Context, lk *Lock) {
+	tried := make(chan struct{})
+	l.deleteInBackground(lk, tried)
+	select {
+	case <-tried:
+	case <-ctx.Done():
 	}
+}
+
+// deleteInBackground deletes lk's waiter keys, retried until etcd answers
+// or the session ends; tried closes after the first attempt. Until the
+// keys are gone, the Locker's own Locks of them wait (deletions).
+func (l *Locker) deleteInBackground(lk *Lock, tried chan struct{}) {
+	gone := l.deletions.begin(lk.keys)
+	go func() {
+		defer l.deletions.end(lk.keys, gone)
+		err := l.deleteWaiters(lk)
+		close(tried)
+		if err != nil {
+			l.retryDelete(lk)
+		}
+	}()
 }
 
 // deleteWaiters deletes lk's waiter keys, bounded by the Locker's Timeout.

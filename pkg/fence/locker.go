@@ -88,6 +88,9 @@ type Locker struct {
 	granting *sessionGrant // the grant in flight, if any
 	// maxRev is the highest etcd revision any answer carried (seen).
 	maxRev atomic.Int64
+	// deletions are the waiter keys still being deleted, which the next
+	// Lock of their keys waits for.
+	deletions deletions
 
 	// sweepWatch and sweepPoll replace, when set (tests), how long a
 	// retired waiter key is watched and how often it is polled after
@@ -367,8 +370,10 @@ type LockHolder struct {
 // at one etcd revision, and a waiter only ever waits for older revisions.
 // Waiters on a key are served in the order they queued, and a release
 // wakes only the next. Locks are not reentrant: locking a key this process
-// already holds queues behind it. When ctx ends first, the waiter keys are
-// deleted and ctx's error returned.
+// already holds queues behind it. When ctx ends first, Lock returns ctx's
+// error then, and its waiter keys are deleted in the background; this
+// Locker's next Lock or TryLock of any of those keys waits for that
+// deletion first, within its own ctx.
 func (l *Locker) Lock(ctx context.Context, keys ...string) (*Lock, error) {
 	return l.lock(ctx, ctx, keys)
 }
@@ -397,6 +402,9 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		return nil, err
 	}
 	start := time.Now()
+	if err := l.deletions.wait(ctx, keys); err != nil {
+		return nil, pendingDeletion(keys, err)
+	}
 	sess, err := l.session(ctx)
 	if err != nil {
 		return nil, err
@@ -419,7 +427,7 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		err = fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
 	}
 	if err != nil {
-		l.abandon(lk)
+		l.abandon(ctx, lk)
 		if waitCtx.Err() != nil && ctx.Err() == nil && sess.ctx.Err() == nil {
 			// Only the wait ran out; a session lost (or closed) first is
 			// the error even when the wait has run out since.
@@ -433,6 +441,18 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	lockMetrics.wait.Observe(time.Since(start).Seconds())
 	lk.begin()
 	return lk, nil
+}
+
+// pendingDeletion is the error of a Lock whose ctx ended while it waited
+// for the deletion of the Locker's own earlier waiter keys of keys:
+// ErrEtcdUnavailable when the deadline ran out, as etcd had not confirmed
+// the deletion by then.
+func pendingDeletion(keys []string, err error) error {
+	const what = "fence: locking %q: waiting for this Locker's earlier waiter keys of them to be deleted: "
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf(what+"%w (the caller's deadline came before etcd's answer): %w", keys, ErrEtcdUnavailable, err)
+	}
+	return fmt.Errorf(what+"%w", keys, err)
 }
 
 // notHeld is the error of a Lock that ended before it held the lock:
@@ -518,7 +538,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		// time, and this token may have been issued already.
 		if resp.Succeeded {
 			lk.token = resp.Header.Revision
-			l.abandon(lk)
+			l.abandon(ctx, lk)
 		}
 		lk.sess.lose(fmt.Errorf("%w: revision %d after %d", ErrEtcdRegressed, resp.Header.Revision, sentAfter))
 		go l.revoke(lk.sess.id)
@@ -530,7 +550,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		}
 		// A key of this slot exists: an earlier queueing that applied after
 		// its caller gave up. Nobody owns it; delete it and leave the slot.
-		l.abandon(&Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
+		l.abandon(ctx, &Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
 		return false, errNameTaken
 	}
 	lk.token = resp.Header.Revision

@@ -3,6 +3,8 @@ package fence
 import (
 	"context"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -53,27 +55,39 @@ func (l *Locker) sweepPollEvery() time.Duration {
 
 // retire handles a queueing whose outcome is unknown. Its slot is never
 // used again, and each of its keys is deleted now if it is there, and
-// whenever it appears until the session ends.
+// whenever it appears until the session ends. The Locker's next Lock of
+// these keys waits for the first of those deletions (deletions): the
+// queueing most often applied just before its caller gave up.
 func (l *Locker) retire(lk *Lock) {
+	gone := l.deletions.begin(lk.keys)
+	var left atomic.Int32
+	left.Store(int32(len(lk.keys)))
 	for _, k := range lk.keys {
-		go l.sweep(lk.sess, lk.waiterKey(k))
+		go l.sweep(lk.sess, lk.waiterKey(k), func() {
+			if left.Add(-1) == 0 {
+				l.deletions.end(lk.keys, gone)
+			}
+		})
 	}
 }
 
 // sweep watches key for sweepWatchFor, deleting it whenever it exists,
-// then hands it to the session's poller.
-func (l *Locker) sweep(sess *lockSession, key string) {
+// then hands it to the session's poller. swept runs once, after the first
+// read of key and its deletion, or when the watch ends before that.
+func (l *Locker) sweep(sess *lockSession, key string, swept func()) {
+	swept = sync.OnceFunc(swept)
+	defer swept()
 	ctx, cancel := context.WithTimeout(sess.ctx, l.sweepWatchFor())
 	defer cancel()
-	l.watchAndDelete(ctx, key)
+	l.watchAndDelete(ctx, key, swept)
 	if sess.ctx.Err() == nil && sess.addRetired(key) {
 		go l.pollRetired(sess)
 	}
 }
 
 // watchAndDelete deletes key (at the revision it has) whenever it exists,
-// until ctx ends.
-func (l *Locker) watchAndDelete(ctx context.Context, key string) {
+// until ctx ends; swept runs after each read of key and its deletion.
+func (l *Locker) watchAndDelete(ctx context.Context, key string, swept func()) {
 	for ctx.Err() == nil {
 		gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 		resp, err := l.cli.Get(gctx, key)
@@ -82,32 +96,45 @@ func (l *Locker) watchAndDelete(ctx context.Context, key string) {
 		if err == nil {
 			readAt, err = etcdreply.Revision(resp.Header)
 		}
-		if err != nil {
+		if err == nil && len(resp.Kvs) > 0 {
+			err = l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
+		}
+		if err != nil { // read again: the watch sees only later puts
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 			continue
 		}
-		if len(resp.Kvs) > 0 {
-			l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
+		swept()
+		l.deleteOnPut(ctx, key, readAt+1)
+	}
+}
+
+// deleteOnPut deletes key each time it is put, from revision from on, and
+// returns when ctx ends, the watch fails, or a delete does: the caller then
+// reads key again.
+func (l *Locker) deleteOnPut(ctx context.Context, key string, from int64) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel() // ends the watch
+	for wr := range l.cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
+		if wr.Err() != nil || wr.CompactRevision != 0 {
+			return
 		}
-		for wr := range l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(readAt+1), clientv3.WithFilterDelete()) {
-			if wr.Err() != nil || wr.CompactRevision != 0 {
-				break
-			}
-			for _, ev := range wr.Events {
-				l.deleteAt(ctx, key, ev.Kv.CreateRevision)
+		for _, ev := range wr.Events {
+			if l.deleteAt(ctx, key, ev.Kv.CreateRevision) != nil {
+				return
 			}
 		}
 	}
 }
 
 // deleteAt deletes key while its CreateRevision is rev.
-func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) {
+func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) error {
 	dctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	_, _ = l.cli.Txn(dctx).Then(atRevision(key, rev, clientv3.OpDelete(key))).Commit()
+	_, err := l.cli.Txn(dctx).Then(atRevision(key, rev, clientv3.OpDelete(key))).Commit()
+	return err
 }
 
 // pollRetired deletes the session's retired keys that exist, every

@@ -1,0 +1,126 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A Lock whose ctx ends while etcd does not answer returns then, not a
+// Timeout later: its clean-up goes on in the background and deletes its
+// waiter key once etcd answers again. Meanwhile the Locker's own next Lock
+// of that key waits for the deletion, within its ctx, rather than queue
+// behind its own last attempt. The connection stays open and silent, as a
+// partition that drops packets leaves it: a refused one would fail the
+// clean-up at once.
+func TestLockReturnsWhenItsCtxEndsWithEtcdSilent(t *testing.T) {
+	e := startLockEtcd(t)
+	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	// A Timeout far past the moment ctx ends, and a TTL that outlives the cut.
+	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx, "k")
+		done <- err
+	}()
+	waitForWaiters(t, e.mgr, "a", "k", 2)
+	p.stall()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Lock whose ctx was cancelled: %v, want context.Canceled", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Lock outlived its ctx by 15 s with etcd silent: its clean-up waited out the Timeout")
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 2) // etcd has not heard of it yet
+	tctx, tcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer tcancel()
+	if _, err := l.TryLock(tctx, 0, "k"); !errors.Is(err, ErrEtcdUnavailable) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrLockBusy) {
+		t.Fatalf("TryLock while the Locker's last waiter key of k is being deleted: %v, want ErrEtcdUnavailable and the deadline, not ErrLockBusy", err)
+	}
+	p.flow()
+	waitForWaiters(t, e.mgr, "a", "k", 1) // the background clean-up deleted it
+	if err := holder.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if lk, err := l.TryLock(context.Background(), 0, "k"); err != nil {
+		t.Fatalf("TryLock of a free key after the clean-up: %v", err)
+	} else {
+		_ = lk.Unlock(context.Background())
+	}
+}
+
+// A TryLock made once a cancelled Lock of the same key has returned finds
+// the key free when nobody holds it: the cancelled Lock's waiter key may
+// still be being deleted, and the TryLock waits for that rather than
+// queue behind it and report ErrLockBusy.
+func TestTryLockAfterACancelledLockFindsItFree(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	holder := mustLock(t, e.locker(t, cli, "a", LockerOptions{}), "k")
+	defer func() { _ = holder.Unlock(context.Background()) }()
+	l := e.locker(t, cli, "a", LockerOptions{})
+	busy := 0
+	for range 40 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := l.Lock(ctx, "k", "j")
+			done <- err
+		}()
+		waitForWaiters(t, e.mgr, "a", "j", 1)
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Lock: %v, want context.Canceled", err)
+		}
+		lk, err := l.TryLock(context.Background(), 0, "j")
+		switch {
+		case errors.Is(err, ErrLockBusy):
+			busy++
+		case err != nil:
+			t.Fatal(err)
+		default:
+			if err := lk.Unlock(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if busy > 0 {
+		t.Fatalf("%d of 40 TryLocks of a key nobody held found it busy behind the Locker's own cancelled Lock", busy)
+	}
+}
+
+// The same for a Lock that gave up while its queueing was in flight, and
+// whose transaction etcd applied all the same (retire): a TryLock made
+// after it waits for the sweep's first deletion.
+func TestTryLockAfterARetiredQueueingFindsItFree(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l := e.locker(t, cli, "a", LockerOptions{})
+	_ = mustLock(t, l, "warm").Unlock(context.Background())
+	sess, err := l.session(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk := &Lock{locker: l, sess: sess, keys: []string{"j"}, waiter: "late-1"}
+	// The transaction applied; its caller had given up before the answer.
+	if _, err := cli.Put(context.Background(), lk.waiterKey("j"), "{}", clientv3.WithLease(sess.id)); err != nil {
+		t.Fatal(err)
+	}
+	l.retire(lk)
+	got, err := l.TryLock(context.Background(), 0, "j")
+	if err != nil {
+		t.Fatalf("TryLock right after the Locker retired a queueing of j: %v", err)
+	}
+	_ = got.Unlock(context.Background())
+}
