@@ -124,3 +124,38 @@ func TestTryLockAfterARetiredQueueingFindsItFree(t *testing.T) {
 	}
 	_ = got.Unlock(context.Background())
 }
+
+// A TryLock whose wait ran out is ErrLockBusy even when its caller
+// cancels ctx during the clean-up that follows (etcd silent), not the
+// wait's own context.DeadlineExceeded.
+func TestTryLockCancelledDuringItsCleanUpIsBusy(t *testing.T) {
+	e := startLockEtcd(t)
+	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.TryLock(ctx, 300*time.Millisecond, "k")
+		done <- err
+	}()
+	waitForWaiters(t, e.mgr, "a", "k", 2)
+	p.stall() // the clean-up after the wait will not be answered
+	time.Sleep(time.Second)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLockBusy) {
+			t.Fatalf("TryLock whose wait ran out, cancelled during its clean-up: %v, want ErrLockBusy", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("TryLock outlived its ctx by 15 s with etcd silent")
+	}
+	p.flow()
+	waitForWaiters(t, e.mgr, "a", "k", 1)
+	if err := holder.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -427,10 +427,13 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		err = fmt.Errorf("fence: locking %q: %w", keys, context.Cause(sess.ctx))
 	}
 	if err != nil {
+		// Only the wait ran out: decided before the clean-up, which ctx may
+		// outlast (a caller who cancels during it still gets the wait's
+		// answer). A session lost (or closed) first is the error even when
+		// the wait has run out since.
+		onlyWait := waitCtx.Err() != nil && ctx.Err() == nil && sess.ctx.Err() == nil
 		l.abandon(ctx, lk)
-		if waitCtx.Err() != nil && ctx.Err() == nil && sess.ctx.Err() == nil {
-			// Only the wait ran out; a session lost (or closed) first is
-			// the error even when the wait has run out since.
+		if onlyWait {
 			return nil, context.Cause(waitCtx)
 		}
 		return nil, l.notHeld(err)
