@@ -159,3 +159,39 @@ func TestTryLockCancelledDuringItsCleanUpIsBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A Lock after a cancelled Lock of the same key, with etcd silent, waits
+// for the earlier clean-up for at most one Timeout, then fails with
+// ErrEtcdUnavailable: not for as long as the session lives.
+func TestALockAfterACancelledOneWaitsAtMostATimeout(t *testing.T) {
+	e := startLockEtcd(t)
+	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
+	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx, "k")
+		done <- err
+	}()
+	waitForWaiters(t, e.mgr, "a", "k", 2)
+	p.stall()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Lock: %v", err)
+	}
+	start := time.Now()
+	_, err := l.TryLock(context.Background(), 0, "k")
+	if !errors.Is(err, ErrEtcdUnavailable) || errors.Is(err, ErrLockBusy) {
+		t.Fatalf("TryLock behind the Locker's own clean-up, etcd silent: %v, want ErrEtcdUnavailable", err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("TryLock behind the Locker's own clean-up took %s; the Timeout is 1s and the TTL 60s", took)
+	}
+	p.flow()
+	waitForWaiters(t, e.mgr, "a", "k", 1)
+	if err := holder.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -363,9 +363,11 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 }
 
 // retryDelete deletes lk's waiter keys once etcd answers again, or stops
-// when the session ends, taking them with it.
+// when the session ends, taking them with it. It tries at least every
+// second, so a Lock waiting for it (deletions) is not kept past etcd's
+// return by a long back-off.
 func (l *Locker) retryDelete(lk *Lock) {
-	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, 5*time.Second) {
+	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, time.Second) {
 		err := l.deleteWaiters(lk)
 		if err == nil {
 			return

@@ -92,10 +92,10 @@ type Locker struct {
 	// Lock of their keys waits for.
 	deletions deletions
 
-	// sweepWatch and sweepPoll replace, when set (tests), how long a
-	// retired waiter key is watched and how often it is polled after
-	// (sweepWatchFor, sweepPollEvery).
-	sweepWatch, sweepPoll time.Duration
+	// sweepWatch, sweepPoll and sweepKeep replace, when set (tests), how
+	// long a retired waiter key is watched, how often it is polled after,
+	// and for how long (sweepWatchFor, sweepPollEvery, sweepKeepFor).
+	sweepWatch, sweepPoll, sweepKeep time.Duration
 }
 
 // lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
@@ -117,8 +117,10 @@ type lockSession struct {
 	free []uint64
 	next uint64
 	// retired are the waiter keys of queueings whose outcome is unknown,
-	// past their first watch (sweep.go): polled until the session ends.
-	retired []string
+	// past their first watch, oldest first (sweep.go); polling is set
+	// while a goroutine polls them.
+	retired []retiredKey
+	polling bool
 }
 
 // take is a slot no live acquisition of the session uses.
@@ -373,7 +375,7 @@ type LockHolder struct {
 // already holds queues behind it. When ctx ends first, Lock returns ctx's
 // error then, and its waiter keys are deleted in the background; this
 // Locker's next Lock or TryLock of any of those keys waits for that
-// deletion first, within its own ctx.
+// deletion first, for up to the Timeout and within its own ctx.
 func (l *Locker) Lock(ctx context.Context, keys ...string) (*Lock, error) {
 	return l.lock(ctx, ctx, keys)
 }
@@ -402,11 +404,11 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 		return nil, err
 	}
 	start := time.Now()
-	if err := l.deletions.wait(ctx, keys); err != nil {
-		return nil, pendingDeletion(keys, err)
-	}
 	sess, err := l.session(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := l.awaitDeletions(ctx, keys); err != nil {
 		return nil, err
 	}
 	lk := &Lock{locker: l, sess: sess, keys: keys}
@@ -446,16 +448,24 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	return lk, nil
 }
 
-// pendingDeletion is the error of a Lock whose ctx ended while it waited
-// for the deletion of the Locker's own earlier waiter keys of keys:
-// ErrEtcdUnavailable when the deadline ran out, as etcd had not confirmed
-// the deletion by then.
-func pendingDeletion(keys []string, err error) error {
+// awaitDeletions waits, within ctx and the Timeout, for the deletion of
+// this Locker's own earlier waiter keys of keys (deletions). Past the
+// Timeout, etcd has not confirmed a delete for that long: the Lock fails
+// with ErrEtcdUnavailable, as it would in its own calls.
+func (l *Locker) awaitDeletions(ctx context.Context, keys []string) error {
+	wctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	err := l.deletions.wait(wctx, keys)
 	const what = "fence: locking %q: waiting for this Locker's earlier waiter keys of them to be deleted: "
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf(what+"%w (the caller's deadline came before etcd's answer): %w", keys, ErrEtcdUnavailable, err)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() == nil: // the Timeout ran out
+		return fmt.Errorf(what+"%w (no deletion confirmed within %s)", keys, ErrEtcdUnavailable, l.opts.Timeout)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf(what+"%w (the caller's deadline came before etcd's answer): %w", keys, ErrEtcdUnavailable, ctx.Err())
 	}
-	return fmt.Errorf(what+"%w", keys, err)
+	return fmt.Errorf(what+"%w", keys, ctx.Err())
 }
 
 // notHeld is the error of a Lock that ended before it held the lock:
@@ -525,10 +535,14 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	}
 	switch {
 	case err != nil:
-		// The waiter keys may have been written, or may yet be: the
-		// transaction can still apply after this. They must not block
-		// their locks until the session ends (retire).
-		l.retire(lk)
+		if refused(err) {
+			lk.sess.give(lk.slot) // etcd refused it: nothing was written
+		} else {
+			// The waiter keys may have been written, or may yet be: the
+			// transaction can still apply after this. They must not
+			// block their locks (retire).
+			l.retire(lk)
+		}
 		if sessionUnusable(err) {
 			// Nothing put under this session will succeed again: the next
 			// Lock starts another.

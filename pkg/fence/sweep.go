@@ -3,31 +3,32 @@ package fence
 import (
 	"context"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/fencer-io/fencer/internal/etcdreply"
 )
 
-// A queueing whose outcome is unknown (its transaction failed, or its
-// caller gave up, before etcd answered) may still apply afterwards, and
-// leave waiter keys that nobody owns ahead of everyone on their locks.
-// etcd names no moment after which such a transaction can no longer apply:
-// only the end of the session's lease ends it (a put under a lease that is
-// gone fails, and the lease takes its keys with it). So a retired
-// acquisition's keys are deleted whenever they appear, until the session
-// ends.
+// A queueing whose outcome is unknown (its caller gave up, or the call
+// failed, before etcd answered) may still apply afterwards, and leave
+// waiter keys that nobody owns ahead of everyone on their locks. Such an
+// acquisition is retired: its slot is never used again, and its keys are
+// deleted whenever they appear.
 //
-// A late apply comes soon after the caller gave up, if at all, so each key
-// is watched at first and deleted the moment it appears. After
-// sweepWatchFor it joins the session's retired list, which one goroutine
-// reads in batches every sweepPollEvery. A process whose Locks keep giving
-// up mid-queueing (short deadlines against a slow etcd) thus holds a watch
-// only for the keys it retired in the last sweepWatchFor, not one for each
-// key it retired since its session began.
+// etcd states no moment after which such a transaction can no longer
+// apply. In practice it applies within moments or not at all: a request
+// etcd took is committed or dropped within about an election once the
+// cluster has a leader, and the session's keepalives, which need one, have
+// gone on all along (else the session is lost, and its lease takes the
+// keys). So each key is watched for sweepWatchFor, deleted the moment it
+// appears; then it joins the session's retired list, which one goroutine
+// reads in batches every sweepPollEvery, for sweepKeepFor more. A process
+// whose Locks keep giving up mid-queueing (short deadlines against a slow
+// etcd) holds a watch only for the keys it retired in the last
+// sweepWatchFor, and reads only those of the last sweepKeepFor.
 
 // sweepBatch is how many retired keys one read checks: under etcd's
 // default limit of 128 operations per transaction.
@@ -45,7 +46,7 @@ func (l *Locker) sweepWatchFor() time.Duration {
 
 // sweepPollEvery is how often the retired list is read: every keepalive
 // interval (TTL/3), so a key that appears late blocks its lock for no
-// longer than the session takes to notice a lost keepalive.
+// longer than the session takes to send a keepalive.
 func (l *Locker) sweepPollEvery() time.Duration {
 	if l.sweepPoll > 0 {
 		return l.sweepPoll
@@ -53,11 +54,20 @@ func (l *Locker) sweepPollEvery() time.Duration {
 	return l.opts.TTL / 3
 }
 
-// retire handles a queueing whose outcome is unknown. Its slot is never
-// used again, and each of its keys is deleted now if it is there, and
-// whenever it appears until the session ends. The Locker's next Lock of
-// these keys waits for the first of those deletions (deletions): the
-// queueing most often applied just before its caller gave up.
+// sweepKeepFor is how long a retired key stays on the list after its
+// watch: ten minutes, dozens of elections' worth, so that the reads stop
+// growing with the retirements of a long-lived session.
+func (l *Locker) sweepKeepFor() time.Duration {
+	if l.sweepKeep > 0 {
+		return l.sweepKeep
+	}
+	return 10 * time.Minute
+}
+
+// retire handles a queueing whose outcome is unknown (see above). The
+// Locker's next Lock of its keys waits for the first read and deletion of
+// each (deletions): the queueing most often applied just before its
+// caller gave up.
 func (l *Locker) retire(lk *Lock) {
 	gone := l.deletions.begin(lk.keys)
 	var left atomic.Int32
@@ -71,49 +81,73 @@ func (l *Locker) retire(lk *Lock) {
 	}
 }
 
-// sweep watches key for sweepWatchFor, deleting it whenever it exists,
-// then hands it to the session's poller. swept runs once, after the first
-// read of key and its deletion, or when the watch ends before that.
+// sweep deletes key if it exists, reading it until a read succeeds or the
+// session ends, and then runs swept. Then it watches key for
+// sweepWatchFor, deleting it whenever it appears, and hands it to the
+// session's poller.
 func (l *Locker) sweep(sess *lockSession, key string, swept func()) {
-	swept = sync.OnceFunc(swept)
-	defer swept()
+	readAt, ok := l.deleteNow(sess.ctx, key)
+	swept()
+	if !ok {
+		return // the session ended, and its lease takes the key
+	}
 	ctx, cancel := context.WithTimeout(sess.ctx, l.sweepWatchFor())
 	defer cancel()
-	l.watchAndDelete(ctx, key, swept)
+	l.watchAndDelete(ctx, key, readAt+1)
 	if sess.ctx.Err() == nil && sess.addRetired(key) {
 		go l.pollRetired(sess)
 	}
 }
 
-// watchAndDelete deletes key (at the revision it has) whenever it exists,
-// until ctx ends; swept runs after each read of key and its deletion.
-func (l *Locker) watchAndDelete(ctx context.Context, key string, swept func()) {
+// deleteNow reads key and deletes it at the revision it has, trying again
+// every second until that succeeds, and returns the read's revision; false
+// if ctx ended first.
+func (l *Locker) deleteNow(ctx context.Context, key string) (int64, bool) {
 	for ctx.Err() == nil {
-		gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-		resp, err := l.cli.Get(gctx, key)
-		cancel()
-		var readAt int64
+		readAt, err := l.readAndDelete(ctx, key)
 		if err == nil {
-			readAt, err = etcdreply.Revision(resp.Header)
+			return readAt, true
 		}
-		if err == nil && len(resp.Kvs) > 0 {
-			err = l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
 		}
-		if err != nil { // read again: the watch sees only later puts
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
+	}
+	return 0, false
+}
+
+// readAndDelete reads key, deletes it at the revision it has if it exists,
+// and returns the read's revision.
+func (l *Locker) readAndDelete(ctx context.Context, key string) (int64, error) {
+	gctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	resp, err := l.cli.Get(gctx, key)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	readAt, err := etcdreply.Revision(resp.Header)
+	if err == nil && len(resp.Kvs) > 0 {
+		err = l.deleteAt(ctx, key, resp.Kvs[0].CreateRevision)
+	}
+	return readAt, err
+}
+
+// watchAndDelete deletes key whenever it is put, from revision from on,
+// until ctx ends. After a watch or a delete that failed, it reads key
+// again, since the watch sees only later puts.
+func (l *Locker) watchAndDelete(ctx context.Context, key string, from int64) {
+	for ctx.Err() == nil {
+		l.deleteOnPut(ctx, key, from)
+		readAt, ok := l.deleteNow(ctx, key)
+		if !ok {
+			return
 		}
-		swept()
-		l.deleteOnPut(ctx, key, readAt+1)
+		from = readAt + 1
 	}
 }
 
 // deleteOnPut deletes key each time it is put, from revision from on, and
-// returns when ctx ends, the watch fails, or a delete does: the caller then
-// reads key again.
+// returns when ctx ends, the watch fails, or a delete does.
 func (l *Locker) deleteOnPut(ctx context.Context, key string, from int64) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel() // ends the watch
@@ -138,7 +172,8 @@ func (l *Locker) deleteAt(ctx context.Context, key string, rev int64) error {
 }
 
 // pollRetired deletes the session's retired keys that exist, every
-// sweepPollEvery, until the session ends. One runs per session.
+// sweepPollEvery, until the session ends or its list is empty. One runs
+// at a time per session.
 func (l *Locker) pollRetired(sess *lockSession) {
 	tick := time.NewTicker(l.sweepPollEvery())
 	defer tick.Stop()
@@ -148,7 +183,11 @@ func (l *Locker) pollRetired(sess *lockSession) {
 			return
 		case <-tick.C:
 		}
-		for batch := range slices.Chunk(sess.retiredKeys(), sweepBatch) {
+		keys := sess.retiredSince(time.Now().Add(-l.sweepKeepFor()))
+		if keys == nil {
+			return
+		}
+		for batch := range slices.Chunk(keys, sweepBatch) {
 			l.deleteExisting(sess.ctx, batch)
 		}
 	}
@@ -157,12 +196,12 @@ func (l *Locker) pollRetired(sess *lockSession) {
 // deleteExisting deletes those of keys that exist, each at the revision it
 // has: one read of them all, and one transaction for those found. A call
 // that fails is left to the next poll.
-func (l *Locker) deleteExisting(ctx context.Context, keys []string) {
+func (l *Locker) deleteExisting(ctx context.Context, keys []retiredKey) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	gets := make([]clientv3.Op, len(keys))
 	for i, k := range keys {
-		gets[i] = clientv3.OpGet(k)
+		gets[i] = clientv3.OpGet(k.key)
 	}
 	resp, err := l.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
@@ -175,7 +214,8 @@ func (l *Locker) deleteExisting(ctx context.Context, keys []string) {
 	var dels []clientv3.Op
 	for i, kvs := range reads {
 		if len(kvs) > 0 {
-			dels = append(dels, atRevision(keys[i], kvs[0].CreateRevision, clientv3.OpDelete(keys[i])))
+			k := keys[i].key
+			dels = append(dels, atRevision(k, kvs[0].CreateRevision, clientv3.OpDelete(k)))
 		}
 	}
 	if len(dels) > 0 {
@@ -183,19 +223,53 @@ func (l *Locker) deleteExisting(ctx context.Context, keys []string) {
 	}
 }
 
-// addRetired adds a key past its watch to the session's retired list, and
-// reports whether it is the first, whose caller starts the poller.
-func (s *lockSession) addRetired(key string) (first bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.retired = append(s.retired, key)
-	return len(s.retired) == 1
+// retiredKey is a waiter key on a session's retired list, since when.
+type retiredKey struct {
+	key   string
+	since time.Time
 }
 
-// retiredKeys is the retired list as it stands. The list only grows, so
-// the slice it returns never changes under its reader.
-func (s *lockSession) retiredKeys() []string {
+// addRetired adds a key past its watch to the session's retired list, and
+// reports whether no poller runs, so its caller starts one.
+func (s *lockSession) addRetired(key string) (start bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.retired = append(s.retired, retiredKey{key: key, since: time.Now()})
+	start = !s.polling
+	s.polling = true
+	return start
+}
+
+// retiredSince drops the keys retired before cutoff and returns the rest,
+// oldest first; nil when none is left, and then the poller stops (the next
+// addRetired starts another). The list only grows at its end, so the
+// slice returned never changes under its reader.
+func (s *lockSession) retiredSince(cutoff time.Time) []retiredKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := 0
+	for old < len(s.retired) && s.retired[old].since.Before(cutoff) {
+		old++
+	}
+	if old > 0 {
+		s.retired = slices.Clone(s.retired[old:]) // lets the dropped keys go
+	}
+	if len(s.retired) == 0 {
+		s.polling = false
+		return nil
+	}
 	return slices.Clip(s.retired)
+}
+
+// refused reports whether etcd answered a request with a refusal, which
+// it never applies: a bad request, a failed precondition or permission, a
+// lease not found. Everything else, a call that did not complete or an
+// answer that cannot be read, leaves the outcome unknown.
+func refused(err error) bool {
+	switch etcdCode(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied,
+		codes.Unauthenticated, codes.OutOfRange, codes.NotFound, codes.AlreadyExists:
+		return true
+	}
+	return false
 }
