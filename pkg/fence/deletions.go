@@ -51,15 +51,23 @@ func (d *deletions) end(keys []string, gone chan struct{}) {
 	close(gone)
 }
 
-// wait returns once every deletion of keys begun before it is over, or
-// with ctx's error when ctx ends first.
-func (d *deletions) wait(ctx context.Context, keys []string) error {
+// of is the deletions of keys under way now, nil if none.
+func (d *deletions) of(keys []string) []chan struct{} {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.byKey) == 0 {
+		return nil
+	}
 	var pending []chan struct{}
 	for _, k := range keys {
 		pending = append(pending, d.byKey[k]...)
 	}
-	d.mu.Unlock()
+	return pending
+}
+
+// awaitAll returns once every deletion in pending (of) is over, or with ctx's
+// error when ctx ends first.
+func awaitAll(ctx context.Context, pending []chan struct{}) error {
 	for _, gone := range pending {
 		select {
 		case <-gone:

@@ -453,9 +453,13 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 // Timeout, etcd has not confirmed a delete for that long: the Lock fails
 // with ErrEtcdUnavailable, as it would in its own calls.
 func (l *Locker) awaitDeletions(ctx context.Context, keys []string) error {
+	pending := l.deletions.of(keys)
+	if pending == nil {
+		return nil // the common case, with no timer to set
+	}
 	wctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	err := l.deletions.wait(wctx, keys)
+	err := awaitAll(wctx, pending)
 	const what = "fence: locking %q: waiting for this Locker's earlier waiter keys of them to be deleted: "
 	switch {
 	case err == nil:
