@@ -14,25 +14,13 @@ import (
 // Timeout later: its clean-up goes on in the background and deletes its
 // waiter key once etcd answers again. Meanwhile the Locker's own next Lock
 // of that key waits for the deletion, within its ctx, rather than queue
-// behind its own last attempt. The connection stays open and silent, as a
-// partition that drops packets leaves it: a refused one would fail the
-// clean-up at once.
+// behind its own last attempt.
 func TestLockReturnsWhenItsCtxEndsWithEtcdSilent(t *testing.T) {
 	e := startLockEtcd(t)
-	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
-	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
-	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
-	// A Timeout far past the moment ctx ends, and a TTL that outlives the cut.
-	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.Lock(ctx, "k")
-		done <- err
-	}()
-	waitForWaiters(t, e.mgr, "a", "k", 2)
-	p.stall()
+	// A Timeout far past the moment ctx ends, and a TTL that outlives the cut.
+	holder, p, l, done := stalledBehindAHolder(t, e, LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second}, ctx, lockK)
 	cancel()
 	select {
 	case err := <-done:
@@ -130,20 +118,13 @@ func TestTryLockAfterARetiredQueueingFindsItFree(t *testing.T) {
 // wait's own context.DeadlineExceeded.
 func TestTryLockCancelledDuringItsCleanUpIsBusy(t *testing.T) {
 	e := startLockEtcd(t)
-	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
-	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
-	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
-	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
+	holder, p, _, done := stalledBehindAHolder(t, e, LockerOptions{TTL: 60 * time.Second, Timeout: 30 * time.Second}, ctx, func(ctx context.Context, l *Locker) error {
 		_, err := l.TryLock(ctx, 300*time.Millisecond, "k")
-		done <- err
-	}()
-	waitForWaiters(t, e.mgr, "a", "k", 2)
-	p.stall() // the clean-up after the wait will not be answered
-	time.Sleep(time.Second)
+		return err
+	})
+	time.Sleep(time.Second) // the wait runs out; its clean-up is not answered
 	cancel()
 	select {
 	case err := <-done:
@@ -165,18 +146,8 @@ func TestTryLockCancelledDuringItsCleanUpIsBusy(t *testing.T) {
 // ErrEtcdUnavailable: not for as long as the session lives.
 func TestALockAfterACancelledOneWaitsAtMostATimeout(t *testing.T) {
 	e := startLockEtcd(t)
-	holder := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
-	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
-	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
-	l := e.locker(t, cli, "a", LockerOptions{TTL: 60 * time.Second, Timeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.Lock(ctx, "k")
-		done <- err
-	}()
-	waitForWaiters(t, e.mgr, "a", "k", 2)
-	p.stall()
+	holder, p, l, done := stalledBehindAHolder(t, e, LockerOptions{TTL: 60 * time.Second, Timeout: time.Second}, ctx, lockK)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Lock: %v", err)
@@ -194,4 +165,28 @@ func TestALockAfterACancelledOneWaitsAtMostATimeout(t *testing.T) {
 	if err := holder.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stalledBehindAHolder starts a holder of "k", and a Locker with opts
+// whose etcd connection passes through a proxy; it starts call, a Lock or
+// TryLock of "k" through that Locker, with ctx, waits until call's waiter
+// key is written behind the holder's, and then stalls the proxy: its
+// connections stay open and carry nothing, as a partition that drops
+// packets leaves them (a refused connection would fail a clean-up at
+// once). done gets call's error.
+func stalledBehindAHolder(t *testing.T, e *lockEtcd, opts LockerOptions, ctx context.Context, call func(context.Context, *Locker) error) (holder *Lock, p *proxy, l *Locker, done <-chan error) {
+	t.Helper()
+	holder = mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
+	p = newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	l = e.locker(t, e.client(t, "a", nil, "https://"+p.l.Addr().String()), "a", opts)
+	errs := make(chan error, 1)
+	go func() { errs <- call(ctx, l) }()
+	waitForWaiters(t, e.mgr, "a", "k", 2)
+	p.stall()
+	return holder, p, l, errs
+}
+
+func lockK(ctx context.Context, l *Locker) error {
+	_, err := l.Lock(ctx, "k")
+	return err
 }
