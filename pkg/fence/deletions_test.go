@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A Lock whose ctx ends while etcd does not answer returns then, not a
@@ -86,31 +84,6 @@ func TestTryLockAfterACancelledLockFindsItFree(t *testing.T) {
 	if busy > 0 {
 		t.Fatalf("%d of 40 TryLocks of a key nobody held found it busy behind the Locker's own cancelled Lock", busy)
 	}
-}
-
-// The same for a Lock that gave up while its queueing was in flight, and
-// whose transaction etcd applied all the same (retire): a TryLock made
-// after it waits for the sweep's first deletion.
-func TestTryLockAfterARetiredQueueingFindsItFree(t *testing.T) {
-	e := startLockEtcd(t)
-	cli := e.client(t, "a", nil)
-	l := e.locker(t, cli, "a", LockerOptions{})
-	_ = mustLock(t, l, "warm").Unlock(context.Background())
-	sess, err := l.session(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	lk := &Lock{locker: l, sess: sess, keys: []string{"j"}, waiter: "late-1"}
-	// The transaction applied; its caller had given up before the answer.
-	if _, err := cli.Put(context.Background(), lk.waiterKey("j"), "{}", clientv3.WithLease(sess.id)); err != nil {
-		t.Fatal(err)
-	}
-	l.retire(lk)
-	got, err := l.TryLock(context.Background(), 0, "j")
-	if err != nil {
-		t.Fatalf("TryLock right after the Locker retired a queueing of j: %v", err)
-	}
-	_ = got.Unlock(context.Background())
 }
 
 // A TryLock whose wait ran out is ErrLockBusy even when its caller

@@ -31,6 +31,9 @@ type Lock struct {
 	token  int64
 	queued time.Time
 	since  time.Time
+	// gone, for a retired acquisition, ends its entry in the Locker's
+	// deletions once its keys are cleared.
+	gone chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -363,27 +366,12 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 }
 
 // retryDelete deletes lk's waiter keys once etcd answers again, or stops
-// when the session ends, taking them with it. It tries at least every
-// second, so a Lock waiting for it (deletions) is not kept past etcd's
-// return by a long back-off.
+// when the session ends, taking them with it (untilDone).
 func (l *Locker) retryDelete(lk *Lock) {
-	for wait := 100 * time.Millisecond; lk.sess.ctx.Err() == nil; wait = min(2*wait, time.Second) {
-		err := l.deleteWaiters(lk)
-		if err == nil {
-			return
-		}
-		if !transient(err) && !errors.Is(err, etcdreply.ErrMalformed) {
-			// Refused, not unreachable (a changed role): the keys would
-			// block their locks for as long as the session lives; end it.
-			lk.sess.lose(fmt.Errorf("deleting the waiter keys of %q: %w", lk.keys, err))
-			l.revoke(lk.sess.id)
-			return
-		}
-		select {
-		case <-lk.sess.ctx.Done():
-		case <-time.After(wait):
-		}
-	}
+	l.untilDone(lk.sess, fmt.Sprintf("deleting the waiter keys of %q", lk.keys), func(ctx context.Context) error {
+		_, err := l.deleteWaitersCtx(ctx, lk)
+		return err
+	})
 }
 
 // unreachable reports whether an etcd call failed because etcd did not

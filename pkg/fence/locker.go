@@ -91,11 +91,6 @@ type Locker struct {
 	// deletions are the waiter keys still being deleted, which the next
 	// Lock of their keys waits for.
 	deletions deletions
-
-	// sweepWatch, sweepPoll and sweepKeep replace, when set (tests), how
-	// long a retired waiter key is watched, how often it is polled after,
-	// and for how long (sweepWatchFor, sweepPollEvery, sweepKeepFor).
-	sweepWatch, sweepPoll, sweepKeep time.Duration
 }
 
 // lockSession is one etcd lease shared by a Locker's locks. ctx ends, with
@@ -112,15 +107,20 @@ type lockSession struct {
 	id   clientv3.LeaseID
 	ctx  context.Context
 	lose func(cause error)
+	// marker is the session's marker key and markerVal its value. Every
+	// queueing compares the marker's version with markerVer, the highest
+	// the session has seen; retire puts the marker again, so that no
+	// queueing sent before can apply after (retire.go).
+	marker, markerVal string
+	markerVer         atomic.Int64
 
 	mu   sync.Mutex
 	free []uint64
 	next uint64
-	// retired are the waiter keys of queueings whose outcome is unknown,
-	// past their first watch, oldest first (sweep.go); polling is set
-	// while a goroutine polls them.
-	retired []retiredKey
-	polling bool
+	// retired are the acquisitions whose queueing had an unknown outcome,
+	// waiting for the next fence; fencing is set while fenceOff runs.
+	retired []*Lock
+	fencing bool
 }
 
 // take is a slot no live acquisition of the session uses.
@@ -300,7 +300,8 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	l.seen(rev)
 	id := clientv3.LeaseID(resp.ID)
 	val, _ := json.Marshal(sessionMarker{Pod: l.opts.Pod, PodUID: l.opts.PodUID})
-	put, err := l.cli.Put(ctx, etcdkeys.LockSessionKey(l.prefix, l.namespace, resp.ID), string(val), clientv3.WithLease(id))
+	marker := etcdkeys.LockSessionKey(l.prefix, l.namespace, resp.ID)
+	put, err := l.cli.Put(ctx, marker, string(val), clientv3.WithLease(id))
 	if err == nil {
 		rev, err = etcdreply.Revision(put.Header)
 	}
@@ -310,7 +311,9 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	}
 	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
-	sess := &lockSession{id: id, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) }}
+	sess := &lockSession{id: id, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) },
+		marker: marker, markerVal: string(val)}
+	sess.markerVer.Store(1) // a new key: the lease ID is new
 	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent, true)
 	return sess, nil
 }
@@ -413,8 +416,11 @@ func (l *Locker) lock(ctx, waitCtx context.Context, keys []string) (*Lock, error
 	}
 	lk := &Lock{locker: l, sess: sess, keys: keys}
 	ahead, err := l.enqueue(ctx, lk)
-	if errors.Is(err, errNameTaken) {
-		ahead, err = l.enqueue(ctx, lk) // under a fresh slot
+	for try := 1; try < enqueueTries && (errors.Is(err, errNameTaken) || errors.Is(err, errMarkerMoved)); try++ {
+		ahead, err = l.enqueue(ctx, lk) // under a fresh slot, or the marker's new version
+	}
+	if errors.Is(err, errMarkerMoved) {
+		err = fmt.Errorf("fence: queueing for %q: fenced off %d times in a row by this Locker's Locks that gave up mid-queueing (etcd answering slower than their deadlines): %w", keys, enqueueTries, ErrEtcdUnavailable)
 	}
 	if err != nil {
 		return nil, l.notHeld(err) // Close may revoke the lease mid-queueing
@@ -504,6 +510,15 @@ func lockKeys(keys []string) ([]string, error) {
 // leaves that slot out and the caller tries once more.
 var errNameTaken = errors.New("fence: a waiter key of this slot exists")
 
+// errMarkerMoved: the session's marker had a newer version than the
+// queueing compared (a retire put it meanwhile); nothing was written, and
+// the caller tries again with the new one.
+var errMarkerMoved = errors.New("fence: the session's marker moved on")
+
+// enqueueTries bounds enqueue's tries for one Lock: a name taken, or a
+// marker moved by retires of the session's other Locks meanwhile.
+const enqueueTries = 3
+
 // enqueue writes the set's waiter keys in one transaction, reading in the
 // same step the oldest waiter of each key. The transaction's revision is
 // the token of every key of the set. It writes nothing while the lock
@@ -515,22 +530,12 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	lk.waiter = strconv.FormatInt(int64(lk.sess.id), 16) + "-" + strconv.FormatUint(lk.slot, 10)
 	lk.queued = time.Now().UTC()
 	val, _ := json.Marshal(LockHolder{Pod: l.opts.Pod, PodUID: l.opts.PodUID, Queued: lk.queued})
-	floorKey := etcdkeys.LockFloorKey(l.prefix)
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Version(floorKey), "=", 0)}
-	ops := make([]clientv3.Op, 0, 2*len(lk.keys))
-	for _, k := range lk.keys {
-		w := lk.waiterKey(k)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w), "=", 0))
-		ops = append(ops, clientv3.OpPut(w, string(val), clientv3.WithLease(lk.sess.id)))
-	}
-	for _, k := range lk.keys {
-		ops = append(ops, clientv3.OpGet(etcdkeys.LockPrefix(l.prefix, l.namespace, k), clientv3.WithFirstCreate()...))
-	}
+	ver := lk.sess.markerVer.Load()
 	tctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	sentAfter := l.maxRev.Load()
-	resp, err := l.cli.Txn(tctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey)).Commit()
-	var reads [][]*mvccpb.KeyValue // the floor key's, or each key's first waiter's
+	resp, err := l.queueing(tctx, lk, string(val), ver).Commit()
+	var reads [][]*mvccpb.KeyValue // each key's first waiter's, or the floor's and the marker's
 	if err == nil {
 		reads, err = enqueueReads(resp, len(lk.keys))
 	}
@@ -565,14 +570,7 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 		go l.revoke(lk.sess.id)
 		return false, fmt.Errorf("%w: etcd answered at revision %d after %d (see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, sentAfter)
 	case !resp.Succeeded:
-		if kvs := reads[0]; len(kvs) > 0 {
-			lk.sess.give(lk.slot) // nothing was written
-			return false, fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, resp.Header.Revision, kvs[0].Value)
-		}
-		// A key of this slot exists: an earlier queueing that applied after
-		// its caller gave up. Nobody owns it; delete it and leave the slot.
-		l.abandon(ctx, &Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
-		return false, errNameTaken
+		return false, l.notQueued(ctx, lk, resp.Header.Revision, reads[0], reads[1], ver)
 	}
 	lk.token = resp.Header.Revision
 	for _, first := range reads {
@@ -583,12 +581,58 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 	return ahead, nil
 }
 
+// queueing is enqueue's transaction for lk, its waiter keys holding val,
+// with the session's marker at version ver: it puts the waiter keys only
+// while the lock floor is absent, the marker has that version, and no key
+// of the slot exists, and then reads each key's first waiter; else it
+// reads the floor and the marker.
+func (l *Locker) queueing(ctx context.Context, lk *Lock, val string, ver int64) clientv3.Txn {
+	floorKey := etcdkeys.LockFloorKey(l.prefix)
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Version(floorKey), "=", 0),
+		clientv3.Compare(clientv3.Version(lk.sess.marker), "=", ver),
+	}
+	ops := make([]clientv3.Op, 0, 2*len(lk.keys))
+	for _, k := range lk.keys {
+		w := lk.waiterKey(k)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w), "=", 0))
+		ops = append(ops, clientv3.OpPut(w, val, clientv3.WithLease(lk.sess.id)))
+	}
+	for _, k := range lk.keys {
+		ops = append(ops, clientv3.OpGet(etcdkeys.LockPrefix(l.prefix, l.namespace, k), clientv3.WithFirstCreate()...))
+	}
+	return l.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(floorKey), clientv3.OpGet(lk.sess.marker))
+}
+
+// notQueued is the error of a queueing whose comparisons failed, given
+// what it read of the floor and the marker: nothing was written.
+func (l *Locker) notQueued(ctx context.Context, lk *Lock, rev int64, floor, marker []*mvccpb.KeyValue, ver int64) error {
+	switch {
+	case len(floor) > 0:
+		lk.sess.give(lk.slot)
+		return fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, rev, floor[0].Value)
+	case len(marker) == 0:
+		// The marker goes only with the session's lease: revoked or expired.
+		lk.sess.give(lk.slot)
+		lk.sess.lose(fmt.Errorf("its marker key %s is gone with its etcd lease %x", lk.sess.marker, int64(lk.sess.id)))
+		return fmt.Errorf("fence: queueing for %q: %w", lk.keys, context.Cause(lk.sess.ctx))
+	case marker[0].Version != ver:
+		lk.sess.give(lk.slot)
+		lk.sess.markerSeen(marker[0].Version)
+		return errMarkerMoved
+	}
+	// A key of this slot exists, which retire's fence should have made
+	// impossible. Nobody owns it: delete it; the caller queues again.
+	l.abandon(ctx, &Lock{locker: l, sess: lk.sess, keys: lk.keys, waiter: lk.waiter, slot: lk.slot})
+	return errNameTaken
+}
+
 // enqueueReads checks the answer to enqueue's transaction for n keys and
 // returns its reads: each key's first waiter's when it succeeded (after
-// its n puts), the floor key's when it did not.
+// its n puts), the floor key's and the marker's when it did not.
 func enqueueReads(resp *clientv3.TxnResponse, n int) ([][]*mvccpb.KeyValue, error) {
 	if !resp.Succeeded {
-		return etcdreply.Reads(resp, 1, 0)
+		return etcdreply.Reads(resp, 2, 0)
 	}
 	return etcdreply.Reads(resp, 2*n, n)
 }

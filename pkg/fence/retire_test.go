@@ -1,0 +1,184 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// retiredSession is a Locker of namespace a through cli and its session.
+func retiredSession(t *testing.T, e *lockEtcd, cli *clientv3.Client, opts LockerOptions) (*Locker, *lockSession) {
+	t.Helper()
+	l := e.locker(t, cli, "a", opts)
+	_ = mustLock(t, l, "warm").Unlock(context.Background())
+	sess, err := l.session(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, sess
+}
+
+// waitRetired waits until the Locker has cleared the retired keys of key.
+func waitRetired(t *testing.T, l *Locker, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := awaitAll(ctx, l.deletions.of([]string{key})); err != nil {
+		t.Fatalf("the retired keys of %s were not cleared: %v", key, err)
+	}
+}
+
+// A queueing that reaches etcd after its caller gave up and it was
+// retired can no longer apply: retire fenced it off by moving the
+// session's marker on, so etcd refuses it however late it comes. Here it
+// is sent after the retirement, as a network path that held it would.
+func TestALateQueueingCannotApplyAfterItsRetirement(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{})
+	lk := &Lock{locker: l, sess: sess, keys: []string{"k"}, waiter: "late-1"}
+	late := l.queueing(context.Background(), lk, "{}", sess.markerVer.Load()) // sent, then held
+	l.retire(lk)
+	waitRetired(t, l, "k")
+	resp, err := late.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Succeeded {
+		t.Fatal("a queueing retired before it reached etcd applied")
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	other := mustLock(t, e.locker(t, e.client(t, "a", nil), "a", LockerOptions{}), "k")
+	_ = other.Unlock(context.Background())
+}
+
+// A queueing that applied before its answer was lost is cleared: its key
+// is deleted, and the Locker's own TryLock right after the retirement
+// waits for that and finds the key free.
+func TestARetiredQueueingThatAppliedIsCleared(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{})
+	lk := &Lock{locker: l, sess: sess, keys: []string{"j"}, waiter: "late-1"}
+	resp, err := l.queueing(context.Background(), lk, "{}", sess.markerVer.Load()).Commit()
+	if err != nil || !resp.Succeeded {
+		t.Fatalf("queueing: %v, %v", resp, err)
+	}
+	l.retire(lk)
+	got, err := l.TryLock(context.Background(), 0, "j")
+	if err != nil {
+		t.Fatalf("TryLock right after the Locker retired a queueing of j: %v", err)
+	}
+	_ = got.Unlock(context.Background())
+	waitForWaiters(t, e.mgr, "a", "j", 0)
+}
+
+// A retirement made while etcd is silent is carried out once etcd
+// answers, and the Locker's own TryLock then finds the key free.
+func TestARetirementWaitsForEtcd(t *testing.T) {
+	e := startLockEtcd(t)
+	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
+	l, sess := retiredSession(t, e, e.client(t, "a", nil, "https://"+p.l.Addr().String()), LockerOptions{TTL: 60 * time.Second, Timeout: 500 * time.Millisecond})
+	lk := &Lock{locker: l, sess: sess, keys: []string{"j"}, waiter: "late-1"}
+	if resp, err := l.queueing(context.Background(), lk, "{}", sess.markerVer.Load()).Commit(); err != nil || !resp.Succeeded {
+		t.Fatalf("queueing: %v, %v", resp, err)
+	}
+	p.stall() // its answer, like everything else, is held
+	l.retire(lk)
+	time.Sleep(2 * time.Second)
+	p.flow()
+	waitForWaiters(t, e.mgr, "a", "j", 0)
+	waitRetired(t, l, "j")
+	got, err := l.TryLock(context.Background(), 0, "j")
+	if err != nil {
+		t.Fatalf("TryLock of j, whose retired key is gone and which nobody holds: %v", err)
+	}
+	_ = got.Unlock(context.Background())
+}
+
+// A queueing etcd refused outright (here, too many operations in one
+// transaction) was never applied and never will be: it is not retired,
+// so it fences nothing off and costs no wait for the next Lock of its keys.
+func TestARefusedQueueingIsNotRetired(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{})
+	keys := make([]string, 65) // 2 operations a key, over etcd's 128
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	if _, err := l.Lock(context.Background(), keys...); err == nil {
+		t.Fatal("etcd took a queueing of 65 keys; the test needs one it refuses")
+	}
+	if n := len(l.deletions.of(keys)); n != 0 {
+		t.Fatalf("%d clean-ups under way for a queueing etcd refused", n)
+	}
+	resp, err := e.mgr.Get(context.Background(), sess.marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].Version != 1 {
+		t.Fatalf("the session marker after a refused queueing: %v, want version 1 (no fence)", resp.Kvs)
+	}
+	lk, err := l.TryLock(context.Background(), 0, "k0")
+	if err != nil {
+		t.Fatalf("TryLock of a key whose queueing etcd refused: %v", err)
+	}
+	_ = lk.Unlock(context.Background())
+}
+
+// Retirements, each fencing off the session's queueings, while other
+// goroutines of the same Locker lock and unlock: their queueings in flight
+// at a fence queue again, and every Lock succeeds. It runs until three
+// fences have moved the session's marker on.
+func TestLocksGoOnThroughRetirements(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{})
+	stop := make(chan struct{})
+	var retirer sync.WaitGroup
+	retirer.Go(func() {
+		defer close(stop)
+		deadline := time.Now().Add(30 * time.Second)
+		for i := 0; time.Now().Before(deadline); i++ {
+			time.Sleep(20 * time.Millisecond)
+			l.retire(&Lock{locker: l, sess: sess, keys: []string{fmt.Sprintf("r%d", i)}, waiter: fmt.Sprintf("late-%d", i)})
+			resp, err := e.mgr.Get(context.Background(), sess.marker)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if len(resp.Kvs) == 1 && resp.Kvs[0].Version >= 4 {
+				return
+			}
+		}
+		t.Error("three fences did not come within 30 s")
+	})
+	var lockers sync.WaitGroup
+	for w := range 8 {
+		lockers.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lk, err := l.Lock(context.Background(), fmt.Sprintf("w%d-%d", w, i%3))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := lk.Unlock(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	retirer.Wait()
+	lockers.Wait()
+	if err := context.Cause(sess.ctx); err != nil {
+		t.Fatalf("the session ended: %v", err)
+	}
+}
