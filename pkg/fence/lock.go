@@ -343,7 +343,19 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		}
 	}
 	out := make([]bool, len(lk.keys))
-	if len(ops) > 0 {
+	if len(lk.keys) == 1 && revs[0] != 0 {
+		// One key, the common case: one flat comparison and delete, with
+		// less for etcd to decode and run than a transaction nested in one.
+		w := lk.waiterKey(lk.keys[0])
+		resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(w), "=", revs[0])).Then(clientv3.OpDelete(w)).Commit()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := etcdreply.Revision(resp.Header); err != nil {
+			return nil, err
+		}
+		out[0] = resp.Succeeded
+	} else if len(ops) > 0 {
 		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, err
