@@ -90,3 +90,21 @@ func Succeeded(resp *clientv3.TxnResponse, i int) (bool, error) {
 	}
 	return r.Succeeded, nil
 }
+
+// Deleted is whether the transaction resp, of one comparison and one
+// delete, ran its delete: an error if its answer does not match that
+// question (no header, or a response count or kind its outcome does not
+// call for).
+func Deleted(resp *clientv3.TxnResponse) (bool, error) {
+	n := 0
+	if resp.Succeeded {
+		n = 1
+	}
+	if err := Txn(resp, n); err != nil {
+		return false, err
+	}
+	if n == 1 && resp.Responses[0].GetResponseDeleteRange() == nil {
+		return false, fmt.Errorf("%w: operation 0, a delete, was answered with another kind of response", ErrMalformed)
+	}
+	return resp.Succeeded, nil
+}

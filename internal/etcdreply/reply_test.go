@@ -90,3 +90,24 @@ func TestReads(t *testing.T) {
 		t.Errorf("a response too many: %v, want ErrMalformed", err)
 	}
 }
+
+func TestDeleted(t *testing.T) {
+	h := &etcdserverpb.ResponseHeader{Revision: 9}
+	del := &etcdserverpb.ResponseOp{Response: &etcdserverpb.ResponseOp_ResponseDeleteRange{ResponseDeleteRange: &etcdserverpb.DeleteRangeResponse{Deleted: 1}}}
+	if ok, err := Deleted(&clientv3.TxnResponse{Header: h, Succeeded: true, Responses: []*etcdserverpb.ResponseOp{del}}); !ok || err != nil {
+		t.Fatalf("a delete that ran: %v, %v", ok, err)
+	}
+	if ok, err := Deleted(&clientv3.TxnResponse{Header: h}); ok || err != nil {
+		t.Fatalf("a comparison that failed: %v, %v", ok, err)
+	}
+	for name, resp := range map[string]*clientv3.TxnResponse{
+		"no header":             {Succeeded: true, Responses: []*etcdserverpb.ResponseOp{del}},
+		"a put for the delete":  {Header: h, Succeeded: true, Responses: []*etcdserverpb.ResponseOp{put}},
+		"no response for it":    {Header: h, Succeeded: true},
+		"a response to nothing": {Header: h, Responses: []*etcdserverpb.ResponseOp{del}},
+	} {
+		if _, err := Deleted(resp); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+}

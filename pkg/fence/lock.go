@@ -351,10 +351,9 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := etcdreply.Revision(resp.Header); err != nil {
+		if out[0], err = etcdreply.Deleted(resp); err != nil {
 			return nil, err
 		}
-		out[0] = resp.Succeeded
 	} else if len(ops) > 0 {
 		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
