@@ -113,6 +113,10 @@ type lockSession struct {
 	// queueing sent before can apply after (retire.go).
 	marker, markerVal string
 	markerVer         atomic.Int64
+	// markerRev is the revision the marker was created at: a marker of
+	// another CreateRevision was deleted and put again by someone else,
+	// and its version started over.
+	markerRev int64
 
 	mu   sync.Mutex
 	free []uint64
@@ -312,7 +316,7 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	l.seen(rev)
 	sctx, lose := context.WithCancelCause(l.ctx)
 	sess := &lockSession{id: id, ctx: sctx, lose: func(cause error) { lose(fmt.Errorf("%w: %w", ErrLockLost, cause)) },
-		marker: marker, markerVal: string(val)}
+		marker: marker, markerVal: string(val), markerRev: rev}
 	sess.markerVer.Store(1) // a new key: the lease ID is new
 	go keepAliveFrom(sctx, sess.lose, l.cli, sess.id, time.Duration(resp.TTL)*time.Second, sent, true)
 	return sess, nil
@@ -611,10 +615,11 @@ func (l *Locker) notQueued(ctx context.Context, lk *Lock, rev int64, floor, mark
 	case len(floor) > 0:
 		lk.sess.give(lk.slot)
 		return fmt.Errorf("%w (etcd's revision %d, floor %s; see docs/operations.md)", ErrEtcdRegressed, rev, floor[0].Value)
-	case len(marker) == 0:
-		// The marker goes only with the session's lease: revoked or expired.
+	case len(marker) == 0 || marker[0].CreateRevision != lk.sess.markerRev:
+		// The marker goes with the session's lease (revoked or expired),
+		// or was deleted by another holder of the namespace's identity.
 		lk.sess.give(lk.slot)
-		lk.sess.lose(fmt.Errorf("its marker key %s is gone with its etcd lease %x", lk.sess.marker, int64(lk.sess.id)))
+		l.markerLost(lk.sess)
 		return fmt.Errorf("fence: queueing for %q: %w", lk.keys, context.Cause(lk.sess.ctx))
 	case marker[0].Version != ver:
 		lk.sess.give(lk.slot)

@@ -79,25 +79,98 @@ func (l *Locker) fenceOff(sess *lockSession) {
 		l.untilDone(sess, "fencing off the session's queueings", func(ctx context.Context) error {
 			return l.fenceQueueings(ctx, sess)
 		})
-		for _, lk := range round {
-			l.untilDone(sess, fmt.Sprintf("clearing the waiter keys of %q after a queueing whose outcome was unknown", lk.keys), func(ctx context.Context) error {
-				_, err := l.deleteWaitersCtx(ctx, lk) // reads them first: lk.token is 0
-				return err
+		for _, batch := range clearBatches(round) {
+			l.untilDone(sess, "clearing the waiter keys of queueings whose outcome was unknown", func(ctx context.Context) error {
+				return l.clearWaiters(ctx, batch)
 			})
-			l.deletions.end(lk.keys, lk.gone)
+			for _, lk := range batch {
+				if sess.ctx.Err() == nil {
+					sess.give(lk.slot) // its keys are gone, and cannot come back
+				}
+				l.deletions.end(lk.keys, lk.gone)
+			}
 		}
 	}
 }
 
-// fenceQueueings puts sess's marker key again, raising its version: no
-// queueing that compared an older version can apply once this returns nil.
-func (l *Locker) fenceQueueings(ctx context.Context, sess *lockSession) error {
-	resp, err := l.cli.Txn(ctx).Then(
-		clientv3.OpPut(sess.marker, sess.markerVal, clientv3.WithLease(sess.id)),
-		clientv3.OpGet(sess.marker),
-	).Commit()
+// clearBatches splits retired acquisitions into batches of at most
+// sweepBatch waiter keys (one acquisition may hold fewer than 64: more
+// would not have been queued), so that a round of many is cleared in a
+// few transactions, not one after another.
+func clearBatches(round []*Lock) [][]*Lock {
+	var out [][]*Lock
+	n := 0
+	for _, lk := range round {
+		if len(out) == 0 || n+len(lk.keys) > sweepBatch {
+			out = append(out, nil)
+			n = 0
+		}
+		out[len(out)-1] = append(out[len(out)-1], lk)
+		n += len(lk.keys)
+	}
+	return out
+}
+
+// sweepBatch is how many waiter keys one clearing reads: under etcd's
+// default limit of 128 operations per transaction.
+const sweepBatch = 64
+
+// clearWaiters reads the waiter keys of lks and deletes those that exist,
+// each at the revision it has: one read, and one transaction of deletes.
+func (l *Locker) clearWaiters(ctx context.Context, lks []*Lock) error {
+	var keys []string
+	for _, lk := range lks {
+		for _, k := range lk.keys {
+			keys = append(keys, lk.waiterKey(k))
+		}
+	}
+	gets := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		gets[i] = clientv3.OpGet(k)
+	}
+	resp, err := l.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
 		return err
+	}
+	reads, err := etcdreply.Reads(resp, len(gets), 0)
+	if err != nil {
+		return err
+	}
+	var dels []clientv3.Op
+	for i, kvs := range reads {
+		if len(kvs) > 0 {
+			dels = append(dels, atRevision(keys[i], kvs[0].CreateRevision, clientv3.OpDelete(keys[i])))
+		}
+	}
+	if len(dels) == 0 {
+		return nil
+	}
+	del, err := l.cli.Txn(ctx).Then(dels...).Commit()
+	if err != nil {
+		return err
+	}
+	return etcdreply.Txn(del, len(dels))
+}
+
+// fenceQueueings puts sess's marker key again, raising its version: no
+// queueing that compared an older version can apply once this returns nil.
+// Only the marker the session created is put again: one deleted meanwhile
+// (its version would start over, and let old queueings through) ends the
+// session instead, and its lease with it.
+func (l *Locker) fenceQueueings(ctx context.Context, sess *lockSession) error {
+	resp, err := l.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(sess.marker), "=", sess.markerRev)).
+		Then(clientv3.OpPut(sess.marker, sess.markerVal, clientv3.WithLease(sess.id)), clientv3.OpGet(sess.marker)).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		if err := etcdreply.Txn(resp, 0); err != nil {
+			return err
+		}
+		l.markerLost(sess)
+		return fmt.Errorf("fence: %w", context.Cause(sess.ctx))
 	}
 	reads, err := etcdreply.Reads(resp, 2, 1)
 	if err != nil {
@@ -108,6 +181,15 @@ func (l *Locker) fenceQueueings(ctx context.Context, sess *lockSession) error {
 	}
 	sess.markerSeen(reads[0][0].Version)
 	return nil
+}
+
+// markerLost ends sess, whose marker key is gone: with its lease (revoked
+// or expired), or deleted by another holder of the namespace's identity.
+// Its lease is revoked, if it still lives, so that no queueing of the
+// session can apply after this; the next Lock starts another session.
+func (l *Locker) markerLost(sess *lockSession) {
+	sess.lose(fmt.Errorf("its marker key %s is gone, or was put again by another", sess.marker))
+	go l.revoke(sess.id)
 }
 
 // markerSeen records a version of the session's marker: queueings compare

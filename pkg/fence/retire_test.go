@@ -2,6 +2,7 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -180,5 +181,58 @@ func TestLocksGoOnThroughRetirements(t *testing.T) {
 	lockers.Wait()
 	if err := context.Cause(sess.ctx); err != nil {
 		t.Fatalf("the session ended: %v", err)
+	}
+}
+
+// A marker deleted by another holder of the namespace's identity would
+// start its version over, and let a queueing held since before a fence
+// through. The fence does not put it back: it ends the session and
+// revokes its lease, so the held queueing cannot apply.
+func TestADeletedMarkerEndsTheSession(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l, sess := retiredSession(t, e, cli, LockerOptions{})
+	lk := &Lock{locker: l, sess: sess, keys: []string{"k"}, waiter: "late-1", slot: 1000}
+	late := l.queueing(context.Background(), lk, "{}", sess.markerVer.Load()) // sent, then held
+	if _, err := cli.Delete(context.Background(), sess.marker); err != nil {
+		t.Fatal(err)
+	}
+	l.retire(lk)
+	waitRetired(t, l, "k")
+	if resp, err := late.Commit(); err == nil && resp.Succeeded {
+		t.Fatal("a queueing held since before its fence applied after the marker was deleted")
+	}
+	if err := context.Cause(sess.ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the session after its marker was deleted: %v, want it lost", err)
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	other := mustLock(t, l, "k") // on a new session
+	_ = other.Unlock(context.Background())
+}
+
+// Many acquisitions retired at once are cleared together, a few
+// transactions for them all: the Locker's own TryLock of the last one's
+// key waits for its clearing, well within the Timeout.
+func TestManyRetirementsAreClearedTogether(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{Timeout: time.Second})
+	const n = 1000
+	lks := make([]*Lock, n)
+	for i := range lks {
+		lks[i] = &Lock{locker: l, sess: sess, keys: []string{fmt.Sprintf("k%d", i)}, waiter: fmt.Sprintf("late-%d", i), slot: uint64(1000 + i)}
+		if resp, err := l.queueing(context.Background(), lks[i], "{}", sess.markerVer.Load()).Commit(); err != nil || !resp.Succeeded {
+			t.Fatalf("queueing %d: %v, %v", i, resp, err)
+		}
+	}
+	for _, lk := range lks {
+		l.retire(lk)
+	}
+	got, err := l.TryLock(context.Background(), 0, fmt.Sprintf("k%d", n-1))
+	if err != nil {
+		t.Fatalf("TryLock of the last of %d retired keys: %v", n, err)
+	}
+	_ = got.Unlock(context.Background())
+	for i := range n {
+		waitForWaiters(t, e.mgr, "a", fmt.Sprintf("k%d", i), 0)
 	}
 }
