@@ -28,7 +28,7 @@ import (
 //
 // The session's other queueings in flight at a fence fail its comparison
 // and queue again with the new version. So one fence covers every
-// retirement since the last, and fences come at most every fenceEvery: a
+// retirement since the last, and a fence begins at most every fenceEvery: a
 // slow etcd, on which many Locks give up mid-queueing, does not fail the
 // rest over and over.
 func (l *Locker) retire(lk *Lock) {
@@ -94,14 +94,14 @@ func (l *Locker) fenceOff(sess *lockSession) {
 }
 
 // clearBatches splits retired acquisitions into batches of at most
-// sweepBatch waiter keys (one acquisition may hold fewer than 64: more
+// clearBatch waiter keys (one acquisition may hold fewer than 64: more
 // would not have been queued), so that a round of many is cleared in a
 // few transactions, not one after another.
 func clearBatches(round []*Lock) [][]*Lock {
 	var out [][]*Lock
 	n := 0
 	for _, lk := range round {
-		if len(out) == 0 || n+len(lk.keys) > sweepBatch {
+		if len(out) == 0 || n+len(lk.keys) > clearBatch {
 			out = append(out, nil)
 			n = 0
 		}
@@ -111,9 +111,9 @@ func clearBatches(round []*Lock) [][]*Lock {
 	return out
 }
 
-// sweepBatch is how many waiter keys one clearing reads: under etcd's
+// clearBatch is how many waiter keys one clearing reads: under etcd's
 // default limit of 128 operations per transaction.
-const sweepBatch = 64
+const clearBatch = 64
 
 // clearWaiters reads the waiter keys of lks and deletes those that exist,
 // each at the revision it has: one read, and one transaction of deletes.
