@@ -210,29 +210,47 @@ func TestADeletedMarkerEndsTheSession(t *testing.T) {
 	_ = other.Unlock(context.Background())
 }
 
-// Many acquisitions retired at once are cleared together, a few
-// transactions for them all: the Locker's own TryLock of the last one's
-// key waits for its clearing, well within the Timeout.
+// Many acquisitions retired at once are cleared together: one fence, then
+// a read and a transaction of deletes for each 64 keys, not a read and a
+// delete for each acquisition in turn (which left a Lock of the last key
+// waiting past its Timeout on a healthy etcd). Counted in etcd calls, not
+// timed; the Locker's own TryLock of the last key then finds it free.
 func TestManyRetirementsAreClearedTogether(t *testing.T) {
 	e := startLockEtcd(t)
-	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{Timeout: time.Second})
+	var calls callCounter
+	l, sess := retiredSession(t, e, e.client(t, "a", &calls), LockerOptions{})
 	const n = 1000
 	lks := make([]*Lock, n)
+	keys := make([]string, n)
 	for i := range lks {
-		lks[i] = &Lock{locker: l, sess: sess, keys: []string{fmt.Sprintf("k%d", i)}, waiter: fmt.Sprintf("late-%d", i), slot: uint64(1000 + i)}
+		keys[i] = fmt.Sprintf("k%d", i)
+		lks[i] = &Lock{locker: l, sess: sess, keys: keys[i : i+1], waiter: fmt.Sprintf("late-%d", i), slot: uint64(1000 + i)}
 		if resp, err := l.queueing(context.Background(), lks[i], "{}", sess.markerVer.Load()).Commit(); err != nil || !resp.Succeeded {
 			t.Fatalf("queueing %d: %v, %v", i, resp, err)
 		}
 	}
+	calls.take()
 	for _, lk := range lks {
 		l.retire(lk)
 	}
-	got, err := l.TryLock(context.Background(), 0, fmt.Sprintf("k%d", n-1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := awaitAll(ctx, l.deletions.of(keys)); err != nil {
+		t.Fatalf("%d retirements were not cleared: %v", n, err)
+	}
+	// The retirements come while the first fence is out, so they may be
+	// split over rounds: allow three, each a fence and one part-filled
+	// batch more. In turn, each acquisition took two transactions: 2,000.
+	batches := (n + clearBatch - 1) / clearBatch
+	if got, most := calls.take()["Txn"], 3+2*(batches+2); got > most {
+		t.Fatalf("clearing %d retirements took %d transactions, want at most %d (per round, a fence, then a read and a delete for each %d keys)", n, got, most, clearBatch)
+	}
+	got, err := l.TryLock(context.Background(), 0, keys[n-1])
 	if err != nil {
 		t.Fatalf("TryLock of the last of %d retired keys: %v", n, err)
 	}
 	_ = got.Unlock(context.Background())
-	for i := range n {
-		waitForWaiters(t, e.mgr, "a", fmt.Sprintf("k%d", i), 0)
+	for _, k := range keys {
+		waitForWaiters(t, e.mgr, "a", k, 0)
 	}
 }
