@@ -309,52 +309,34 @@ func (l *Locker) deleteWaiters(lk *Lock) error {
 // revision, in one round trip, and reports for each whether it was there
 // to delete. Once they are gone the slot goes back to the session. An
 // acquisition whose queueing failed has no known revision: its keys are
-// read first, and deleted at the revision they have.
+// read first and deleted at the revision they have (clearWaiters), and
+// nothing is reported.
 func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error) {
-	revs := make([]int64, len(lk.keys))
-	if lk.token != 0 {
-		for i := range revs {
-			revs[i] = lk.token
-		}
-	} else {
-		ops := make([]clientv3.Op, len(lk.keys))
-		for i, k := range lk.keys {
-			ops[i] = clientv3.OpGet(lk.waiterKey(k))
-		}
-		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
+	if lk.token == 0 {
+		if err := l.clearWaiters(ctx, []*Lock{lk}); err != nil {
 			return nil, err
 		}
-		reads, err := etcdreply.Reads(resp, len(ops), 0)
-		if err != nil {
-			return nil, err
-		}
-		for i, kvs := range reads {
-			if len(kvs) > 0 {
-				revs[i] = kvs[0].CreateRevision
-			}
-		}
-	}
-	ops := make([]clientv3.Op, 0, len(lk.keys))
-	for i, k := range lk.keys {
-		if revs[i] != 0 {
-			w := lk.waiterKey(k)
-			ops = append(ops, atRevision(w, revs[i], clientv3.OpDelete(w)))
-		}
+		lk.sess.give(lk.slot)
+		return nil, nil
 	}
 	out := make([]bool, len(lk.keys))
-	if len(lk.keys) == 1 && revs[0] != 0 {
+	if len(lk.keys) == 1 {
 		// One key, the common case: one flat comparison and delete, with
 		// less for etcd to decode and run than a transaction nested in one.
 		w := lk.waiterKey(lk.keys[0])
-		resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(w), "=", revs[0])).Then(clientv3.OpDelete(w)).Commit()
+		resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(w), "=", lk.token)).Then(clientv3.OpDelete(w)).Commit()
 		if err != nil {
 			return nil, err
 		}
 		if out[0], err = etcdreply.Deleted(resp); err != nil {
 			return nil, err
 		}
-	} else if len(ops) > 0 {
+	} else {
+		ops := make([]clientv3.Op, len(lk.keys))
+		for i, k := range lk.keys {
+			w := lk.waiterKey(k)
+			ops[i] = atRevision(w, lk.token, clientv3.OpDelete(w))
+		}
 		resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, err
@@ -362,13 +344,9 @@ func (l *Locker) deleteWaitersCtx(ctx context.Context, lk *Lock) ([]bool, error)
 		if err := etcdreply.Txn(resp, len(ops)); err != nil {
 			return nil, err
 		}
-		j := 0
 		for i := range lk.keys {
-			if revs[i] != 0 {
-				if out[i], err = etcdreply.Succeeded(resp, j); err != nil {
-					return nil, err
-				}
-				j++
+			if out[i], err = etcdreply.Succeeded(resp, i); err != nil {
+				return nil, err
 			}
 		}
 	}
