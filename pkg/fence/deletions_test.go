@@ -39,11 +39,7 @@ func TestLockReturnsWhenItsCtxEndsWithEtcdSilent(t *testing.T) {
 	if err := holder.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if lk, err := l.TryLock(context.Background(), 0, "k"); err != nil {
-		t.Fatalf("TryLock of a free key after the clean-up: %v", err)
-	} else {
-		_ = lk.Unlock(context.Background())
-	}
+	mustFindFree(t, l, "k", "free after the clean-up")
 }
 
 // A TryLock made once a cancelled Lock of the same key has returned finds

@@ -151,6 +151,17 @@ func TestWaiterNamesAreReusedSafely(t *testing.T) {
 	}
 }
 
+// mustFindFree takes key with TryLock, waiting for nothing, and unlocks
+// it: the key must be free (why says why it should be).
+func mustFindFree(t testing.TB, l *Locker, key, why string) {
+	t.Helper()
+	lk, err := l.TryLock(context.Background(), 0, key)
+	if err != nil {
+		t.Fatalf("TryLock of %s, %s: %v", key, why, err)
+	}
+	_ = lk.Unlock(context.Background())
+}
+
 func mustLock(t testing.TB, l *Locker, keys ...string) *Lock {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -473,11 +484,7 @@ func TestTryLockGivesUpAndLeavesNoWaiter(t *testing.T) {
 	if err := holder.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	lk, err := l.TryLock(context.Background(), 0, "k")
-	if err != nil {
-		t.Fatalf("TryLock of a free key: %v", err)
-	}
-	_ = lk.Unlock(context.Background())
+	mustFindFree(t, l, "k", "a free key")
 }
 
 // With etcd cut off, Lock and Unlock fail within the Locker's Timeout with

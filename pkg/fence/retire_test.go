@@ -69,11 +69,7 @@ func TestARetiredQueueingThatAppliedIsCleared(t *testing.T) {
 		t.Fatalf("queueing: %v, %v", resp, err)
 	}
 	l.retire(lk)
-	got, err := l.TryLock(context.Background(), 0, "j")
-	if err != nil {
-		t.Fatalf("TryLock right after the Locker retired a queueing of j: %v", err)
-	}
-	_ = got.Unlock(context.Background())
+	mustFindFree(t, l, "j", "right after the Locker retired a queueing of it")
 	waitForWaiters(t, e.mgr, "a", "j", 0)
 }
 
@@ -93,11 +89,7 @@ func TestARetirementWaitsForEtcd(t *testing.T) {
 	p.flow()
 	waitForWaiters(t, e.mgr, "a", "j", 0)
 	waitRetired(t, l, "j")
-	got, err := l.TryLock(context.Background(), 0, "j")
-	if err != nil {
-		t.Fatalf("TryLock of j, whose retired key is gone and which nobody holds: %v", err)
-	}
-	_ = got.Unlock(context.Background())
+	mustFindFree(t, l, "j", "whose retired key is gone and which nobody holds")
 }
 
 // A queueing etcd refused outright (here, too many operations in one
@@ -123,11 +115,7 @@ func TestARefusedQueueingIsNotRetired(t *testing.T) {
 	if len(resp.Kvs) != 1 || resp.Kvs[0].Version != 1 {
 		t.Fatalf("the session marker after a refused queueing: %v, want version 1 (no fence)", resp.Kvs)
 	}
-	lk, err := l.TryLock(context.Background(), 0, "k0")
-	if err != nil {
-		t.Fatalf("TryLock of a key whose queueing etcd refused: %v", err)
-	}
-	_ = lk.Unlock(context.Background())
+	mustFindFree(t, l, "k0", "whose queueing etcd refused")
 }
 
 // Retirements, each fencing off the session's queueings, while other
@@ -245,11 +233,7 @@ func TestManyRetirementsAreClearedTogether(t *testing.T) {
 	if got, most := calls.take()["Txn"], 3+2*(batches+2); got > most {
 		t.Fatalf("clearing %d retirements took %d transactions, want at most %d (per round, a fence, then a read and a delete for each %d keys)", n, got, most, clearBatch)
 	}
-	got, err := l.TryLock(context.Background(), 0, keys[n-1])
-	if err != nil {
-		t.Fatalf("TryLock of the last of %d retired keys: %v", n, err)
-	}
-	_ = got.Unlock(context.Background())
+	mustFindFree(t, l, keys[n-1], fmt.Sprintf("the last of %d retired keys", n))
 	for _, k := range keys {
 		waitForWaiters(t, e.mgr, "a", k, 0)
 	}
