@@ -20,7 +20,7 @@ func snapshotCommand(args []string, out io.Writer) error {
 	var cfg etcdstore.Config
 	cfg.BindFlags(fs)
 	dir := fs.String("dir", "/backup", "Directory to write fencer-etcd-<UTC time>.db into.")
-	keep := fs.Int("keep", 7, "How many snapshots to keep in --dir; older ones are deleted. When the write fails, all but the newest keep-1 (at least one) are deleted, so that a retry has room.")
+	keep := fs.Int("keep", 7, "How many snapshots to keep in --dir; older ones are deleted. When the write finds the volume full (or over its quota), all but the newest keep-1 (at least one) are deleted, so that a retry has room; any other failure deletes nothing.")
 	timeout := fs.Duration("timeout", 10*time.Minute, "Give up if the snapshot takes longer.")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "fencer snapshot: save a snapshot of fencer's etcd (docs/operations.md, Backup).\n\nUsage: fencer snapshot --etcd-endpoints=URL [flags]\n\nFlags:\n")

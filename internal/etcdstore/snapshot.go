@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,11 +26,13 @@ const (
 // Snapshot saves a snapshot of etcd into dir as fencer-etcd-<UTC time>.db
 // and deletes all but the newest keep snapshots there. The file appears
 // under its name only once complete and synced, so a crash mid-way leaves
-// no truncated snapshot to restore from. When the write fails (a full
-// volume, say), all but the newest keep-1 (at least one) are deleted, so
-// that the next run has room: otherwise pruning, which follows a written
-// snapshot, would never come again. Restore it with etcdutl
-// (docs/operations.md), always with --bump-revision.
+// no truncated snapshot to restore from. When the write fails because the
+// volume is full (or over its quota), all but the newest keep-1 (at least
+// one) are deleted, so that the next run has room: otherwise pruning, which
+// follows a written snapshot, would never come again. Any other failure
+// deletes nothing: a run whose partial copy a second run took for abandoned
+// (it stalled for longer than abandonedPart) must not cost a good snapshot.
+// Restore one with etcdutl (docs/operations.md), always with --bump-revision.
 func Snapshot(ctx context.Context, cli *clientv3.Client, dir string, keep int, now time.Time) (path string, size int64, err error) {
 	if keep < 1 {
 		return "", 0, fmt.Errorf("keep must be at least 1, got %d", keep)
@@ -41,12 +44,21 @@ func Snapshot(ctx context.Context, cli *clientv3.Client, dir string, keep int, n
 	defer rc.Close()
 	path = filepath.Join(dir, snapshotPrefix+now.UTC().Format("20060102T150405Z")+snapshotSuffix)
 	if size, err = writeSynced(path, rc); err != nil {
+		if !outOfSpace(err) {
+			return "", 0, err
+		}
 		if perr := prune(dir, max(keep-1, 1)); perr != nil {
 			err = fmt.Errorf("%w; making room for the next: %w", err, perr)
 		}
 		return "", 0, err
 	}
 	return path, size, prune(dir, keep)
+}
+
+// outOfSpace tells whether err says the volume, or the user's quota on it,
+// is full: the one failure that deleting an old snapshot can cure.
+func outOfSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 func writeSynced(path string, r io.Reader) (int64, error) {

@@ -6,8 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestSnapshotWritesCompleteFilesAndKeepsTheNewest(t *testing.T) {
@@ -29,18 +33,8 @@ func TestSnapshotWritesCompleteFilesAndKeepsTheNewest(t *testing.T) {
 		}
 		last = path
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
 	want := []string{"fencer-etcd-20261130T140000Z.db", "fencer-etcd-20261130T150000Z.db"}
-	if len(names) != 2 || names[0] != want[0] || names[1] != want[1] {
-		t.Fatalf("kept %v, want %v", names, want)
-	}
+	assertSnapshots(t, dir, "kept", want...)
 	if filepath.Base(last) != want[1] {
 		t.Errorf("last snapshot %s", last)
 	}
@@ -49,40 +43,73 @@ func TestSnapshotWritesCompleteFilesAndKeepsTheNewest(t *testing.T) {
 	}
 }
 
-// A write that fails (a full volume) still makes room for the next run: the
-// oldest snapshot goes, so the backups do not age for ever behind a volume
-// that never frees itself.
-func TestSnapshotThatFailsMakesRoomForTheNext(t *testing.T) {
+// A write that finds the volume full still makes room for the next run:
+// the oldest snapshot goes, so the backups do not age for ever behind a
+// volume that never frees itself.
+func TestSnapshotThatFindsTheVolumeFullMakesRoomForTheNext(t *testing.T) {
 	cli := startEtcd(t)
-	ctx := context.Background()
-	dir := t.TempDir()
-	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	for i := range 3 {
-		if _, _, err := Snapshot(ctx, cli, dir, 3, start.Add(time.Duration(i)*time.Hour)); err != nil {
-			t.Fatal(err)
-		}
+	dir := threeSnapshots(t, cli)
+	// The new file's partial copy is /dev/full: every write to it fails
+	// with ENOSPC, as on a full volume.
+	if err := os.Symlink("/dev/full", filepath.Join(dir, "fencer-etcd-20261130T150000Z.db.part")); err != nil {
+		t.Fatal(err)
 	}
-	failAt := start.Add(3 * time.Hour)
-	// A directory where the new file's partial copy goes: its create fails.
+	_, _, err := Snapshot(context.Background(), cli, dir, 3, time.Date(2026, 11, 30, 15, 0, 0, 0, time.UTC))
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a write into /dev/full: %v, want ENOSPC", err)
+	}
+	assertSnapshots(t, dir, "after a write that found the volume full",
+		"fencer-etcd-20261130T130000Z.db", "fencer-etcd-20261130T140000Z.db")
+}
+
+// Any other failed write deletes nothing. A run stalled for longer than
+// abandonedPart, whose partial copy a second run took for abandoned and
+// deleted, fails its rename; that must not cost a good snapshot, and room
+// would not help it. Here the partial copy's name is a directory, so its
+// create fails.
+func TestSnapshotThatFailsOtherwiseDeletesNothing(t *testing.T) {
+	cli := startEtcd(t)
+	dir := threeSnapshots(t, cli)
 	if err := os.Mkdir(filepath.Join(dir, "fencer-etcd-20261130T150000Z.db.part"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Snapshot(ctx, cli, dir, 3, failAt); err == nil {
+	if _, _, err := Snapshot(context.Background(), cli, dir, 3, time.Date(2026, 11, 30, 15, 0, 0, 0, time.UTC)); err == nil {
 		t.Fatal("the write into a directory succeeded")
 	}
-	var names []string
+	assertSnapshots(t, dir, "after a failed write",
+		"fencer-etcd-20261130T120000Z.db", "fencer-etcd-20261130T130000Z.db", "fencer-etcd-20261130T140000Z.db")
+}
+
+// threeSnapshots writes snapshots at 12:00, 13:00 and 14:00 UTC on
+// 2026-11-30 into a new directory, keeping 3.
+func threeSnapshots(t *testing.T, cli *clientv3.Client) string {
+	t.Helper()
+	dir := t.TempDir()
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for i := range 3 {
+		if _, _, err := Snapshot(context.Background(), cli, dir, 3, start.Add(time.Duration(i)*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// assertSnapshots fails unless dir's files (not its directories, nor its
+// symbolic links) are want, in order.
+func assertSnapshots(t *testing.T, dir, when string, want ...string) {
+	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var names []string
 	for _, e := range entries {
-		if !e.IsDir() {
+		if e.Type().IsRegular() {
 			names = append(names, e.Name())
 		}
 	}
-	want := []string{"fencer-etcd-20261130T130000Z.db", "fencer-etcd-20261130T140000Z.db"}
-	if len(names) != 2 || names[0] != want[0] || names[1] != want[1] {
-		t.Fatalf("after a failed write: %v, want %v", names, want)
+	if !slices.Equal(names, want) {
+		t.Fatalf("%s: %v, want %v", when, names, want)
 	}
 }
 
