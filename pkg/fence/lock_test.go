@@ -162,6 +162,23 @@ func mustFindFree(t testing.TB, l *Locker, key, why string) {
 	_ = lk.Unlock(context.Background())
 }
 
+// lockUnlock locks key and unlocks it, for goroutines of a test: it
+// reports a failure with t.Error and returns false, for the goroutine to
+// stop.
+func lockUnlock(t testing.TB, l *Locker, key string) bool {
+	t.Helper()
+	lk, err := l.Lock(context.Background(), key)
+	if err != nil {
+		t.Errorf("Lock(%s): %v", key, err)
+		return false
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Errorf("Unlock(%s): %v", key, err)
+		return false
+	}
+	return true
+}
+
 func mustLock(t testing.TB, l *Locker, keys ...string) *Lock {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -636,13 +653,7 @@ func TestOneLockerManyGoroutines(t *testing.T) {
 	for w := range 16 {
 		wg.Go(func() {
 			for i := range 40 {
-				lk, err := l.Lock(context.Background(), fmt.Sprintf("k%d-%d", w, i%4))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if err := lk.Unlock(context.Background()); err != nil {
-					t.Error(err)
+				if !lockUnlock(t, l, fmt.Sprintf("k%d-%d", w, i%4)) {
 					return
 				}
 			}

@@ -153,13 +153,7 @@ func TestLocksGoOnThroughRetirements(t *testing.T) {
 					return
 				default:
 				}
-				lk, err := l.Lock(context.Background(), fmt.Sprintf("w%d-%d", w, i%3))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if err := lk.Unlock(context.Background()); err != nil {
-					t.Error(err)
+				if !lockUnlock(t, l, fmt.Sprintf("w%d-%d", w, i%3)) {
 					return
 				}
 			}
