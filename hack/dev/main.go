@@ -23,7 +23,7 @@ func main() {
 		manager = flag.String("manager", "bin/fencer", "The fencer manager binary (built by `make build`).")
 		crds    = flag.String("crds", "config/crd/bases", "Directory of fencer's CRD manifests.")
 		webhook = flag.String("webhook", "config/webhook/manifests.yaml", "fencer's ValidatingWebhookConfiguration; dev points it at the manager on loopback.")
-		guard   = flag.String("guard", "config/guard/status-guard.yaml", "fencer's status guard (a ValidatingAdmissionPolicy); dev admits the manager's identity here.")
+		guard   = flag.String("guard", "config/guard/policies.yaml", "fencer's admission policies (the status guard and the ignored-label warning); dev names its manager's identity in them.")
 		tools   = flag.String("tools", "hack/tools", "The tools module; kwok's stages are read from the kwok version it pins.")
 		nodes   = flag.Int("nodes", 3, "How many kwok nodes to create.")
 		real    = flag.Bool("real-node", false, "Also run a real node: a kubelet with containerd, runc and CNI on this machine (root; installs the Debian packages if missing; docs/development.md).")
@@ -70,7 +70,7 @@ func run(ctx context.Context, dir, binDir, manager, crds, webhook, guard, tools 
 	if err := c.InstallWebhook(ctx, webhook); err != nil {
 		return err
 	}
-	if err := c.InstallStatusGuard(ctx, guard); err != nil {
+	if err := c.InstallPolicies(ctx, guard); err != nil {
 		return err
 	}
 	if err := c.WriteEndpoints(); err != nil {

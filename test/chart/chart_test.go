@@ -479,6 +479,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	tool(t, "kubectl", "create", "-f", tlsSecret, asManager)
 	tool(t, "kubectl", "delete", "-f", tlsSecret)
+	checkIgnoredLabelWarning(t, asManager)
 
 	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
@@ -497,6 +498,40 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {
 		t.Fatal("the webhook configuration survived uninstall")
 	}
+}
+
+// checkIgnoredLabelWarning: a fencer.io/lease label on a Lease (a
+// kustomization's labels put it on every object) is applied with a warning
+// that it fences nothing, which kubectl prints; the same Lease without the
+// label, and the manager's own writes (asManager) with it, get none. The
+// policy may take a moment to load.
+func checkIgnoredLabelWarning(t *testing.T, asManager string) {
+	t.Helper()
+	dir := t.TempDir()
+	manifest := func(name, labels string) string {
+		path := filepath.Join(dir, name+".yaml")
+		doc := "apiVersion: fencer.io/v1alpha1\nkind: Lease\nmetadata: {name: " + name + ", namespace: fencer-system, labels: {" + labels + "}}\nspec: {holderSelector: {matchLabels: {app: x}}}\n"
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	labelled := manifest("labelled", "fencer.io/lease: labelled, team: a")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := toolErr("kubectl", "apply", "-f", labelled, "--warnings-as-errors")
+		if err != nil && strings.Contains(err.Error(), "the fencer.io/lease label fences nothing on leases.fencer.io fencer-system/labelled") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a Lease labelled fencer.io/lease was applied without the warning: %v", err)
+		}
+		time.Sleep(time.Second)
+	}
+	tool(t, "kubectl", "get", "lease.fencer.io", "labelled", "-n", "fencer-system") // warned, not refused
+	tool(t, "kubectl", "label", "lease.fencer.io", "labelled", "-n", "fencer-system", "team=b", "--overwrite", "--warnings-as-errors", asManager)
+	tool(t, "kubectl", "apply", "-f", manifest("plain", "team: a"), "--warnings-as-errors")
+	tool(t, "kubectl", "delete", "lease.fencer.io", "labelled", "plain", "-n", "fencer-system", "--wait=false")
 }
 
 // TestKustomizeOverlay: config/default builds with kubectl's kustomize and

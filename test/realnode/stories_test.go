@@ -64,7 +64,7 @@ func startLocalFencer(t *testing.T, c *devcluster.Cluster, root string) {
 	if err := c.InstallWebhook(ctx, filepath.Join(root, "config", "webhook", "manifests.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.InstallStatusGuard(ctx, filepath.Join(root, "config", "guard", "status-guard.yaml")); err != nil {
+	if err := c.InstallPolicies(ctx, filepath.Join(root, "config", "guard", "policies.yaml")); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -64,7 +64,7 @@ func TestDevCluster(t *testing.T) {
 		"--manager", filepath.Join(bin, "fencer"),
 		"--crds", filepath.Join(root, "config", "crd", "bases"),
 		"--webhook", filepath.Join(root, "config", "webhook", "manifests.yaml"),
-		"--guard", filepath.Join(root, "config", "guard", "status-guard.yaml"),
+		"--guard", filepath.Join(root, "config", "guard", "policies.yaml"),
 		"--tools", filepath.Join(root, "hack", "tools"))
 	dev.Dir = root
 	stdout, err := dev.StdoutPipe()

@@ -178,7 +178,7 @@ func (h *Harness) startAPIServer(context.Context) error {
 		return err
 	}
 	// The managers run as the chart's service account (startManagers).
-	return testenv.InstallStatusGuard(context.Background(), h.cl, "system:serviceaccount:"+systemNamespace+":fencer")
+	return testenv.InstallPolicies(context.Background(), h.cl, "system:serviceaccount:"+systemNamespace+":fencer")
 }
 
 func (h *Harness) startEtcd(ctx context.Context) error {

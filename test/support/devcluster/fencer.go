@@ -156,15 +156,15 @@ func (c *Cluster) webhookCerts() (string, error) {
 	return dir, nil
 }
 
-// InstallStatusGuard applies the chart's status guard (guard, the file
-// manifest.StatusGuardFile names) with kubectl, admitting the status writes
-// of the identity the manager runs as here: the cluster's kubeconfig user.
-func (c *Cluster) InstallStatusGuard(ctx context.Context, guard string) error {
+// InstallPolicies applies the chart's admission policies (guard, the file
+// manifest.PoliciesFile names) with kubectl, naming as the manager the
+// identity the manager runs as here: the cluster's kubeconfig user.
+func (c *Cluster) InstallPolicies(ctx context.Context, guard string) error {
 	user, err := c.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
 	if err != nil {
 		return err
 	}
-	objs, err := manifest.StatusGuard(guard, strings.TrimSpace(user))
+	objs, err := manifest.Policies(guard, strings.TrimSpace(user))
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func (c *Cluster) InstallStatusGuard(ctx context.Context, guard string) error {
 		}
 		out = append(append(out, b...), "---\n"...)
 	}
-	path := c.Path("status-guard.yaml")
+	path := c.Path("policies.yaml")
 	if err := os.WriteFile(path, out, 0o644); err != nil {
 		return err
 	}

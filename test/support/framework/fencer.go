@@ -103,9 +103,9 @@ func (f *Fencer) startEtcd() error {
 	if f.Client, err = client.New(f.Config, client.Options{Scheme: f.Env.Scheme}); err != nil {
 		return err
 	}
-	// The chart's IDRange status guard, admitting the managers of
-	// StartController, which run as the tests do.
-	if err := testenv.InstallStatusGuard(context.Background(), f.Client, ""); err != nil {
+	// The chart's admission policies (the status guard admits the
+	// managers of StartController, which run as the tests do).
+	if err := testenv.InstallPolicies(context.Background(), f.Client, ""); err != nil {
 		return err
 	}
 	if f.dir, err = os.MkdirTemp("", "fencer-test"); err != nil {

@@ -35,17 +35,18 @@ func Read(path string) ([]*unstructured.Unstructured, error) {
 	}
 }
 
-// StatusGuardFile is the chart's status guard as `make manifests` renders
-// it, relative to the repository root: a ValidatingAdmissionPolicy that
-// admits status writes only from the manager named by its variable
-// "manager", and its binding.
-const StatusGuardFile = "config/guard/status-guard.yaml"
+// PoliciesFile is the chart's admission policies as `make manifests`
+// renders them, relative to the repository root: the status guard, a
+// ValidatingAdmissionPolicy that admits status writes only from the
+// manager named by its variable "manager", and the ignored-label warning,
+// which spares that manager's writes; each with its binding.
+const PoliciesFile = "config/guard/policies.yaml"
 
-// StatusGuard reads the status guard from path and names manager (a
-// username) as the one identity its policy admits: make dev and the tests
+// Policies reads the admission policies from path and names manager (a
+// username) in each policy's variable "manager": make dev and the tests
 // run the manager under their own identity, not the chart's service
 // account.
-func StatusGuard(path, manager string) ([]*unstructured.Unstructured, error) {
+func Policies(path, manager string) ([]*unstructured.Unstructured, error) {
 	objs, err := Read(path)
 	if err != nil {
 		return nil, err

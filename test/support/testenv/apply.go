@@ -12,7 +12,7 @@ import (
 )
 
 // Username is the user name c authenticates as, which the apiserver tells
-// (SelfSubjectReview): the name InstallStatusGuard admits when given "".
+// (SelfSubjectReview): the name InstallPolicies admits when given "".
 func Username(ctx context.Context, c client.Client) (string, error) {
 	me := &authenticationv1.SelfSubjectReview{}
 	if err := c.Create(ctx, me); err != nil {
@@ -21,11 +21,11 @@ func Username(ctx context.Context, c client.Client) (string, error) {
 	return me.Status.UserInfo.Username, nil
 }
 
-// InstallStatusGuard creates the chart's status guard (manifest.StatusGuard)
-// admitting only the status writes of manager (a username), or, when
-// manager is "", of c's own identity, which the tests' in-process managers
-// share.
-func InstallStatusGuard(ctx context.Context, c client.Client, manager string) error {
+// InstallPolicies creates the chart's admission policies
+// (manifest.Policies) with manager (a username) as the manager: the status
+// guard admits only its status writes. When manager is "", it is c's own
+// identity, which the tests' in-process managers share.
+func InstallPolicies(ctx context.Context, c client.Client, manager string) error {
 	root, err := RepoRoot()
 	if err != nil {
 		return err
@@ -35,7 +35,7 @@ func InstallStatusGuard(ctx context.Context, c client.Client, manager string) er
 			return err
 		}
 	}
-	objs, err := manifest.StatusGuard(filepath.Join(root, manifest.StatusGuardFile), manager)
+	objs, err := manifest.Policies(filepath.Join(root, manifest.PoliciesFile), manager)
 	if err != nil {
 		return err
 	}
