@@ -68,6 +68,11 @@ app.kubernetes.io/component: etcd-backup
 {{- end -}}
 {{- end -}}
 
+{{/* The manager's username as the apiserver sees it, which the admission policies name. */}}
+{{- define "fencer.managerUsername" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "fencer.serviceAccountName" . }}
+{{- end -}}
+
 {{- define "fencer.image" -}}
 "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
 {{- end -}}
