@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -67,13 +68,37 @@ func NewIDRangeReconciler(c client.Client, store *etcdstore.Store, elector *etcd
 // Reconcile allocates for one IDRange and writes its status once.
 func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	rng := &fencerv1.IDRange{}
-	if err := r.Get(ctx, req.NamespacedName, rng); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Get(ctx, req.NamespacedName, rng); apierrors.IsNotFound(err) {
+		return ctrl.Result{}, r.forgetGone(ctx)
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("idrange", req.NamespacedName))
 	return runPass(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, rng, fencerv1.IDRangeFinalizer,
 		func(ctx context.Context) (ctrl.Result, error) { return r.finalize(ctx, rng) },
 		func(ctx context.Context) (outcome, error) { return r.reconcileRange(ctx, rng) })
+}
+
+// forgetGone drops what this process remembers of the blocks of IDRanges
+// the cache no longer has. The finalize forgets the range it releases, but
+// a range finalized while this manager stood by (another had the term), or
+// whose finalizer was removed by hand, never passes there on this one. A
+// range created in the moment between the list and the sweep may lose its
+// memory too, which costs it one etcd read per pod, or one skipped block,
+// as a manager restart does.
+func (r *IDRangeReconciler) forgetGone(ctx context.Context) error {
+	var ranges fencerv1.IDRangeList
+	if err := r.List(ctx, &ranges); err != nil {
+		return err
+	}
+	live := make(map[types.UID]bool, len(ranges.Items))
+	for i := range ranges.Items {
+		live[ranges.Items[i].UID] = true
+	}
+	isLive := func(rng types.UID) bool { return live[rng] }
+	r.handed.keepRanges(isLive)
+	r.own.keepRanges(isLive)
+	return nil
 }
 
 // reconcileRange hands out blocks or slots to the IDRange's pods and sets

@@ -8,8 +8,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -129,5 +131,39 @@ func TestFinalizeTakesTheDeleteNextOptInFromTheAPIServer(t *testing.T) {
 		if gone := len(resp.Kvs) == 0; gone != tc.deleted {
 			t.Errorf("%s: next key deleted = %v, want %v", name, gone, tc.deleted)
 		}
+	}
+}
+
+// What a manager remembers of an IDRange's blocks goes when the range is
+// gone, even if this manager never finalized it (another had the term, or
+// the finalizer was removed by hand): a reconcile that finds a range gone
+// forgets every range the cache no longer has, and only those.
+func TestReconcileOfAGoneRangeForgetsTheRangesGone(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	live := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "live", UID: "live-uid"}}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).Build()
+	r := &IDRangeReconciler{Client: api, APIReader: api}
+	for _, rng := range []types.UID{"live-uid", "gone-uid", "other-gone-uid"} {
+		r.handed.put(rng, "pod", "block=1-10")
+		r.own.put(rng, "pod", "block=1-10")
+		r.own.markForeign(rng, "pod", "block=500-509")
+	}
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "gone"}})
+	if err != nil || !res.IsZero() {
+		t.Fatalf("Reconcile of a gone range = %+v, %v; want nothing to do", res, err)
+	}
+	for _, rng := range []types.UID{"gone-uid", "other-gone-uid"} {
+		if _, ok := r.handed.get(rng, "pod"); ok {
+			t.Errorf("range %s: the block handed out is still remembered", rng)
+		}
+		if r.own.is(rng, "pod", "block=1-10") || r.own.foreign(rng, "pod", "block=500-509") {
+			t.Errorf("range %s: a block check is still remembered", rng)
+		}
+	}
+	if _, ok := r.handed.get("live-uid", "pod"); !ok || !r.own.is("live-uid", "pod", "block=1-10") || !r.own.foreign("live-uid", "pod", "block=500-509") {
+		t.Error("the memory of a range still there was dropped")
 	}
 }

@@ -55,6 +55,17 @@ func (p *podBlocks) forget(rng types.UID) {
 	delete(p.m, rng)
 }
 
+// keepRanges forgets every range for which live says no.
+func (p *podBlocks) keepRanges(live func(rng types.UID) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for rng := range p.m {
+		if !live(rng) {
+			delete(p.m, rng)
+		}
+	}
+}
+
 // handedBlocks remembers the block last given to a pod whose annotation the
 // cache does not show yet: the patch may still be on its way back through
 // the watch (the next reconcile lists pods from the cache), or it failed.
@@ -115,4 +126,9 @@ func (o *ownBlocks) prune(rng types.UID, pods []corev1.Pod) {
 func (o *ownBlocks) forget(rng types.UID) {
 	o.podBlocks.forget(rng)
 	o.notOwn.forget(rng)
+}
+
+func (o *ownBlocks) keepRanges(live func(rng types.UID) bool) {
+	o.podBlocks.keepRanges(live)
+	o.notOwn.keepRanges(live)
 }
