@@ -72,6 +72,7 @@ dev: tools manifests generate build ## Run a local cluster with fencer on loopba
 
 .PHONY: test
 test: tools verify-generated fmt hygiene vet lint test-unit ## Everything CI runs: generated-file check, vet, unit, integration (envtest), chart, image and the make-dev smoke test.
+	@echo "test-integration, test-chart, test-image and test-dev-smoke run side by side (about 5 minutes); each prints its output when it ends"
 	@$(MAKE) --no-print-directory -j 3 --output-sync=target test-clusters
 
 # The suites that start clusters spend most of their time waiting on them
