@@ -241,8 +241,9 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 // and its pods may still run, so the Lease stays with them, never back to
 // an older run; its selector is rebuilt from the run's Job UID, so an edit
 // of the selector is set back then too. The run is read from this
-// process's memory only (selectedRuns), never from the Lease, whose
-// annotations and selector any Lease editor can write.
+// process's memory (selectedRuns), or the WorkloadLease's status that
+// recorded it, never from the Lease, whose annotations and selector any
+// Lease editor can write.
 func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) member {
 	last, ok := r.runs.last(client.ObjectKeyFromObject(wl), l)
 	if !ok || last.uid == m.runUID || last.order <= m.runOrder {

@@ -33,7 +33,8 @@ type WorkloadLeaseReconciler struct {
 	// APIReader confirms, uncached, what the cache may be behind on.
 	APIReader client.Reader
 
-	// runs are the CronJob runs this process selected per member Lease.
+	// runs are the CronJob runs selected per member Lease, by this
+	// process or, as its status records, by the one before it.
 	runs selectedRuns
 }
 
@@ -60,10 +61,12 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
 	before := wl.Status.DeepCopy()
+	r.runs.recall(wl)
 	out, err := r.reconcileMembers(ctx, wl)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	wl.Status.CronJobRun = r.runs.record(wl)
 	return finish(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, wl, before, &wl.Status, out)
 }
 

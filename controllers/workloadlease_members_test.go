@@ -195,6 +195,65 @@ func TestCronJobRunStaysOnTheRunItSelected(t *testing.T) {
 	}
 }
 
+// The run a CronJob's member Lease stays with outlives the process that
+// selected it: each pass records it in the WorkloadLease's status, and a
+// process with no run of its own for the Lease (a restart, a failover)
+// takes the recorded one. A run of the process's own wins over the record,
+// a record made for another Lease of the name counts for nothing, and
+// other workloads record nothing.
+func TestCronJobRunRecordedInStatusOutlivesTheProcess(t *testing.T) {
+	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
+	stay := member{name: "n", cronJob: true, runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"},
+		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}}}
+	key := client.ObjectKeyFromObject(wl)
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid"}}
+
+	var before WorkloadLeaseReconciler
+	if rec := before.runs.record(wl); rec != nil {
+		t.Fatalf("a process that selected nothing records %+v", rec)
+	}
+	before.runs.remember(key, l.Name, l.UID, deleted)
+	rec := before.runs.record(wl)
+	if want := (&fencerv1.CronJobRun{LeaseUID: "lease-uid", JobUID: "j2", Order: deleted.order}); !reflect.DeepEqual(rec, want) {
+		t.Fatalf("recorded %+v, want %+v", rec, want)
+	}
+	wl.Status.CronJobRun = rec
+
+	var after WorkloadLeaseReconciler
+	after.runs.recall(wl)
+	if got := after.cronJobRun(wl, l, older); !reflect.DeepEqual(got, stay) {
+		t.Errorf("a new process: %+v, want the recorded run %+v", got, stay)
+	}
+	if got := after.runs.record(wl); !reflect.DeepEqual(got, rec) {
+		t.Errorf("a new process records %+v, want %+v", got, rec)
+	}
+
+	var own WorkloadLeaseReconciler
+	newer := selectedRun{uid: "j3", order: "00000000001700000200/n-3"}
+	own.runs.remember(key, l.Name, l.UID, newer)
+	own.runs.recall(wl)
+	if got := own.runs.record(wl); got == nil || got.JobUID != "j3" {
+		t.Errorf("the record replaced the process's own run: %+v", got)
+	}
+
+	var recreated WorkloadLeaseReconciler
+	recreated.runs.recall(wl)
+	again := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}
+	if got := recreated.cronJobRun(wl, again, older); !reflect.DeepEqual(got, older) {
+		t.Errorf("a Lease created again under the name stays on the old Lease's run: %+v", got)
+	}
+
+	sts := wl.DeepCopy()
+	sts.Spec.Workload = fencerv1.WorkloadRef{Kind: fencerv1.WorkloadStatefulSet, Name: "n"}
+	var other WorkloadLeaseReconciler
+	other.runs.recall(sts)
+	if len(other.runs.runs) != 0 || before.runs.record(sts) != nil {
+		t.Error("a StatefulSet's WorkloadLease recalls or records a run")
+	}
+}
+
 // A gone member's Lease is deleted only if it is still the Lease the cache
 // showed: the delete names its UID. The apiserver here holds a Lease of
 // that name created since, another's, and refuses a delete naming

@@ -29,10 +29,12 @@ type rememberedRun struct {
 // Jobs, ordered by times no Job writer can move past the apiserver's
 // (runOrder), so nothing a Lease editor writes (annotations, the
 // selector, a pod claiming some Job's UID) can name the run that stays.
-// It is memory, not a record: after a restart, or on another replica
-// after a failover, no deleted run is known, and such a Lease goes to the
-// newest Job left (docs/concepts.md). It holds entries only for the
-// members of WorkloadLeases that exist (keepOnly, forgetAll).
+// Each pass records the run in the WorkloadLease's status (record), which
+// only the manager may write (the chart's status guard), and a process
+// that starts with no run of its own for a Lease takes the recorded one
+// (recall): a restart, or another replica after a failover, knows the
+// deleted run too. It holds entries only for the members of
+// WorkloadLeases that exist (keepOnly, forgetAll).
 type selectedRuns struct {
 	mu   sync.Mutex
 	runs map[types.NamespacedName]map[string]*rememberedRun
@@ -97,6 +99,42 @@ func (s *selectedRuns) last(wl types.NamespacedName, l *fencerv1.Lease) (selecte
 		return selectedRun{}, false
 	}
 	return r.run, true
+}
+
+// recall takes the run recorded in wl's status (record) for its CronJob's
+// member Lease when this process has none for that Lease: an earlier
+// process wrote it. A run of this process's own is never older than what
+// it recorded, so it stays.
+func (s *selectedRuns) recall(wl *fencerv1.WorkloadLease) {
+	rec := wl.Status.CronJobRun
+	if wl.Spec.Workload.Kind != fencerv1.WorkloadCronJob || rec == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
+	if s.runs[key][wl.Spec.Workload.Name] != nil {
+		return
+	}
+	if r := s.entry(key, wl.Spec.Workload.Name, rec.LeaseUID, selectedRun{string(rec.JobUID), rec.Order}); r != nil {
+		r.run = selectedRun{string(rec.JobUID), rec.Order}
+	}
+}
+
+// record is the run to keep in wl's status: the run last written to its
+// CronJob's member Lease, if any. A write whose answer was an error is
+// not recorded: its pass ends in that error, before the status write.
+func (s *selectedRuns) record(wl *fencerv1.WorkloadLease) *fencerv1.CronJobRun {
+	if wl.Spec.Workload.Kind != fencerv1.WorkloadCronJob {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}][wl.Spec.Workload.Name]
+	if r == nil || r.run.uid == "" {
+		return nil
+	}
+	return &fencerv1.CronJobRun{LeaseUID: r.lease, JobUID: types.UID(r.run.uid), Order: r.run.order}
 }
 
 // keepOnly drops the runs of wl's member Leases whose names are not in

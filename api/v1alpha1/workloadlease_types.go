@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // WorkloadKind names the kind of workload whose members a WorkloadLease
@@ -90,6 +91,31 @@ type WorkloadLeaseStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+	// cronJobRun is, for a CronJob, the run whose pods its member Lease
+	// was last set to select. When that run's Job is deleted while its
+	// pods may still run, the Lease stays with it rather than go back to
+	// an older run, and this record keeps it so across manager restarts.
+	// Only the manager writes it.
+	// +optional
+	CronJobRun *CronJobRun `json:"cronJobRun,omitempty"`
+}
+
+// CronJobRun is a CronJob run selected for a member Lease.
+type CronJobRun struct {
+	// leaseUID is the UID of the member Lease it was selected for: a
+	// Lease created again under the name starts with no run.
+	// +required
+	LeaseUID types.UID `json:"leaseUID"`
+	// jobUID is the UID of the run's Job; the Lease selects the pods
+	// labelled with it as their controller's.
+	// +required
+	JobUID types.UID `json:"jobUID"`
+	// order places the run among the CronJob's runs: the second it was
+	// scheduled for (never later than its Job's creation), zero-padded to
+	// 20 digits, a slash, and the Job's name.
+	// +kubebuilder:validation:MaxLength=320
+	// +required
+	Order string `json:"order"`
 }
 
 // MaxWorkloadMembers bounds the members of one WorkloadLease: a Lease (an

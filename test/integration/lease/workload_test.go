@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -471,7 +472,7 @@ func TestJobReplacementOfAFailedPodStillReady(t *testing.T) {
 // A CronJob's newer run takes its Lease over from an older run still
 // running: the older run's pod leaves the selector and loses the tenure.
 func TestCronJobNewerRunTakesOver(t *testing.T) {
-	startController(t, "c1")
+	stop := startController(t, "c1")
 	ns := namespace(t)
 	cj := leasedCronJob(t, ns, "nightly")
 	run := func(n int) *corev1.Pod {
@@ -535,6 +536,19 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 		t.Fatalf("after a forged run: held by %s under %d, selector %v; want the deleted run's pod under %d (the forger's pod is %s)",
 			l.Status.Holder, l.Status.Token, l.Spec.HolderSelector.MatchLabels, second.Token, forger.Name)
 	}
+	// The WorkloadLease's status records the run, so a manager that
+	// replaces this one keeps the Lease with it too: it sets the edit
+	// below back to the deleted run's pods, not to the older run's, which
+	// still runs.
+	wl := &fencerv1.WorkloadLease{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nightly"}, wl); err != nil {
+		t.Fatal(err)
+	}
+	if rec := wl.Status.CronJobRun; rec == nil || string(rec.JobUID) != p2.Labels["batch.kubernetes.io/controller-uid"] || !strings.HasSuffix(rec.Order, "/nightly-2") {
+		t.Fatalf("status.cronJobRun %+v, want the run of Job nightly-2", rec)
+	}
+	stop()
+	startController(t, "c2")
 	// While it stays, an edit of its selector is set back, as at any time.
 	editMember(t, ns, "nightly", func(l *fencerv1.Lease) {
 		l.Spec.HolderSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "edited"}}

@@ -346,8 +346,10 @@ func podClient(t *testing.T, ns, podName string) client.Client {
 }
 
 // TestOnlyTheControllerWritesLeaseStatus: a workload with RBAC to write Lease
-// status still cannot mint itself a token there; the controller's own status
-// writes (every other test depends on them) pass.
+// status still cannot mint itself a token there, nor name, in a
+// WorkloadLease's status, a CronJob run whose pods its member Lease would
+// stay with; the controller's own status writes (every other test depends
+// on them) pass.
 func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 	ns, _, tok := setup(t, nil)
 	ctx := context.Background()
@@ -356,7 +358,7 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "lease-status", Namespace: ns},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"fencer.io"}, Resources: []string{"leases", "leases/status"}, Verbs: []string{"*"}}}}
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"fencer.io"}, Resources: []string{"leases", "leases/status", "workloadleases", "workloadleases/status"}, Verbs: []string{"*"}}}}
 	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "lease-status", Namespace: ns},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "lease-status"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "rogue", Namespace: ns}}}
@@ -382,5 +384,16 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the fencer manager") ||
 		!strings.Contains(err.Error(), "rogue") || !strings.Contains(err.Error(), "workloads read their fencing tokens") {
 		t.Fatalf("a workload wrote Lease status: %v", err)
+	}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns},
+		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "nightly"}}}
+	if err := rogue.Create(ctx, wl); err != nil {
+		t.Fatal(err)
+	}
+	wl.Status.CronJobRun = &fencerv1.CronJobRun{LeaseUID: "any", JobUID: "forged", Order: "99999999999999999999/forged"}
+	err = rogue.Status().Update(ctx, wl)
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "workloadleases.fencer.io "+ns+"/nightly") ||
+		!strings.Contains(err.Error(), "status.cronJobRun names the run") {
+		t.Fatalf("a workload wrote WorkloadLease status: %v", err)
 	}
 }
