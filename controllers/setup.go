@@ -71,7 +71,7 @@ func Setup(mgr ctrl.Manager, store *etcdstore.Store, elector *etcdstore.Elector,
 	if err := ranges.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the IDRange controller: %w", err)
 	}
-	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec, APIReader: mgr.GetAPIReader()}
+	members := &WorkloadLeaseReconciler{Client: mgr.GetClient(), Recorder: rec, APIReader: mgr.GetAPIReader(), Clock: o.Clock}
 	if err := members.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the WorkloadLease controller: %w", err)
 	}

@@ -51,7 +51,7 @@ func (r *WorkloadLeaseReconciler) applyMembers(ctx context.Context, wl *fencerv1
 		err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: m.name}, &l)
 		switch {
 		case apierrors.IsNotFound(err):
-			created, err := r.createMember(ctx, wl, m)
+			created, err := r.createMember(ctx, wl, m, out)
 			if err != nil {
 				return a, err
 			}
@@ -93,7 +93,7 @@ func memberSpec(spec *fencerv1.LeaseSpec, wl *fencerv1.WorkloadLease, m member) 
 
 // createMember creates m's Lease; false when a Lease of that name already
 // exists.
-func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member) (bool, error) {
+func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member, out *outcome) (bool, error) {
 	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name: m.name, Namespace: wl.Namespace,
 		Labels:      map[string]string{memberOfLabel: wl.Name},
@@ -109,7 +109,11 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	case err != nil:
 		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
-	r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+	if m.cronJob && m.runUID != "" {
+		// A new Lease has no UID to record a run for before it exists.
+		r.runs.propose(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+		r.afterRecord(wl, out, nil)
+	}
 	return true, nil
 }
 
@@ -158,21 +162,21 @@ func (r *WorkloadLeaseReconciler) keepMembers(ctx context.Context, wl *fencerv1.
 // updateMember sets a member Lease's owned fields back to what its
 // WorkloadLease says. Changed at the generation it records, it was edited:
 // a Warning says so. A CronJob's Lease moving to a newer run is the
-// takeover, a Normal Event.
+// takeover, a Normal Event; it moves only once the WorkloadLease's status
+// records that run (afterRecord).
 func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member, out *outcome) error {
 	gen := strconv.FormatInt(wl.Generation, 10)
+	recorded := true
 	if m.cronJob {
-		m = r.cronJobRun(wl, l, m)
+		m, recorded = r.cronJobRun(wl, l, m)
 	}
 	spec := l.Spec.DeepCopy()
 	memberSpec(spec, wl, m)
-	run := selectedRun{m.runUID, m.runOrder}
 	if equality.Semantic.DeepEqual(*spec, l.Spec) && l.Annotations[parentGenerationAnnotation] == gen && l.Labels[memberOfLabel] == wl.Name {
-		// Selected already, perhaps by a manager before this one: it is
-		// this process's choice too now (only a CronJob's member selects
-		// a run).
-		if m.cronJob {
-			r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
+		if !recorded {
+			// Selected already, by a manager whose record did not land:
+			// recorded now.
+			r.afterRecord(wl, out, nil)
 		}
 		return nil
 	}
@@ -195,18 +199,41 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
+	if !recorded {
+		r.afterRecord(wl, out, func(ctx context.Context) error { return r.writeMember(ctx, l) })
+		return nil
+	}
+	return r.writeMember(ctx, l)
+}
+
+// writeMember writes member Lease l.
+func (r *WorkloadLeaseReconciler) writeMember(ctx context.Context, l *fencerv1.Lease) error {
 	if err := r.Update(ctx, l); err != nil {
-		// Perhaps applied all the same: stayed on only if the Lease shows it
-		// (selectedRuns.last), never if the write was refused.
-		if m.cronJob {
-			r.runs.try(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
-		}
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
-	if m.cronJob {
-		r.runs.remember(client.ObjectKeyFromObject(wl), l.Name, l.UID, run)
-	}
 	return nil
+}
+
+// afterRecord has the runs proposed in this pass over wl noted as
+// recorded once its status is written, and then runs move, if any: a
+// CronJob's Lease moves to a run only once the status records it, so that
+// a manager that starts after it (recall) never finds the Lease on a run
+// newer than the record, and moves it back.
+func (r *WorkloadLeaseReconciler) afterRecord(wl *fencerv1.WorkloadLease, out *outcome, move func(context.Context) error) {
+	key := client.ObjectKeyFromObject(wl)
+	before := out.afterStatus
+	out.afterStatus = func(ctx context.Context) error {
+		if before != nil {
+			if err := before(ctx); err != nil {
+				return err
+			}
+		}
+		r.runs.written(key)
+		if move == nil {
+			return nil
+		}
+		return move(ctx)
+	}
 }
 
 // deleteGone deletes the WorkloadLease's Leases whose members are gone:
@@ -236,18 +263,24 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 }
 
 // cronJobRun is the run a CronJob's member Lease selects: m, the newest
-// Job left, unless the run this process last selected for the Lease is
-// newer than m. Then that run's Job was deleted (a history limit, a user)
-// and its pods may still run, so the Lease stays with them, never back to
-// an older run; its selector is rebuilt from the run's Job UID, so an edit
-// of the selector is set back then too. The run is read from this
-// process's memory (selectedRuns), or the WorkloadLease's status that
-// recorded it, never from the Lease, whose annotations and selector any
-// Lease editor can write.
-func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) member {
-	last, ok := r.runs.last(client.ObjectKeyFromObject(wl), l)
-	if !ok || last.uid == m.runUID || last.order <= m.runOrder {
-		return m
+// Job left, unless the run recorded for the Lease is newer than m. Then
+// that run's Job was deleted (a history limit, a user) and its pods may
+// still run, so the Lease stays with them, never back to an older run; its
+// selector is rebuilt from the run's Job UID, so an edit of the selector is
+// set back then too. The run is read from the WorkloadLease's status as
+// this process recorded or recalled it (selectedRuns), never from the
+// Lease, whose annotations and selector any Lease editor can write.
+// recorded is false for a run the status does not record yet: it is
+// proposed, and the Lease may move to it only once the status is written.
+func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) (_ member, recorded bool) {
+	key := client.ObjectKeyFromObject(wl)
+	last, ok := r.runs.recorded(key, l.Name, l.UID)
+	switch {
+	case ok && last.uid != m.runUID && last.order > m.runOrder:
+		return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid)}, true
+	case m.runUID == "" || ok && last.uid == m.runUID:
+		return m, true
 	}
-	return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid)}
+	r.runs.propose(key, l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+	return m, false
 }

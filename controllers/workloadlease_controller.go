@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,9 +35,18 @@ type WorkloadLeaseReconciler struct {
 	// APIReader confirms, uncached, what the cache may be behind on.
 	APIReader client.Reader
 
-	// runs are the CronJob runs selected per member Lease, by this
-	// process or, as its status records, by the one before it.
+	// Clock reads the time; nil means the real one.
+	Clock clock.Clock
+
+	// runs are the CronJob runs recorded per member Lease.
 	runs selectedRuns
+}
+
+func (r *WorkloadLeaseReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
@@ -61,7 +72,7 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
 	before := wl.Status.DeepCopy()
-	r.runs.recall(wl)
+	r.runs.startPass(ctx, wl, r.now())
 	out, err := r.reconcileMembers(ctx, wl)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -193,7 +193,9 @@ const cronJobScheduled = "batch.kubernetes.io/cronjob-scheduled-timestamp"
 // later time, which anyone who may create or edit a Job can write, would
 // otherwise outrank every run created after it, and keep a member Lease on
 // that Job after its deletion (cronJobRun). A Job made by hand, with no
-// annotation, is ordered by its creation.
+// annotation, is ordered by its creation. WorkloadLeases record orders in
+// their status (status.cronJobRun) and compare them with new ones as
+// strings: a change of this format must still order the old ones.
 func runOrder(j *batchv1.Job) string {
 	at := j.CreationTimestamp.Time
 	if t, err := time.Parse(time.RFC3339, j.Annotations[cronJobScheduled]); err == nil && t.Before(at) {

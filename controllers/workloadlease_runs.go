@@ -1,129 +1,152 @@
 package controllers
 
 import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
-// selectedRun is the CronJob run (its Job's UID, and its runOrder) this
-// process last set a member Lease's selector to.
+// selectedRun is a CronJob run: its Job's UID, and its runOrder.
 type selectedRun struct{ uid, order string }
 
-// rememberedRun is the run last written to a Lease, and the UID of that
-// Lease: a Lease deleted and re-created under its name starts with
-// nothing. tried is a run whose write returned an error: it may still
-// have been applied (a timeout, a connection lost after the commit).
-type rememberedRun struct {
-	lease      types.UID
-	run, tried selectedRun
+// memberRun is what is known of the run of one member Lease (UID lease):
+// recorded, the run the WorkloadLease's status names, and pending, a run
+// this pass writes there. The Lease moves to a run only once the status
+// records it (afterStatus), so the record is never behind the Lease.
+type memberRun struct {
+	lease             types.UID
+	recorded, pending selectedRun
 }
 
-// selectedRuns remembers, per WorkloadLease and member Lease name, the run
-// this process last selected for that Lease. When that run's Job is
+// selectedRuns keeps, per WorkloadLease and member Lease name, the CronJob
+// run that member's Lease was last set to select. When that run's Job is
 // deleted and the newest Job left is older, the Lease stays with it
 // (cronJobRun): the manager selects only runs it listed as the CronJob's
 // Jobs, ordered by times no Job writer can move past the apiserver's
 // (runOrder), so nothing a Lease editor writes (annotations, the
 // selector, a pod claiming some Job's UID) can name the run that stays.
-// Each pass records the run in the WorkloadLease's status (record), which
-// only the manager may write (the chart's status guard), and a process
-// that starts with no run of its own for a Lease takes the recorded one
-// (recall): a restart, or another replica after a failover, knows the
+// The run is recorded in the WorkloadLease's status.cronJobRun, which
+// only the manager may write (the status guard), before the Lease moves
+// to it; this is that record as this process knows it, taken from the
+// status when it has none of its own or the status names a newer run
+// (recall), so a restart, or another replica after a failover, knows a
 // deleted run too. It holds entries only for the members of
 // WorkloadLeases that exist (keepOnly, forgetAll).
 type selectedRuns struct {
 	mu   sync.Mutex
-	runs map[types.NamespacedName]map[string]*rememberedRun
-}
-
-// remember records that the selector of wl's member Lease name (UID
-// lease) was set to run.
-func (s *selectedRuns) remember(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r := s.entry(wl, name, lease, run); r != nil {
-		r.run, r.tried = run, selectedRun{}
-	}
-}
-
-// try records that the write setting the selector of wl's member Lease
-// name (UID lease) to run failed, perhaps only in its answer.
-func (s *selectedRuns) try(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r := s.entry(wl, name, lease, run); r != nil {
-		r.tried = run
-	}
+	runs map[types.NamespacedName]map[string]*memberRun
 }
 
 // entry is the record of wl's member Lease name, new when there was none
-// or it was another Lease's (UID lease), nil for no Lease or no run. The
-// caller holds s.mu.
-func (s *selectedRuns) entry(wl types.NamespacedName, name string, lease types.UID, run selectedRun) *rememberedRun {
-	if lease == "" || run.uid == "" {
-		return nil
-	}
+// or it was another Lease's (UID lease). The caller holds s.mu.
+func (s *selectedRuns) entry(wl types.NamespacedName, name string, lease types.UID) *memberRun {
 	if s.runs == nil {
-		s.runs = map[types.NamespacedName]map[string]*rememberedRun{}
+		s.runs = map[types.NamespacedName]map[string]*memberRun{}
 	}
 	if s.runs[wl] == nil {
-		s.runs[wl] = map[string]*rememberedRun{}
+		s.runs[wl] = map[string]*memberRun{}
 	}
 	if r := s.runs[wl][name]; r != nil && r.lease == lease {
 		return r
 	}
-	r := &rememberedRun{lease: lease}
+	r := &memberRun{lease: lease}
 	s.runs[wl][name] = r
 	return r
 }
 
-// last is the run this process last selected for wl's member Lease l, if
-// l is still the Lease of that UID: the run it last wrote, or the one
-// whose write failed in its answer only, as l's selector shows. That run
-// too is one the manager listed itself, so an edit of the selector can
-// point it at no other.
-func (s *selectedRuns) last(wl types.NamespacedName, l *fencerv1.Lease) (selectedRun, bool) {
+// recorded is the run wl's status records for its member Lease name, if
+// it was recorded for that Lease (UID lease), not for one of the name
+// before it.
+func (s *selectedRuns) recorded(wl types.NamespacedName, name string, lease types.UID) (selectedRun, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.runs[wl][l.Name]
-	switch {
-	case r == nil || r.lease != l.UID:
-		return selectedRun{}, false
-	case r.tried.uid != "" && equality.Semantic.DeepEqual(l.Spec.HolderSelector, runSelector(r.tried.uid)):
-		return r.tried, true
-	case r.run.uid == "":
+	r := s.runs[wl][name]
+	if r == nil || r.lease != lease || r.recorded.uid == "" {
 		return selectedRun{}, false
 	}
-	return r.run, true
+	return r.recorded, true
 }
 
-// recall takes the run recorded in wl's status (record) for its CronJob's
-// member Lease when this process has none for that Lease: an earlier
-// process wrote it. A run of this process's own is never older than what
-// it recorded, so it stays.
-func (s *selectedRuns) recall(wl *fencerv1.WorkloadLease) {
+// propose makes run the one this pass records for wl's member Lease name
+// (UID lease).
+func (s *selectedRuns) propose(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entry(wl, name, lease).pending = run
+}
+
+// written notes that wl's status now records the runs this pass
+// proposed for it.
+func (s *selectedRuns) written(wl types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.runs[wl] {
+		if r.pending.uid != "" {
+			r.recorded, r.pending = r.pending, selectedRun{}
+		}
+	}
+}
+
+// startPass begins a pass over wl: nothing is proposed yet, and the run
+// recorded in wl's status for its CronJob's member Lease is taken when
+// this process knows none for that Lease, or an older one: the status is
+// written before a Lease moves, so a newer record is a move another
+// process made (this one stood by, or paused). A record whose time is
+// ahead of now (one no run can have: runOrder is never later than its
+// Job's creation) was not written by a manager, and is ignored.
+func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease, now time.Time) {
+	s.mu.Lock()
+	for _, r := range s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}] {
+		r.pending = selectedRun{}
+	}
+	s.mu.Unlock()
 	rec := wl.Status.CronJobRun
-	if wl.Spec.Workload.Kind != fencerv1.WorkloadCronJob || rec == nil {
+	if wl.Spec.Workload.Kind != fencerv1.WorkloadCronJob || rec == nil || rec.LeaseUID == "" || rec.JobUID == "" {
+		return
+	}
+	if err := plausibleOrder(rec.Order, now); err != nil {
+		ctrl.LoggerFrom(ctx).Info("ignoring status.cronJobRun: no manager wrote it", "cronJobRun", rec, "reason", err.Error())
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
-	if s.runs[key][wl.Spec.Workload.Name] != nil {
-		return
-	}
-	if r := s.entry(key, wl.Spec.Workload.Name, rec.LeaseUID, selectedRun{string(rec.JobUID), rec.Order}); r != nil {
-		r.run = selectedRun{string(rec.JobUID), rec.Order}
+	r := s.entry(types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}, wl.Spec.Workload.Name, rec.LeaseUID)
+	if r.recorded.uid == "" || rec.Order > r.recorded.order {
+		r.recorded = selectedRun{string(rec.JobUID), rec.Order}
 	}
 }
 
-// record is the run to keep in wl's status: the run last written to its
-// CronJob's member Lease, if any. A write whose answer was an error is
-// not recorded: its pass ends in that error, before the status write.
+// orderSkew is how far ahead of this manager's clock a run's time may be:
+// the apiserver's clock, which set the Job's creation time, may be ahead.
+const orderSkew = 10 * time.Minute
+
+// plausibleOrder checks that order is a runOrder of a time no later than
+// now (and orderSkew).
+func plausibleOrder(order string, now time.Time) error {
+	secs, name, ok := strings.Cut(order, "/")
+	if !ok || len(secs) != 20 || name == "" {
+		return fmt.Errorf("order %q is not <20-digit seconds>/<job name>", order)
+	}
+	at, err := strconv.ParseInt(secs, 10, 64)
+	if err != nil {
+		return fmt.Errorf("order %q: %w", order, err)
+	}
+	if at > now.Add(orderSkew).Unix() {
+		return fmt.Errorf("order %q is for %s, after now", order, time.Unix(at, 0).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// record is the run to write in wl's status: the run proposed this pass
+// for its CronJob's member Lease, or else the one recorded before.
 func (s *selectedRuns) record(wl *fencerv1.WorkloadLease) *fencerv1.CronJobRun {
 	if wl.Spec.Workload.Kind != fencerv1.WorkloadCronJob {
 		return nil
@@ -131,10 +154,17 @@ func (s *selectedRuns) record(wl *fencerv1.WorkloadLease) *fencerv1.CronJobRun {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}][wl.Spec.Workload.Name]
-	if r == nil || r.run.uid == "" {
+	if r == nil {
 		return nil
 	}
-	return &fencerv1.CronJobRun{LeaseUID: r.lease, JobUID: types.UID(r.run.uid), Order: r.run.order}
+	run := r.recorded
+	if r.pending.uid != "" {
+		run = r.pending
+	}
+	if run.uid == "" {
+		return nil
+	}
+	return &fencerv1.CronJobRun{LeaseUID: r.lease, JobUID: types.UID(run.uid), Order: run.order}
 }
 
 // keepOnly drops the runs of wl's member Leases whose names are not in

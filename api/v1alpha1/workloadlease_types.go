@@ -92,10 +92,10 @@ type WorkloadLeaseStatus struct {
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 	// cronJobRun is, for a CronJob, the run whose pods its member Lease
-	// was last set to select. When that run's Job is deleted while its
-	// pods may still run, the Lease stays with it rather than go back to
-	// an older run, and this record keeps it so across manager restarts.
-	// Only the manager writes it.
+	// selects, recorded before the Lease moves to it. When that run's Job
+	// is deleted while its pods may still run, the Lease stays with it
+	// rather than go back to an older run, and this record keeps it so
+	// across manager restarts. Only the manager writes it.
 	// +optional
 	CronJobRun *CronJobRun `json:"cronJobRun,omitempty"`
 }

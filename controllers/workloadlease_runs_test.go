@@ -1,0 +1,293 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// recordRun records run for member Lease l of wl, as a pass whose status
+// write succeeded does.
+func recordRun(s *selectedRuns, wl types.NamespacedName, l *fencerv1.Lease, run selectedRun) {
+	s.propose(wl, l.Name, l.UID, run)
+	s.written(wl)
+}
+
+// A CronJob's member Lease stays with the run recorded for it when that
+// run is newer than the newest Job left (its Job was deleted); otherwise
+// it is the newest Job's, which is recorded before the Lease moves to it.
+// What a Lease editor can write (annotations, the selector) plays no part.
+func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
+	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	newer := member{name: "n", cronJob: true, run: "n-3", runUID: "j3", runOrder: "00000000001700000200/n-3", selector: runSelector("j3")}
+	none := member{name: "n", cronJob: true, selector: runSelector("cj")}
+	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
+	stay := member{name: "n", cronJob: true, runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"},
+		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}}}
+	key := client.ObjectKeyFromObject(wl)
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid",
+		Annotations: map[string]string{"fencer.io/workloadlease-run": "99999999999999999999/x", "fencer.io/workloadlease-run-uid": "forged"}},
+		Spec: fencerv1.LeaseSpec{HolderSelector: runSelector("forged")}}
+	for _, c := range []struct {
+		name         string
+		recorded     *selectedRun
+		m, want      member
+		wantRecorded bool
+	}{
+		{"the recorded run's Job deleted, an older one left", &deleted, older, stay, true},
+		{"the recorded run's Job deleted, none left", &deleted, none, stay, true},
+		{"a newer run: proposed, not recorded yet", &deleted, newer, newer, false},
+		{"the recorded run is the newest", &selectedRun{uid: "j1", order: older.runOrder}, older, older, true},
+		{"nothing recorded", nil, older, older, false},
+		{"nothing recorded and no run", nil, none, none, true},
+	} {
+		var r WorkloadLeaseReconciler
+		if c.recorded != nil {
+			recordRun(&r.runs, key, l, *c.recorded)
+		}
+		got, recorded := r.cronJobRun(wl, l, c.m)
+		if !reflect.DeepEqual(got, c.want) || recorded != c.wantRecorded {
+			t.Errorf("%s: %+v, recorded %v; want %+v, %v", c.name, got, recorded, c.want, c.wantRecorded)
+		}
+		if want := c.want.runUID; !c.wantRecorded {
+			if rec := r.runs.record(wl); rec == nil || string(rec.JobUID) != want {
+				t.Errorf("%s: the status would record %+v, want the run of %s", c.name, rec, want)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		forget func(*selectedRuns)
+		l      *fencerv1.Lease
+	}{
+		{"the member is gone", func(s *selectedRuns) { s.keepOnly(key, map[string]bool{"other": true}) }, l},
+		{"the WorkloadLease is deleted", func(s *selectedRuns) { s.forgetAll(key) }, l},
+		{"the Lease was created again under its name", func(*selectedRuns) {}, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}},
+	} {
+		var r WorkloadLeaseReconciler
+		recordRun(&r.runs, key, l, deleted)
+		c.forget(&r.runs)
+		if got, _ := r.cronJobRun(wl, c.l, older); !reflect.DeepEqual(got, older) {
+			t.Errorf("%s: it stays on %+v", c.name, got)
+		}
+	}
+	// A run proposed in a pass whose status write did not land is not
+	// recorded: the next pass starts from the run recorded before it.
+	var r WorkloadLeaseReconciler
+	recordRun(&r.runs, key, l, deleted)
+	r.runs.propose(key, l.Name, l.UID, selectedRun{uid: "j4", order: "00000000001700000300/n-4"})
+	r.runs.startPass(context.Background(), wl, time.Now())
+	if got, recorded := r.cronJobRun(wl, l, older); !reflect.DeepEqual(got, stay) || !recorded {
+		t.Errorf("after a proposal that was never written: %+v, recorded %v; want the run recorded before it", got, recorded)
+	}
+	r.runs.keepOnly(key, map[string]bool{l.Name: true})
+	if len(r.runs.runs) != 1 {
+		t.Errorf("runs of %d WorkloadLeases kept, want 1", len(r.runs.runs))
+	}
+	r.runs.forgetAll(key)
+	if len(r.runs.runs) != 0 {
+		t.Errorf("runs of %d WorkloadLeases kept after the only one's deletion", len(r.runs.runs))
+	}
+}
+
+// A pass takes the run the WorkloadLease's status records when this
+// process knows none for the Lease, or an older one (another process
+// moved the Lease since), but not one recorded for another Lease of the
+// name, nor one whose time no run can have. Other workloads record nothing.
+func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
+	now := time.Unix(1700000500, 0)
+	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	j2 := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
+	j3 := selectedRun{uid: "j3", order: "00000000001700000200/n-3"}
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid"}}
+	withRecord := func(run selectedRun, lease types.UID) *fencerv1.WorkloadLease {
+		return &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"},
+			Spec:   fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}},
+			Status: fencerv1.WorkloadLeaseStatus{CronJobRun: &fencerv1.CronJobRun{LeaseUID: lease, JobUID: types.UID(run.uid), Order: run.order}}}
+	}
+	key := types.NamespacedName{Namespace: "ns", Name: "wl"}
+	for _, c := range []struct {
+		name string
+		own  *selectedRun
+		wl   *fencerv1.WorkloadLease
+		want string
+	}{
+		{"a new process", nil, withRecord(j2, l.UID), "j2"},
+		{"a record newer than the process's own", &j2, withRecord(j3, l.UID), "j3"},
+		{"a record older than the process's own", &j3, withRecord(j2, l.UID), "j3"},
+		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j1"},
+		{"a record of a time to come", nil, withRecord(selectedRun{uid: "forged", order: "99999999999999999999/forged"}, l.UID), "j1"},
+		{"a record that is no run order", nil, withRecord(selectedRun{uid: "forged", order: "forged"}, l.UID), "j1"},
+	} {
+		var r WorkloadLeaseReconciler
+		if c.own != nil {
+			recordRun(&r.runs, key, l, *c.own)
+		}
+		r.runs.startPass(context.Background(), c.wl, now)
+		if got, _ := r.cronJobRun(c.wl, l, older); got.runUID != c.want {
+			t.Errorf("%s: the Lease selects run %q, want %q", c.name, got.runUID, c.want)
+		}
+	}
+	sts := withRecord(j2, l.UID)
+	sts.Spec.Workload.Kind = fencerv1.WorkloadStatefulSet
+	var r WorkloadLeaseReconciler
+	r.runs.startPass(context.Background(), sts, now)
+	if len(r.runs.runs) != 0 || r.runs.record(sts) != nil {
+		t.Error("a StatefulSet's WorkloadLease recalls or records a run")
+	}
+}
+
+// cronJobFixture is a CronJob WorkloadLease whose member Lease selects
+// run j2, against a fake apiserver whose writes of WorkloadLease status or
+// of Leases can be made to fail.
+type cronJobFixture struct {
+	c                         client.Client
+	failStatus, failLeaseUpdt bool
+}
+
+func (f *cronJobFixture) reconcile(t *testing.T, r *WorkloadLeaseReconciler) error {
+	t.Helper()
+	r.Client, r.Recorder = f.c, events.NewFakeRecorder(100)
+	r.Clock = clocktesting.NewFakeClock(time.Unix(1700001000, 0))
+	_, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "wl"}})
+	return err
+}
+
+// selected is the Job UID the member Lease selects, and the one the
+// WorkloadLease's status records.
+func (f *cronJobFixture) selected(t *testing.T) (lease, record string) {
+	t.Helper()
+	var l fencerv1.Lease
+	var wl fencerv1.WorkloadLease
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "n"}, &l); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "wl"}, &wl); err != nil {
+		t.Fatal(err)
+	}
+	if rec := wl.Status.CronJobRun; rec != nil {
+		record = string(rec.JobUID)
+	}
+	return l.Spec.HolderSelector.MatchLabels[jobControllerUID], record
+}
+
+func runJob(name, uid string, at time.Time) *batchv1.Job {
+	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
+		CreationTimestamp: metav1.NewTime(at),
+		OwnerReferences:   []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "CronJob", Name: "n", UID: "cj", Controller: ptr.To(true)}}}}
+}
+
+// A CronJob's Lease moves to a run only once its WorkloadLease's status
+// records it, so a manager that starts later (a restart, a failover) never
+// finds the Lease on a run newer than the record and takes it back to an
+// older run: the record is always at or past the Lease.
+func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{fencerv1.AddToScheme, batchv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Unix(1700000000, 0)
+	f := &cronJobFixture{}
+	f.c = fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.WorkloadLease{}).
+		WithObjects(
+			&fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns", UID: "wl-uid", Generation: 1},
+				Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}}},
+			&batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "cj"}},
+			runJob("n-1", "j1", t0), runJob("n-2", "j2", t0.Add(100*time.Second))).
+		WithInterceptorFuncs(interceptor.Funcs{
+			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				if obj.GetUID() == "" {
+					obj.SetUID(types.UID("uid-of-" + obj.GetName())) // as the apiserver does; the fake sets none
+				}
+				return c.Create(ctx, obj, opts...)
+			},
+			SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+				if _, ok := obj.(*fencerv1.WorkloadLease); ok && f.failStatus {
+					return errors.New("status write: timeout")
+				}
+				return c.SubResource(sub).Update(ctx, obj, opts...)
+			},
+			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+				if _, ok := obj.(*fencerv1.Lease); ok && f.failLeaseUpdt {
+					return errors.New("lease write: timeout")
+				}
+				return c.Update(ctx, obj, opts...)
+			},
+		}).Build()
+	check := func(when, wantLease, wantRecord string) {
+		t.Helper()
+		if lease, record := f.selected(t); lease != wantLease || record != wantRecord {
+			t.Fatalf("%s: the Lease selects %q and the status records %q; want %q and %q", when, lease, record, wantLease, wantRecord)
+		}
+	}
+	a := &WorkloadLeaseReconciler{}
+	if err := f.reconcile(t, a); err != nil {
+		t.Fatal(err)
+	}
+	check("created", "j2", "j2")
+
+	// A newer run; its record fails: the Lease does not move ahead of it.
+	if err := f.c.Create(context.Background(), runJob("n-3", "j3", t0.Add(200*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	f.failStatus = true
+	if err := f.reconcile(t, a); err == nil {
+		t.Fatal("a pass whose status write failed reported no error")
+	}
+	check("the record of run j3 failed", "j2", "j2")
+	f.failStatus = false
+	if err := f.reconcile(t, a); err != nil {
+		t.Fatal(err)
+	}
+	check("run j3 recorded", "j3", "j3")
+
+	// The manager is replaced; run j3's Job is deleted while its pods may
+	// still run. The new manager keeps the Lease with them.
+	if err := f.c.Delete(context.Background(), runJob("n-3", "j3", t0)); err != nil {
+		t.Fatal(err)
+	}
+	b := &WorkloadLeaseReconciler{}
+	if err := f.reconcile(t, b); err != nil {
+		t.Fatal(err)
+	}
+	check("a new manager after run j3's Job was deleted", "j3", "j3")
+
+	// A newer run is recorded but the Lease write fails, and that manager
+	// goes too; then that run's Job is deleted. The next manager moves the
+	// Lease on to the recorded run, never back.
+	if err := f.c.Create(context.Background(), runJob("n-4", "j4", t0.Add(300*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	f.failLeaseUpdt = true
+	if err := f.reconcile(t, b); err == nil {
+		t.Fatal("a pass whose Lease write failed reported no error")
+	}
+	check("run j4 recorded, its Lease write failed", "j3", "j4")
+	f.failLeaseUpdt = false
+	if err := f.c.Delete(context.Background(), runJob("n-4", "j4", t0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.reconcile(t, &WorkloadLeaseReconciler{}); err != nil {
+		t.Fatal(err)
+	}
+	check("a new manager after run j4's Job was deleted", "j4", "j4")
+}
