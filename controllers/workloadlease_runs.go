@@ -97,11 +97,14 @@ func (s *selectedRuns) written(wl types.NamespacedName) {
 
 // startPass begins a pass over wl: nothing is proposed yet, and the run
 // recorded in wl's status for its CronJob's member Lease is taken when
-// this process knows none for that Lease, or an older one: the status is
-// written before a Lease moves, so a newer record is a move another
-// process made (this one stood by, or paused). A record whose time is
-// ahead of now (one no run can have: runOrder is never later than its
-// Job's creation) was not written by a manager, and is ignored.
+// this process knows none for that member, or an older one for the same
+// Lease: the status is written before a Lease moves, so a newer record is
+// a move another process made (this one stood by, or paused). What this
+// process knows of another Lease of the name stays: a status naming the
+// Lease before it is one the cache shows before this process's own write
+// of the new Lease's run. A record whose time is ahead of now (one no run
+// can have: runOrder is never later than its Job's creation) was not
+// written by a manager, and is ignored.
 func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease, now time.Time) {
 	s.mu.Lock()
 	for _, r := range s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}] {
@@ -118,7 +121,11 @@ func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.entry(types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}, wl.Spec.Workload.Name, rec.LeaseUID)
+	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
+	if r := s.runs[key][wl.Spec.Workload.Name]; r != nil && r.lease != rec.LeaseUID && r.recorded.uid != "" {
+		return
+	}
+	r := s.entry(key, wl.Spec.Workload.Name, rec.LeaseUID)
 	if r.recorded.uid == "" || rec.Order > r.recorded.order {
 		r.recorded = selectedRun{string(rec.JobUID), rec.Order}
 	}

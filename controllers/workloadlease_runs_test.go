@@ -110,7 +110,9 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 // A pass takes the run the WorkloadLease's status records when this
 // process knows none for the Lease, or an older one (another process
 // moved the Lease since), but not one recorded for another Lease of the
-// name, nor one whose time no run can have. Other workloads record nothing.
+// name, nor one whose time no run can have; and a record of another Lease
+// of the name leaves what this process knows of its own. Other workloads
+// record nothing.
 func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 	now := time.Unix(1700000500, 0)
 	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
@@ -133,6 +135,9 @@ func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 		{"a record newer than the process's own", &j2, withRecord(j3, l.UID), "j3"},
 		{"a record older than the process's own", &j3, withRecord(j2, l.UID), "j3"},
 		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j1"},
+		// The member Lease was deleted and created again, and its run
+		// recorded; the cache does not show that write yet.
+		{"a record for the Lease before this one", &j2, withRecord(j3, "old-lease-uid"), "j2"},
 		{"a record of a time to come", nil, withRecord(selectedRun{uid: "forged", order: "99999999999999999999/forged"}, l.UID), "j1"},
 		{"a record that is no run order", nil, withRecord(selectedRun{uid: "forged", order: "forged"}, l.UID), "j1"},
 	} {
