@@ -43,6 +43,10 @@ type memberRun struct {
 type selectedRuns struct {
 	mu   sync.Mutex
 	runs map[types.NamespacedName]map[string]*memberRun
+	// of is the UID of the WorkloadLease whose runs these are: one
+	// deleted and created again under its name, with no pass between
+	// that saw it gone, starts with none of the old one's.
+	of map[types.NamespacedName]types.UID
 }
 
 // entry is the record of wl's member Lease name, new when there was none
@@ -107,7 +111,15 @@ func (s *selectedRuns) written(wl types.NamespacedName) {
 // written by a manager, and is ignored.
 func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease, now time.Time) {
 	s.mu.Lock()
-	for _, r := range s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}] {
+	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
+	if s.of[key] != wl.UID {
+		delete(s.runs, key)
+		if s.of == nil {
+			s.of = map[types.NamespacedName]types.UID{}
+		}
+		s.of[key] = wl.UID
+	}
+	for _, r := range s.runs[key] {
 		r.pending = selectedRun{}
 	}
 	s.mu.Unlock()
@@ -121,7 +133,6 @@ func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
 	if r := s.runs[key][wl.Spec.Workload.Name]; r != nil && r.lease != rec.LeaseUID && r.recorded.uid != "" {
 		return
 	}
@@ -194,4 +205,5 @@ func (s *selectedRuns) forgetAll(wl types.NamespacedName) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.runs, wl)
+	delete(s.of, wl)
 }

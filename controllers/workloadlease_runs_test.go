@@ -150,6 +150,19 @@ func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 			t.Errorf("%s: the Lease selects run %q, want %q", c.name, got.runUID, c.want)
 		}
 	}
+	// The WorkloadLease deleted and created again under its name, and no
+	// pass saw it gone: the new one, its status empty, starts with none
+	// of the old one's runs.
+	var again WorkloadLeaseReconciler
+	old := withRecord(j2, l.UID)
+	old.UID = "old-wl-uid"
+	again.runs.startPass(context.Background(), old, now)
+	recreated := withRecord(j2, l.UID)
+	recreated.UID, recreated.Status.CronJobRun = "new-wl-uid", nil
+	again.runs.startPass(context.Background(), recreated, now)
+	if rec := again.runs.record(recreated); rec != nil {
+		t.Errorf("a WorkloadLease created again under its name records the old one's run %+v", rec)
+	}
 	sts := withRecord(j2, l.UID)
 	sts.Spec.Workload.Kind = fencerv1.WorkloadStatefulSet
 	var r WorkloadLeaseReconciler
