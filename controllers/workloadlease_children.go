@@ -100,6 +100,14 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 		Annotations: map[string]string{parentGenerationAnnotation: strconv.FormatInt(wl.Generation, 10)},
 	}}
 	memberSpec(&l.Spec, wl, m)
+	toRun := m.cronJob && m.runUID != ""
+	if toRun {
+		// A CronJob's Lease selects a run only once the WorkloadLease's
+		// status records it (afterRecord), and the record names the
+		// Lease's UID, which it has only once created: it starts with no
+		// run.
+		l.Spec.HolderSelector = *m.noRun.DeepCopy()
+	}
 	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
 		return false, err
 	}
@@ -109,12 +117,23 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 	case err != nil:
 		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
-	if m.cronJob && m.runUID != "" {
-		// A new Lease has no UID to record a run for before it exists.
+	if toRun {
 		r.runs.propose(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
-		r.afterRecord(wl, out, nil)
+		r.afterRecord(wl, out, func(ctx context.Context) error { return r.selectRun(ctx, l, m.selector) })
 	}
 	return true, nil
+}
+
+// selectRun points the selector of l, a CronJob's member Lease just
+// created, at its run. A merge patch: the Lease controller adds its
+// finalizer to a new Lease meanwhile, which an update would conflict with.
+func (r *WorkloadLeaseReconciler) selectRun(ctx context.Context, l *fencerv1.Lease, run metav1.LabelSelector) error {
+	created := l.DeepCopy()
+	l.Spec.HolderSelector = run
+	if err := r.Patch(ctx, l, client.MergeFrom(created)); err != nil {
+		return fmt.Errorf("pointing Lease %s at its run: %w", l.Name, err)
+	}
+	return nil
 }
 
 // owned lists the Leases of wl's namespace, to be filtered by their

@@ -257,7 +257,15 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 			t.Fatalf("%s: the Lease selects %q and the status records %q; want %q and %q", when, lease, record, wantLease, wantRecord)
 		}
 	}
+	// The member Lease is created selecting no run: the record of its run
+	// needs its UID. Its record fails: it stays so.
 	a := &WorkloadLeaseReconciler{}
+	f.failStatus = true
+	if err := f.reconcile(t, a); err == nil {
+		t.Fatal("a pass whose status write failed reported no error")
+	}
+	check("created, the record of run j2 failed", "cj", "")
+	f.failStatus = false
 	if err := f.reconcile(t, a); err != nil {
 		t.Fatal(err)
 	}
