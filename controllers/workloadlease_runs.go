@@ -27,7 +27,7 @@ type memberRun struct {
 }
 
 // selectedRuns keeps, per WorkloadLease and member Lease name, the CronJob
-// run that member's Lease was last set to select. When that run's Job is
+// run recorded for that member's Lease. When that run's Job is
 // deleted and the newest Job left is older, the Lease stays with it
 // (cronJobRun): the manager selects only runs it listed as the CronJob's
 // Jobs, ordered by times no Job writer can move past the apiserver's
