@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -32,21 +31,12 @@ import (
 type WorkloadLeaseReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+	Clock    clock.Clock
 	// APIReader confirms, uncached, what the cache may be behind on.
 	APIReader client.Reader
 
-	// Clock reads the time; nil means the real one.
-	Clock clock.Clock
-
 	// runs are the CronJob runs recorded per member Lease.
 	runs selectedRuns
-}
-
-func (r *WorkloadLeaseReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
-	}
-	return r.Clock.Now()
 }
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
@@ -72,7 +62,7 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
 	before := wl.Status.DeepCopy()
-	r.runs.startPass(ctx, wl, r.now())
+	r.runs.startPass(ctx, wl, r.Clock.Now())
 	out, err := r.reconcileMembers(ctx, wl)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -111,7 +112,7 @@ func (s *selectedRuns) written(wl types.NamespacedName) {
 // written by a manager, and is ignored.
 func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease, now time.Time) {
 	s.mu.Lock()
-	key := types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}
+	key := client.ObjectKeyFromObject(wl)
 	if s.of[key] != wl.UID {
 		delete(s.runs, key)
 		if s.of == nil {
@@ -171,7 +172,7 @@ func (s *selectedRuns) record(wl *fencerv1.WorkloadLease) *fencerv1.CronJobRun {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.runs[types.NamespacedName{Namespace: wl.Namespace, Name: wl.Name}][wl.Spec.Workload.Name]
+	r := s.runs[client.ObjectKeyFromObject(wl)][wl.Spec.Workload.Name]
 	if r == nil {
 		return nil
 	}

@@ -251,69 +251,57 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 				return c.Update(ctx, obj, opts...)
 			},
 		}).Build()
-	check := func(when, wantLease, wantRecord string) {
+	// pass runs one pass of manager r, with the write that failing flags
+	// (if any) failing, and checks the run the Lease selects and the run
+	// the status records after it.
+	pass := func(r *WorkloadLeaseReconciler, failing *bool, when, wantLease, wantRecord string) {
 		t.Helper()
+		if failing != nil {
+			*failing = true
+			defer func() { *failing = false }()
+		}
+		if err := f.reconcile(t, r); (err != nil) != (failing != nil) {
+			t.Fatalf("%s: the pass returned %v", when, err)
+		}
 		if lease, record := f.selected(t); lease != wantLease || record != wantRecord {
 			t.Fatalf("%s: the Lease selects %q and the status records %q; want %q and %q", when, lease, record, wantLease, wantRecord)
 		}
 	}
+	createJob := func(j *batchv1.Job) {
+		t.Helper()
+		if err := f.c.Create(context.Background(), j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteJob := func(name string) {
+		t.Helper()
+		if err := f.c.Delete(context.Background(), runJob(name, "", t0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// The member Lease is created selecting no run: the record of its run
 	// needs its UID. Its record fails: it stays so.
 	a := &WorkloadLeaseReconciler{}
-	f.failStatus = true
-	if err := f.reconcile(t, a); err == nil {
-		t.Fatal("a pass whose status write failed reported no error")
-	}
-	check("created, the record of run j2 failed", "cj", "")
-	f.failStatus = false
-	if err := f.reconcile(t, a); err != nil {
-		t.Fatal(err)
-	}
-	check("created", "j2", "j2")
+	pass(a, &f.failStatus, "created, the record of run j2 failed", "cj", "")
+	pass(a, nil, "created", "j2", "j2")
 
 	// A newer run; its record fails: the Lease does not move ahead of it.
-	if err := f.c.Create(context.Background(), runJob("n-3", "j3", t0.Add(200*time.Second))); err != nil {
-		t.Fatal(err)
-	}
-	f.failStatus = true
-	if err := f.reconcile(t, a); err == nil {
-		t.Fatal("a pass whose status write failed reported no error")
-	}
-	check("the record of run j3 failed", "j2", "j2")
-	f.failStatus = false
-	if err := f.reconcile(t, a); err != nil {
-		t.Fatal(err)
-	}
-	check("run j3 recorded", "j3", "j3")
+	createJob(runJob("n-3", "j3", t0.Add(200*time.Second)))
+	pass(a, &f.failStatus, "the record of run j3 failed", "j2", "j2")
+	pass(a, nil, "run j3 recorded", "j3", "j3")
 
 	// The manager is replaced; run j3's Job is deleted while its pods may
 	// still run. The new manager keeps the Lease with them.
-	if err := f.c.Delete(context.Background(), runJob("n-3", "j3", t0)); err != nil {
-		t.Fatal(err)
-	}
+	deleteJob("n-3")
 	b := &WorkloadLeaseReconciler{}
-	if err := f.reconcile(t, b); err != nil {
-		t.Fatal(err)
-	}
-	check("a new manager after run j3's Job was deleted", "j3", "j3")
+	pass(b, nil, "a new manager after run j3's Job was deleted", "j3", "j3")
 
 	// A newer run is recorded but the Lease write fails, and that manager
 	// goes too; then that run's Job is deleted. The next manager moves the
 	// Lease on to the recorded run, never back.
-	if err := f.c.Create(context.Background(), runJob("n-4", "j4", t0.Add(300*time.Second))); err != nil {
-		t.Fatal(err)
-	}
-	f.failLeaseUpdt = true
-	if err := f.reconcile(t, b); err == nil {
-		t.Fatal("a pass whose Lease write failed reported no error")
-	}
-	check("run j4 recorded, its Lease write failed", "j3", "j4")
-	f.failLeaseUpdt = false
-	if err := f.c.Delete(context.Background(), runJob("n-4", "j4", t0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.reconcile(t, &WorkloadLeaseReconciler{}); err != nil {
-		t.Fatal(err)
-	}
-	check("a new manager after run j4's Job was deleted", "j4", "j4")
+	createJob(runJob("n-4", "j4", t0.Add(300*time.Second)))
+	pass(b, &f.failLeaseUpdt, "run j4 recorded, its Lease write failed", "j3", "j4")
+	deleteJob("n-4")
+	pass(&WorkloadLeaseReconciler{}, nil, "a new manager after run j4's Job was deleted", "j4", "j4")
 }
