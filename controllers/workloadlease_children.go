@@ -203,10 +203,8 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	otherwise := spec.DeepCopy()
 	otherwise.HolderSelector = l.Spec.HolderSelector
 	selectorOnly := equality.Semantic.DeepEqual(*otherwise, l.Spec) && !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
-	switch {
-	case selectorOnly && m.run != "":
-		out.event(corev1.EventTypeNormal, fencerv1.ReasonTakeover, "Lease %s now selects the pods of Job %s, the CronJob's newest run", l.Name, m.run)
-	case sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec):
+	takeover := selectorOnly && fromRun(l.Spec.HolderSelector, m)
+	if !takeover && sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec) {
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted, "Lease %s's spec was edited; set back: this WorkloadLease owns it (edit the WorkloadLease instead)", l.Name)
 	}
 	l.Spec = *spec
@@ -218,19 +216,44 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 		l.Labels = map[string]string{}
 	}
 	l.Labels[memberOfLabel] = wl.Name
+	var moved string
+	if takeover {
+		moved = m.run
+		if moved == "" {
+			moved = fmt.Sprintf("UID %s (deleted; its pods may still run)", m.runUID)
+		}
+	}
+	write := func(ctx context.Context) error { return r.writeMember(ctx, wl, l, moved) }
 	if !recorded {
-		r.afterRecord(wl, out, func(ctx context.Context) error { return r.writeMember(ctx, l) })
+		r.afterRecord(wl, out, write)
 		return nil
 	}
-	return r.writeMember(ctx, l)
+	return write(ctx)
 }
 
-// writeMember writes member Lease l.
-func (r *WorkloadLeaseReconciler) writeMember(ctx context.Context, l *fencerv1.Lease) error {
+// writeMember writes member Lease l. A takeover, l moved from one of the
+// CronJob's runs to the Job named by moved, is told by a Normal Event once
+// the write has landed, not with the pass's Events: the move may wait for
+// the status write (afterRecord), or fail and be tried again, and the
+// Event says it happened, once.
+func (r *WorkloadLeaseReconciler) writeMember(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, moved string) error {
 	if err := r.Update(ctx, l); err != nil {
 		return fmt.Errorf("updating Lease %s: %w", l.Name, err)
 	}
+	if moved != "" {
+		r.Recorder.Eventf(wl, nil, corev1.EventTypeNormal, fencerv1.ReasonTakeover, fencerv1.ReasonTakeover,
+			"Lease %s now selects the pods of Job %s, the CronJob's newest run", l.Name, moved)
+	}
 	return nil
+}
+
+// fromRun tells whether selector, a CronJob member Lease's, is the
+// selector of a run other than m's: not the selector of no run a Lease is
+// created with, nor one edited by hand, which is set back with a Warning.
+func fromRun(selector metav1.LabelSelector, m member) bool {
+	uid := selector.MatchLabels[jobControllerUID]
+	return m.cronJob && m.runUID != "" && uid != "" && uid != m.runUID &&
+		equality.Semantic.DeepEqual(selector, runSelector(uid)) && !equality.Semantic.DeepEqual(selector, m.noRun)
 }
 
 // afterRecord has the runs proposed in this pass over wl noted as
@@ -296,7 +319,7 @@ func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fenc
 	last, ok := r.runs.recorded(key, l.Name, l.UID)
 	switch {
 	case ok && last.uid != m.runUID && last.order > m.runOrder:
-		return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid)}, true
+		return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid), noRun: m.noRun}, true
 	case m.runUID == "" || ok && last.uid == m.runUID:
 		return m, true
 	}

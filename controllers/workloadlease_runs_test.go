@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,11 +179,12 @@ func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 type cronJobFixture struct {
 	c                         client.Client
 	failStatus, failLeaseUpdt bool
+	events                    *events.FakeRecorder
 }
 
 func (f *cronJobFixture) reconcile(t *testing.T, r *WorkloadLeaseReconciler) error {
 	t.Helper()
-	r.Client, r.Recorder = f.c, events.NewFakeRecorder(100)
+	r.Client, r.Recorder = f.c, f.events
 	r.Clock = clocktesting.NewFakeClock(time.Unix(1700001000, 0))
 	_, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "wl"}})
 	return err
@@ -206,6 +208,22 @@ func (f *cronJobFixture) selected(t *testing.T) (lease, record string) {
 	return l.Spec.HolderSelector.MatchLabels[jobControllerUID], record
 }
 
+// takeovers drains the Events posted so far and returns the Takeover
+// ones.
+func (f *cronJobFixture) takeovers() []string {
+	var got []string
+	for {
+		select {
+		case e := <-f.events.Events:
+			if strings.Contains(e, " "+fencerv1.ReasonTakeover+" ") {
+				got = append(got, e)
+			}
+		default:
+			return got
+		}
+	}
+}
+
 func runJob(name, uid string, at time.Time) *batchv1.Job {
 	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
 		CreationTimestamp: metav1.NewTime(at),
@@ -224,7 +242,7 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		}
 	}
 	t0 := time.Unix(1700000000, 0)
-	f := &cronJobFixture{}
+	f := &cronJobFixture{events: events.NewFakeRecorder(100)}
 	f.c = fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.WorkloadLease{}).
 		WithObjects(
 			&fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns", UID: "wl-uid", Generation: 1},
@@ -254,17 +272,36 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	// pass runs one pass of manager r, with the write that failing flags
 	// (if any) failing, and checks the run the Lease selects and the run
 	// the status records after it.
+	// A Takeover Event is posted once per move of the Lease to a run,
+	// when that move has landed: not when it waits for the record, nor
+	// when its write fails.
 	pass := func(r *WorkloadLeaseReconciler, failing *bool, when, wantLease, wantRecord string) {
 		t.Helper()
 		if failing != nil {
 			*failing = true
 			defer func() { *failing = false }()
 		}
+		var leaseBefore string
+		if f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "n"}, &fencerv1.Lease{}) == nil {
+			leaseBefore, _ = f.selected(t)
+		}
 		if err := f.reconcile(t, r); (err != nil) != (failing != nil) {
 			t.Fatalf("%s: the pass returned %v", when, err)
 		}
-		if lease, record := f.selected(t); lease != wantLease || record != wantRecord {
+		lease, record := f.selected(t)
+		if lease != wantLease || record != wantRecord {
 			t.Fatalf("%s: the Lease selects %q and the status records %q; want %q and %q", when, lease, record, wantLease, wantRecord)
+		}
+		wantEvents := 0
+		if lease != leaseBefore && leaseBefore != "" && leaseBefore != "cj" { // "cj": created with no run, then pointed at one
+			wantEvents = 1
+		}
+		// Job jN is named n-N; a deleted one is told by its UID.
+		names := func(e string) bool {
+			return strings.Contains(e, "Job n-"+strings.TrimPrefix(lease, "j")+",") || strings.Contains(e, "Job UID "+lease+" (deleted")
+		}
+		if got := f.takeovers(); len(got) != wantEvents || wantEvents == 1 && !names(got[0]) {
+			t.Fatalf("%s: Takeover Events %q; want %d naming run %s", when, got, wantEvents, lease)
 		}
 	}
 	createJob := func(j *batchv1.Job) {
