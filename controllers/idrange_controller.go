@@ -48,6 +48,7 @@ type IDRangeReconciler struct {
 	wake      waker[fencerv1.IDRange, *fencerv1.IDRange]
 	handed    handedBlocks
 	own       ownBlocks
+	names     rangeNames
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
@@ -72,6 +73,9 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, r.forgetGone(ctx)
 	} else if err != nil {
 		return ctrl.Result{}, err
+	}
+	if old := r.names.replaced(req.NamespacedName, rng.UID); old != "" {
+		r.forget(old)
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("idrange", req.NamespacedName))
 	return runPass(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, rng, fencerv1.IDRangeFinalizer,
@@ -98,7 +102,14 @@ func (r *IDRangeReconciler) forgetGone(ctx context.Context) error {
 	isLive := func(rng types.UID) bool { return live[rng] }
 	r.handed.keepRanges(isLive)
 	r.own.keepRanges(isLive)
+	r.names.keepRanges(isLive)
 	return nil
+}
+
+// forget drops what this process remembers of the blocks of range rng.
+func (r *IDRangeReconciler) forget(rng types.UID) {
+	r.handed.forget(rng)
+	r.own.forget(rng)
 }
 
 // reconcileRange hands out blocks or slots to the IDRange's pods and sets
@@ -210,8 +221,7 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
-	r.handed.forget(rng.UID)
-	r.own.forget(rng.UID)
+	r.forget(rng.UID)
 	slots, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return ctrl.Result{}, err

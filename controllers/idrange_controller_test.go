@@ -167,3 +167,52 @@ func TestReconcileOfAGoneRangeForgetsTheRangesGone(t *testing.T) {
 		t.Error("the memory of a range still there was dropped")
 	}
 }
+
+// An IDRange deleted and created again under its name, with no pass
+// between that found it gone, has the old range's memory dropped at the
+// new range's first pass.
+func TestReconcileOfARangeCreatedAgainForgetsTheOldOne(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	// Being deleted, held by another's finalizer: the pass does nothing
+	// else, and needs no etcd.
+	rangeWith := func(uid types.UID) client.Client {
+		rng := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", UID: uid,
+			DeletionTimestamp: &metav1.Time{Time: time.Unix(1700000000, 0)}, Finalizers: []string{"example.com/hold"}}}
+		return fake.NewClientBuilder().WithScheme(scheme).WithObjects(rng).Build()
+	}
+	r := &IDRangeReconciler{}
+	pass := func(uid types.UID) {
+		t.Helper()
+		r.Client = rangeWith(uid)
+		r.APIReader = r.Client
+		if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ids"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remember := func(rng types.UID) {
+		r.handed.put(rng, "pod", "block=1-10")
+		r.own.put(rng, "pod", "block=1-10")
+	}
+	remembered := func(rng types.UID) bool {
+		_, handed := r.handed.get(rng, "pod")
+		return handed || r.own.is(rng, "pod", "block=1-10")
+	}
+	pass("old-uid")
+	remember("old-uid")
+	pass("old-uid")
+	if !remembered("old-uid") {
+		t.Fatal("a second pass over the same range dropped its memory")
+	}
+	pass("new-uid")
+	remember("new-uid")
+	if remembered("old-uid") {
+		t.Error("the range created again under the name left the old range's memory behind")
+	}
+	pass("new-uid")
+	if !remembered("new-uid") {
+		t.Error("the new range's memory was dropped")
+	}
+}

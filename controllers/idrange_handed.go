@@ -132,3 +132,40 @@ func (o *ownBlocks) keepRanges(live func(rng types.UID) bool) {
 	o.podBlocks.keepRanges(live)
 	o.notOwn.keepRanges(live)
 }
+
+// rangeNames remembers the UID this process last passed over under each
+// IDRange name, so that the memory of a range deleted and created again
+// under its name, with no pass between that found it gone (it was
+// finalized on another manager, or its finalizer removed by hand), is
+// dropped at the new range's first pass rather than kept for ever.
+type rangeNames struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]types.UID
+}
+
+// replaced records uid under name, and returns the UID it replaces, ""
+// if none.
+func (n *rangeNames) replaced(name types.NamespacedName, uid types.UID) types.UID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[types.NamespacedName]types.UID{}
+	}
+	old := n.m[name]
+	n.m[name] = uid
+	if old == uid {
+		return ""
+	}
+	return old
+}
+
+// keepRanges forgets every name whose range live says is gone.
+func (n *rangeNames) keepRanges(live func(rng types.UID) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for name, uid := range n.m {
+		if !live(uid) {
+			delete(n.m, name)
+		}
+	}
+}
