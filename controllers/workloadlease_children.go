@@ -249,7 +249,9 @@ func (r *WorkloadLeaseReconciler) writeMember(ctx context.Context, wl *fencerv1.
 
 // fromRun tells whether selector, a CronJob member Lease's, is the
 // selector of a run other than m's: not the selector of no run a Lease is
-// created with, nor one edited by hand, which is set back with a Warning.
+// created with, nor one edited by hand into any other shape, which is set
+// back with a Warning. (An edit to another run's selector reads as a run
+// and is set back with a Takeover: only the shape tells them apart.)
 func fromRun(selector metav1.LabelSelector, m member) bool {
 	uid := selector.MatchLabels[jobControllerUID]
 	return m.cronJob && m.runUID != "" && uid != "" && uid != m.runUID &&
