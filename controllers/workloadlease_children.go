@@ -204,7 +204,10 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	otherwise.HolderSelector = l.Spec.HolderSelector
 	selectorOnly := equality.Semantic.DeepEqual(*otherwise, l.Spec) && !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
 	takeover := selectorOnly && fromRun(l.Spec.HolderSelector, m)
-	if !takeover && sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec) {
+	// A CronJob's Lease created with no run, whose pointing at its run
+	// failed, is pointed now: no edit to report.
+	firstRun := selectorOnly && m.cronJob && m.runUID != "" && equality.Semantic.DeepEqual(l.Spec.HolderSelector, m.noRun)
+	if !takeover && !firstRun && sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec) {
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted, "Lease %s's spec was edited; set back: this WorkloadLease owns it (edit the WorkloadLease instead)", l.Name)
 	}
 	l.Spec = *spec

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -209,17 +210,19 @@ func (f *cronJobFixture) selected(t *testing.T) (lease, record string) {
 }
 
 // takeovers drains the Events posted so far and returns the Takeover
-// ones.
-func (f *cronJobFixture) takeovers() []string {
-	var got []string
+// ones, and the Warnings.
+func (f *cronJobFixture) takeovers() (takeovers, warnings []string) {
 	for {
 		select {
 		case e := <-f.events.Events:
-			if strings.Contains(e, " "+fencerv1.ReasonTakeover+" ") {
-				got = append(got, e)
+			switch {
+			case strings.Contains(e, " "+fencerv1.ReasonTakeover+" "):
+				takeovers = append(takeovers, e)
+			case strings.HasPrefix(e, corev1.EventTypeWarning):
+				warnings = append(warnings, e)
 			}
 		default:
-			return got
+			return takeovers, warnings
 		}
 	}
 }
@@ -300,8 +303,12 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		names := func(e string) bool {
 			return strings.Contains(e, "Job n-"+strings.TrimPrefix(lease, "j")+",") || strings.Contains(e, "Job UID "+lease+" (deleted")
 		}
-		if got := f.takeovers(); len(got) != wantEvents || wantEvents == 1 && !names(got[0]) {
+		got, warnings := f.takeovers()
+		if len(got) != wantEvents || wantEvents == 1 && !names(got[0]) {
 			t.Fatalf("%s: Takeover Events %q; want %d naming run %s", when, got, wantEvents, lease)
+		}
+		if len(warnings) > 0 { // nobody edited the Lease
+			t.Fatalf("%s: Warnings %q", when, warnings)
 		}
 	}
 	createJob := func(j *batchv1.Job) {
