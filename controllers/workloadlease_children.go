@@ -202,12 +202,14 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	sameGeneration := l.Annotations[parentGenerationAnnotation] == gen
 	otherwise := spec.DeepCopy()
 	otherwise.HolderSelector = l.Spec.HolderSelector
-	selectorOnly := equality.Semantic.DeepEqual(*otherwise, l.Spec) && !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
-	takeover := selectorOnly && fromRun(l.Spec.HolderSelector, m)
-	// A CronJob's Lease created with no run, whose pointing at its run
-	// failed, is pointed now: no edit to report.
-	firstRun := selectorOnly && m.cronJob && m.runUID != "" && equality.Semantic.DeepEqual(l.Spec.HolderSelector, m.noRun)
-	if !takeover && !firstRun && sameGeneration && !equality.Semantic.DeepEqual(*spec, l.Spec) {
+	otherFields := !equality.Semantic.DeepEqual(*otherwise, l.Spec)
+	selectorMoved := !equality.Semantic.DeepEqual(spec.HolderSelector, l.Spec.HolderSelector)
+	takeover := selectorMoved && fromRun(l.Spec.HolderSelector, m)
+	// A CronJob's Lease created with no run whose pointing at its run
+	// failed is pointed now: no edit to report. Generation 1: its spec was
+	// never written since its creation (an edit into that selector bumps it).
+	firstRun := selectorMoved && m.cronJob && m.runUID != "" && l.Generation <= 1 && equality.Semantic.DeepEqual(l.Spec.HolderSelector, m.noRun)
+	if sameGeneration && (otherFields || selectorMoved && !takeover && !firstRun) {
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted, "Lease %s's spec was edited; set back: this WorkloadLease owns it (edit the WorkloadLease instead)", l.Name)
 	}
 	l.Spec = *spec

@@ -347,5 +347,37 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	createJob(runJob("n-4", "j4", t0.Add(300*time.Second)))
 	pass(b, &f.failLeaseUpdt, "run j4 recorded, its Lease write failed", "j3", "j4")
 	deleteJob("n-4")
-	pass(&WorkloadLeaseReconciler{}, nil, "a new manager after run j4's Job was deleted", "j4", "j4")
+	c := &WorkloadLeaseReconciler{}
+	pass(c, nil, "a new manager after run j4's Job was deleted", "j4", "j4")
+
+	// A newer run, in the same pass as an edit of the WorkloadLease's TTL:
+	// the move is a takeover all the same.
+	createJob(runJob("n-5", "j5", t0.Add(400*time.Second)))
+	var wl fencerv1.WorkloadLease
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "wl"}, &wl); err != nil {
+		t.Fatal(err)
+	}
+	wl.Spec.TTLSeconds, wl.Generation = 42, 2 // the fake sets no generation; the apiserver would
+	if err := f.c.Update(context.Background(), &wl); err != nil {
+		t.Fatal(err)
+	}
+	pass(c, nil, "run j5 and a TTL edit", "j5", "j5")
+
+	// A hand edit of the Lease's selector into the shape of no run, the
+	// one a new Lease is created with, is an edit: set back with a Warning.
+	var l fencerv1.Lease
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "n"}, &l); err != nil {
+		t.Fatal(err)
+	}
+	l.Spec.HolderSelector, l.Generation = runSelector("cj"), 3
+	if err := f.c.Update(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.reconcile(t, c); err != nil {
+		t.Fatal(err)
+	}
+	lease, _ := f.selected(t)
+	if takeovers, warnings := f.takeovers(); lease != "j5" || len(takeovers) != 0 || len(warnings) != 1 || !strings.Contains(warnings[0], fencerv1.ReasonMemberLeaseReverted) {
+		t.Fatalf("a hand edit into no run's selector: the Lease selects %q, Takeovers %q, Warnings %q; want j5, none, one MemberLeaseReverted", lease, takeovers, warnings)
+	}
 }
