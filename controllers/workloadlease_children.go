@@ -225,7 +225,7 @@ func (r *WorkloadLeaseReconciler) updateMember(ctx context.Context, wl *fencerv1
 	if takeover {
 		moved = m.run
 		if moved == "" {
-			moved = fmt.Sprintf("UID %s (deleted; its pods may still run)", m.runUID)
+			moved = fmt.Sprintf("UID %s (not listed now: deleted, or not yet seen; its pods may still run)", m.runUID)
 		}
 	}
 	write := func(ctx context.Context) error { return r.writeMember(ctx, wl, l, moved) }

@@ -301,7 +301,7 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		}
 		// Job jN is named n-N; a deleted one is told by its UID.
 		names := func(e string) bool {
-			return strings.Contains(e, "Job n-"+strings.TrimPrefix(lease, "j")+",") || strings.Contains(e, "Job UID "+lease+" (deleted")
+			return strings.Contains(e, "Job n-"+strings.TrimPrefix(lease, "j")+",") || strings.Contains(e, "Job UID "+lease+" (not listed now")
 		}
 		got, warnings := f.takeovers()
 		if len(got) != wantEvents || wantEvents == 1 && !names(got[0]) {
