@@ -80,20 +80,6 @@ func (s *selectedRuns) recorded(wl types.NamespacedName, name string, lease type
 	return r.recorded, true
 }
 
-// recordedBefore is the run wl's status records for its member Lease
-// name, whichever Lease of the name it was recorded for: the floor for a
-// Lease created again under the name (one deleted by hand), which never
-// goes back to a run older than its predecessor's.
-func (s *selectedRuns) recordedBefore(wl types.NamespacedName, name string) (selectedRun, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.runs[wl][name]
-	if r == nil || r.recorded.uid == "" {
-		return selectedRun{}, false
-	}
-	return r.recorded, true
-}
-
 // propose makes run the one this pass records for wl's member Lease name
 // (UID lease).
 func (s *selectedRuns) propose(wl types.NamespacedName, name string, lease types.UID, run selectedRun) {

@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -82,30 +81,13 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 	}{
 		{"the member is gone", func(s *selectedRuns) { s.keepOnly(key, map[string]bool{"other": true}) }, l},
 		{"the WorkloadLease is deleted", func(s *selectedRuns) { s.forgetAll(key) }, l},
+		{"the Lease was created again under its name", func(*selectedRuns) {}, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}},
 	} {
 		var r WorkloadLeaseReconciler
 		recordRun(&r.runs, key, l, deleted)
 		c.forget(&r.runs)
 		if got, _ := r.cronJobRun(wl, c.l, older); !reflect.DeepEqual(got, older) {
 			t.Errorf("%s: it stays on %+v", c.name, got)
-		}
-	}
-	// The member Lease deleted by hand and created again under its name:
-	// the new Lease never goes back to a run older than the one recorded
-	// for the Lease before it; that run is proposed for the new Lease, to
-	// be recorded before the Lease moves there.
-	{
-		var r WorkloadLeaseReconciler
-		recordRun(&r.runs, key, l, deleted)
-		again := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}
-		if got, recorded := r.cronJobRun(wl, again, older); !reflect.DeepEqual(got, stay) || recorded {
-			t.Errorf("the Lease created again under its name: %+v, recorded %v; want the run recorded for the Lease before it, proposed", got, recorded)
-		}
-		if rec := r.runs.record(wl); rec == nil || rec.LeaseUID != "new-uid" || string(rec.JobUID) != deleted.uid {
-			t.Errorf("the Lease created again under its name: the status would record %+v, want run j2 for Lease new-uid", rec)
-		}
-		if got, _ := r.cronJobRun(wl, again, newer); !reflect.DeepEqual(got, newer) {
-			t.Errorf("the Lease created again under its name, and a newer run: %+v, want the newer run", got)
 		}
 	}
 	// A run proposed in a pass whose status write did not land is not
@@ -129,10 +111,10 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 
 // A pass takes the run the WorkloadLease's status records when this
 // process knows none for the Lease, or an older one (another process
-// moved the Lease since); one recorded for another Lease of the name (a
-// member Lease deleted and created again) only as a floor; never one whose
-// time no run can have. A record of another Lease of the name leaves what
-// this process knows of its own. Other workloads record nothing.
+// moved the Lease since), but not one recorded for another Lease of the
+// name, nor one whose time no run can have; and a record of another Lease
+// of the name leaves what this process knows of its own. Other workloads
+// record nothing.
 func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 	now := time.Unix(1700000500, 0)
 	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
@@ -154,9 +136,7 @@ func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 		{"a new process", nil, withRecord(j2, l.UID), "j2"},
 		{"a record newer than the process's own", &j2, withRecord(j3, l.UID), "j3"},
 		{"a record older than the process's own", &j3, withRecord(j2, l.UID), "j3"},
-		// The member Lease was deleted and created again: the old Lease's
-		// run is the floor of the new one's.
-		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j2"},
+		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j1"},
 		// The member Lease was deleted and created again, and its run
 		// recorded; the cache does not show that write yet.
 		{"a record for the Lease before this one", &j2, withRecord(j3, "old-lease-uid"), "j2"},
@@ -266,7 +246,6 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	}
 	t0 := time.Unix(1700000000, 0)
 	f := &cronJobFixture{events: events.NewFakeRecorder(100)}
-	created := 0
 	f.c = fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.WorkloadLease{}).
 		WithObjects(
 			&fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns", UID: "wl-uid", Generation: 1},
@@ -276,8 +255,7 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		WithInterceptorFuncs(interceptor.Funcs{
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				if obj.GetUID() == "" {
-					created++ // a new UID for each object, as the apiserver gives; the fake gives none
-					obj.SetUID(types.UID(fmt.Sprintf("uid-of-%s-%d", obj.GetName(), created)))
+					obj.SetUID(types.UID("uid-of-" + obj.GetName())) // as the apiserver does; the fake sets none
 				}
 				return c.Create(ctx, obj, opts...)
 			},
@@ -402,22 +380,4 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	if takeovers, warnings := f.takeovers(); lease != "j5" || len(takeovers) != 0 || len(warnings) != 1 || !strings.Contains(warnings[0], fencerv1.ReasonMemberLeaseReverted) {
 		t.Fatalf("a hand edit into no run's selector: the Lease selects %q, Takeovers %q, Warnings %q; want j5, none, one MemberLeaseReverted", lease, takeovers, warnings)
 	}
-
-	// Run j5's Job is deleted, and then the member Lease by hand. The
-	// Lease created again stays on run j5, never goes back to run j2, the
-	// newest Job left: not when its first record fails, nor with a new
-	// manager that knows the run only from the status.
-	deleteJob("n-5")
-	if err := f.c.Delete(context.Background(), &l); err != nil {
-		t.Fatal(err)
-	}
-	pass(c, &f.failStatus, "the Lease deleted by hand and created again, its record failed", "cj", "j5")
-	pass(&WorkloadLeaseReconciler{}, nil, "a new manager after the Lease was created again", "j5", "j5")
-	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "n"}, &l); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.Delete(context.Background(), &l); err != nil {
-		t.Fatal(err)
-	}
-	pass(c, nil, "the Lease deleted by hand again, created again in one pass", "j5", "j5")
 }
