@@ -99,6 +99,9 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 		Labels:      map[string]string{memberOfLabel: wl.Name},
 		Annotations: map[string]string{parentGenerationAnnotation: strconv.FormatInt(wl.Generation, 10)},
 	}}
+	if m.cronJob {
+		m = r.notBefore(wl, m)
+	}
 	memberSpec(&l.Spec, wl, m)
 	toRun := m.cronJob && m.runUID != ""
 	if toRun {
@@ -118,7 +121,7 @@ func (r *WorkloadLeaseReconciler) createMember(ctx context.Context, wl *fencerv1
 		return false, fmt.Errorf("creating Lease %s: %w", m.name, err)
 	}
 	if toRun {
-		r.runs.propose(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+		r.runs.propose(client.ObjectKeyFromObject(wl), l.Name, l.UID, selectedRun{m.runUID, m.runOrder, m.cronJobUID})
 		r.afterRecord(wl, out, func(ctx context.Context) error { return r.selectRun(ctx, l, m.selector) })
 	}
 	return true, nil
@@ -252,6 +255,21 @@ func (r *WorkloadLeaseReconciler) writeMember(ctx context.Context, wl *fencerv1.
 	return nil
 }
 
+// notBefore is m, or the run recorded for the Lease of m's name before
+// this one when that run is newer: a member Lease deleted (by hand) while
+// its run's Job is gone is created again on that run, never on an older
+// one, and moves to it only once the status records it for the new Lease.
+func (r *WorkloadLeaseReconciler) notBefore(wl *fencerv1.WorkloadLease, m member) member {
+	before, ok := r.runs.recordedBefore(client.ObjectKeyFromObject(wl), m.name)
+	// The record is filed under the name the WorkloadLease names now: one
+	// of another CronJob (the WorkloadLease moved to another CronJob, or
+	// the CronJob was created again), or of unknown CronJob, is no floor.
+	if !ok || before.cronJob == "" || before.cronJob != m.cronJobUID || before.uid == m.runUID || before.order <= m.runOrder {
+		return m
+	}
+	return member{name: m.name, cronJob: true, cronJobUID: m.cronJobUID, runUID: before.uid, runOrder: before.order, selector: runSelector(before.uid), noRun: m.noRun}
+}
+
 // fromRun tells whether selector, a CronJob member Lease's, is the
 // selector of a run other than m's: not the selector of no run a Lease is
 // created with, nor one edited by hand into any other shape, which is set
@@ -312,7 +330,8 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 }
 
 // cronJobRun is the run a CronJob's member Lease selects: m, the newest
-// Job left, unless the run recorded for the Lease is newer than m. Then
+// Job left, unless the run recorded for the Lease (or, none recorded for
+// it, for the Lease of its name before it: notBefore) is newer than m. Then
 // that run's Job was deleted (a history limit, a user) and its pods may
 // still run, so the Lease stays with them, never back to an older run; its
 // selector is rebuilt from the run's Job UID, so an edit of the selector is
@@ -324,12 +343,15 @@ func (r *WorkloadLeaseReconciler) deleteGone(ctx context.Context, wl *fencerv1.W
 func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fencerv1.Lease, m member) (_ member, recorded bool) {
 	key := client.ObjectKeyFromObject(wl)
 	last, ok := r.runs.recorded(key, l.Name, l.UID)
+	if !ok {
+		m = r.notBefore(wl, m)
+	}
 	switch {
 	case ok && last.uid != m.runUID && last.order > m.runOrder:
-		return member{name: m.name, cronJob: true, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid), noRun: m.noRun}, true
+		return member{name: m.name, cronJob: true, cronJobUID: last.cronJob, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid), noRun: m.noRun}, true
 	case m.runUID == "" || ok && last.uid == m.runUID:
 		return m, true
 	}
-	r.runs.propose(key, l.Name, l.UID, selectedRun{m.runUID, m.runOrder})
+	r.runs.propose(key, l.Name, l.UID, selectedRun{m.runUID, m.runOrder, m.cronJobUID})
 	return m, false
 }

@@ -35,9 +35,10 @@ type member struct {
 	// cronJob marks a CronJob's member. run names the run (Job) whose pods
 	// the selector matches, if any; runUID is that Job's UID, and runOrder
 	// orders it among the CronJob's runs. noRun is the selector of no run:
-	// no pod's controller is the CronJob itself.
+	// no pod's controller is the CronJob itself, whose UID is cronJobUID.
 	cronJob               bool
 	run, runUID, runOrder string
+	cronJobUID            string
 	noRun                 metav1.LabelSelector
 }
 
@@ -171,7 +172,7 @@ func newestRun(ctx context.Context, c client.Reader, cj *batchv1.CronJob) ([]mem
 	}
 	// No pod carries a CronJob's UID as its controller's: the selector of
 	// a CronJob with no run yet matches nothing.
-	m := member{name: cj.Name, cronJob: true, selector: runSelector(string(cj.UID)), noRun: runSelector(string(cj.UID))}
+	m := member{name: cj.Name, cronJob: true, cronJobUID: string(cj.UID), selector: runSelector(string(cj.UID)), noRun: runSelector(string(cj.UID))}
 	if newest != nil {
 		m.run, m.runUID, m.runOrder, m.selector = newest.Name, string(newest.UID), order, runSelector(string(newest.UID))
 	}

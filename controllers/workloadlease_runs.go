@@ -15,8 +15,9 @@ import (
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
 
-// selectedRun is a CronJob run: its Job's UID, and its runOrder.
-type selectedRun struct{ uid, order string }
+// selectedRun is a CronJob run: its Job's UID, its runOrder, and the
+// CronJob's UID ("" in a record written before fencer recorded it).
+type selectedRun struct{ uid, order, cronJob string }
 
 // memberRun is what is known of the run of one member Lease (UID lease):
 // recorded, the run the WorkloadLease's status names, and pending, a run
@@ -75,6 +76,20 @@ func (s *selectedRuns) recorded(wl types.NamespacedName, name string, lease type
 	defer s.mu.Unlock()
 	r := s.runs[wl][name]
 	if r == nil || r.lease != lease || r.recorded.uid == "" {
+		return selectedRun{}, false
+	}
+	return r.recorded, true
+}
+
+// recordedBefore is the run wl's status records for its member Lease
+// name, whichever Lease of the name it was recorded for: the floor for a
+// Lease created again under the name (one deleted by hand), which never
+// goes back to a run older than its predecessor's of the same CronJob.
+func (s *selectedRuns) recordedBefore(wl types.NamespacedName, name string) (selectedRun, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.runs[wl][name]
+	if r == nil || r.recorded.uid == "" {
 		return selectedRun{}, false
 	}
 	return r.recorded, true
@@ -139,7 +154,7 @@ func (s *selectedRuns) startPass(ctx context.Context, wl *fencerv1.WorkloadLease
 	}
 	r := s.entry(key, wl.Spec.Workload.Name, rec.LeaseUID)
 	if r.recorded.uid == "" || rec.Order > r.recorded.order {
-		r.recorded = selectedRun{string(rec.JobUID), rec.Order}
+		r.recorded = selectedRun{string(rec.JobUID), rec.Order, string(rec.CronJobUID)}
 	}
 }
 
@@ -183,7 +198,7 @@ func (s *selectedRuns) record(wl *fencerv1.WorkloadLease) *fencerv1.CronJobRun {
 	if run.uid == "" {
 		return nil
 	}
-	return &fencerv1.CronJobRun{LeaseUID: r.lease, JobUID: types.UID(run.uid), Order: run.order}
+	return &fencerv1.CronJobRun{LeaseUID: r.lease, JobUID: types.UID(run.uid), Order: run.order, CronJobUID: types.UID(run.cronJob)}
 }
 
 // keepOnly drops the runs of wl's member Leases whose names are not in

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -36,11 +37,11 @@ func recordRun(s *selectedRuns, wl types.NamespacedName, l *fencerv1.Lease, run 
 // it is the newest Job's, which is recorded before the Lease moves to it.
 // What a Lease editor can write (annotations, the selector) plays no part.
 func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
-	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
-	newer := member{name: "n", cronJob: true, run: "n-3", runUID: "j3", runOrder: "00000000001700000200/n-3", selector: runSelector("j3")}
-	none := member{name: "n", cronJob: true, selector: runSelector("cj")}
-	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
-	stay := member{name: "n", cronJob: true, runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
+	older := member{name: "n", cronJob: true, cronJobUID: "cj", run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	newer := member{name: "n", cronJob: true, cronJobUID: "cj", run: "n-3", runUID: "j3", runOrder: "00000000001700000200/n-3", selector: runSelector("j3")}
+	none := member{name: "n", cronJob: true, cronJobUID: "cj", selector: runSelector("cj")}
+	deleted := selectedRun{uid: "j2", order: "00000000001700000100/n-2", cronJob: "cj"}
+	stay := member{name: "n", cronJob: true, cronJobUID: "cj", runUID: "j2", runOrder: deleted.order, selector: runSelector("j2")}
 	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"},
 		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}}}
 	key := client.ObjectKeyFromObject(wl)
@@ -81,13 +82,46 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 	}{
 		{"the member is gone", func(s *selectedRuns) { s.keepOnly(key, map[string]bool{"other": true}) }, l},
 		{"the WorkloadLease is deleted", func(s *selectedRuns) { s.forgetAll(key) }, l},
-		{"the Lease was created again under its name", func(*selectedRuns) {}, &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}},
 	} {
 		var r WorkloadLeaseReconciler
 		recordRun(&r.runs, key, l, deleted)
 		c.forget(&r.runs)
 		if got, _ := r.cronJobRun(wl, c.l, older); !reflect.DeepEqual(got, older) {
 			t.Errorf("%s: it stays on %+v", c.name, got)
+		}
+	}
+	// The member Lease deleted by hand and created again under its name:
+	// the new Lease never goes back to a run older than the one recorded
+	// for the Lease before it; that run is proposed for the new Lease, to
+	// be recorded before the Lease moves there.
+	{
+		var r WorkloadLeaseReconciler
+		recordRun(&r.runs, key, l, deleted)
+		again := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}
+		if got, recorded := r.cronJobRun(wl, again, older); !reflect.DeepEqual(got, stay) || recorded {
+			t.Errorf("the Lease created again under its name: %+v, recorded %v; want the run recorded for the Lease before it, proposed", got, recorded)
+		}
+		if rec := r.runs.record(wl); rec == nil || rec.LeaseUID != "new-uid" || string(rec.JobUID) != deleted.uid {
+			t.Errorf("the Lease created again under its name: the status would record %+v, want run j2 for Lease new-uid", rec)
+		}
+		if got, _ := r.cronJobRun(wl, again, newer); !reflect.DeepEqual(got, newer) {
+			t.Errorf("the Lease created again under its name, and a newer run: %+v, want the newer run", got)
+		}
+	}
+	// No floor from a run of another CronJob (the WorkloadLease moved to
+	// another CronJob of the member's name, or it was created again), nor
+	// from a record that names no CronJob.
+	for _, c := range []struct {
+		name    string
+		cronJob string
+	}{{"another CronJob's run", "other-cj"}, {"a run of no known CronJob", ""}} {
+		var r WorkloadLeaseReconciler
+		before := deleted
+		before.cronJob = c.cronJob
+		recordRun(&r.runs, key, l, before)
+		again := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "new-uid"}}
+		if got, _ := r.cronJobRun(wl, again, older); !reflect.DeepEqual(got, older) {
+			t.Errorf("%s, recorded for the Lease before: the new Lease goes to %+v, want the newest Job's run", c.name, got)
 		}
 	}
 	// A run proposed in a pass whose status write did not land is not
@@ -111,20 +145,22 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 
 // A pass takes the run the WorkloadLease's status records when this
 // process knows none for the Lease, or an older one (another process
-// moved the Lease since), but not one recorded for another Lease of the
-// name, nor one whose time no run can have; and a record of another Lease
-// of the name leaves what this process knows of its own. Other workloads
-// record nothing.
+// moved the Lease since); one recorded for another Lease of the name (a
+// member Lease deleted and created again) only as a floor; never one whose
+// time no run can have. A record of another Lease of the name leaves what
+// this process knows of its own. Other workloads record nothing.
 func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 	now := time.Unix(1700000500, 0)
-	older := member{name: "n", cronJob: true, run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
-	j2 := selectedRun{uid: "j2", order: "00000000001700000100/n-2"}
-	j3 := selectedRun{uid: "j3", order: "00000000001700000200/n-3"}
+	older := member{name: "n", cronJob: true, cronJobUID: "cj", run: "n-1", runUID: "j1", runOrder: "00000000001700000000/n-1", selector: runSelector("j1")}
+	j2 := selectedRun{uid: "j2", order: "00000000001700000100/n-2", cronJob: "cj"}
+	j3 := selectedRun{uid: "j3", order: "00000000001700000200/n-3", cronJob: "cj"}
+	otherCronJob := selectedRun{uid: "k2", order: j2.order, cronJob: "other-cj"}
+	noCronJob := selectedRun{uid: "j2", order: j2.order}
 	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "lease-uid"}}
 	withRecord := func(run selectedRun, lease types.UID) *fencerv1.WorkloadLease {
 		return &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"},
 			Spec:   fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: "n"}},
-			Status: fencerv1.WorkloadLeaseStatus{CronJobRun: &fencerv1.CronJobRun{LeaseUID: lease, JobUID: types.UID(run.uid), Order: run.order}}}
+			Status: fencerv1.WorkloadLeaseStatus{CronJobRun: &fencerv1.CronJobRun{LeaseUID: lease, JobUID: types.UID(run.uid), Order: run.order, CronJobUID: types.UID(run.cronJob)}}}
 	}
 	key := types.NamespacedName{Namespace: "ns", Name: "wl"}
 	for _, c := range []struct {
@@ -136,7 +172,12 @@ func TestCronJobRunRecalledFromTheStatus(t *testing.T) {
 		{"a new process", nil, withRecord(j2, l.UID), "j2"},
 		{"a record newer than the process's own", &j2, withRecord(j3, l.UID), "j3"},
 		{"a record older than the process's own", &j3, withRecord(j2, l.UID), "j3"},
-		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j1"},
+		// The member Lease was deleted and created again: the old Lease's
+		// run is the floor of the new one's.
+		{"a record for another Lease of the name", nil, withRecord(j2, "old-lease-uid"), "j2"},
+		{"a record for another Lease of the name, another CronJob's run", nil, withRecord(otherCronJob, "old-lease-uid"), "j1"},
+		{"a record for another Lease of the name, no CronJob named", nil, withRecord(noCronJob, "old-lease-uid"), "j1"},
+		{"a record for this Lease, no CronJob named (written before fencer recorded it)", nil, withRecord(noCronJob, l.UID), "j2"},
 		// The member Lease was deleted and created again, and its run
 		// recorded; the cache does not show that write yet.
 		{"a record for the Lease before this one", &j2, withRecord(j3, "old-lease-uid"), "j2"},
@@ -246,6 +287,7 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	}
 	t0 := time.Unix(1700000000, 0)
 	f := &cronJobFixture{events: events.NewFakeRecorder(100)}
+	created := 0
 	f.c = fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.WorkloadLease{}).
 		WithObjects(
 			&fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns", UID: "wl-uid", Generation: 1},
@@ -255,7 +297,8 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		WithInterceptorFuncs(interceptor.Funcs{
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				if obj.GetUID() == "" {
-					obj.SetUID(types.UID("uid-of-" + obj.GetName())) // as the apiserver does; the fake sets none
+					created++ // a new UID for each object, as the apiserver gives; the fake gives none
+					obj.SetUID(types.UID(fmt.Sprintf("uid-of-%s-%d", obj.GetName(), created)))
 				}
 				return c.Create(ctx, obj, opts...)
 			},
@@ -379,5 +422,53 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	lease, _ := f.selected(t)
 	if takeovers, warnings := f.takeovers(); lease != "j5" || len(takeovers) != 0 || len(warnings) != 1 || !strings.Contains(warnings[0], fencerv1.ReasonMemberLeaseReverted) {
 		t.Fatalf("a hand edit into no run's selector: the Lease selects %q, Takeovers %q, Warnings %q; want j5, none, one MemberLeaseReverted", lease, takeovers, warnings)
+	}
+
+	// Run j5's Job is deleted, and then the member Lease by hand. The
+	// Lease created again stays on run j5, never goes back to run j2, the
+	// newest Job left: not when its first record fails, nor with a new
+	// manager that knows the run only from the status.
+	deleteJob("n-5")
+	if err := f.c.Delete(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	pass(c, &f.failStatus, "the Lease deleted by hand and created again, its record failed", "cj", "j5")
+	pass(&WorkloadLeaseReconciler{}, nil, "a new manager after the Lease was created again", "j5", "j5")
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "n"}, &l); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Delete(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	pass(c, nil, "the Lease deleted by hand again, created again in one pass", "j5", "j5")
+
+	// The WorkloadLease moves to CronJob m, whose only run is older than
+	// run j5: its member Lease m goes to m's run, not to n's run j5,
+	// whose record is filed under the member name the WorkloadLease
+	// names now.
+	if err := f.c.Create(context.Background(), &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "ns", UID: "cj-m"}}); err != nil {
+		t.Fatal(err)
+	}
+	jm := runJob("m-1", "jm1", t0.Add(50*time.Second))
+	jm.OwnerReferences[0].Name, jm.OwnerReferences[0].UID = "m", "cj-m"
+	createJob(jm)
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "wl"}, &wl); err != nil {
+		t.Fatal(err)
+	}
+	wl.Spec.Workload.Name, wl.Generation = "m", 3
+	if err := f.c.Update(context.Background(), &wl); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*WorkloadLeaseReconciler{c, {}} { // this manager, then a new one
+		if err := f.reconcile(t, r); err != nil {
+			t.Fatal(err)
+		}
+		var m fencerv1.Lease
+		if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "m"}, &m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Spec.HolderSelector.MatchLabels[jobControllerUID]; got != "jm1" {
+			t.Fatalf("the WorkloadLease moved to CronJob m: Lease m selects run %q, want m's run jm1", got)
+		}
 	}
 }

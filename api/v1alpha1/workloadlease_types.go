@@ -116,6 +116,12 @@ type CronJobRun struct {
 	// +kubebuilder:validation:MaxLength=320
 	// +required
 	Order string `json:"order"`
+	// cronJobUID is the UID of the CronJob whose run it is: a member Lease
+	// created again under its name (one deleted by hand) stays on this run
+	// only while the WorkloadLease names the same CronJob. Empty in records
+	// written before fencer recorded it.
+	// +optional
+	CronJobUID types.UID `json:"cronJobUID,omitempty"`
 }
 
 // MaxWorkloadMembers bounds the members of one WorkloadLease: a Lease (an

@@ -544,8 +544,8 @@ func TestCronJobNewerRunTakesOver(t *testing.T) {
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nightly"}, wl); err != nil {
 		t.Fatal(err)
 	}
-	if rec := wl.Status.CronJobRun; rec == nil || string(rec.JobUID) != p2.Labels["batch.kubernetes.io/controller-uid"] || !strings.HasSuffix(rec.Order, "/nightly-2") {
-		t.Fatalf("status.cronJobRun %+v, want the run of Job nightly-2", rec)
+	if rec := wl.Status.CronJobRun; rec == nil || string(rec.JobUID) != p2.Labels["batch.kubernetes.io/controller-uid"] || !strings.HasSuffix(rec.Order, "/nightly-2") || rec.CronJobUID != cj.UID {
+		t.Fatalf("status.cronJobRun %+v, want the run of Job nightly-2 of CronJob %s", rec, cj.UID)
 	}
 	stop()
 	startController(t, "c2")
