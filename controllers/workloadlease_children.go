@@ -349,9 +349,11 @@ func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fenc
 	switch {
 	case ok && last.uid != m.runUID && last.order > m.runOrder:
 		return member{name: m.name, cronJob: true, cronJobUID: last.cronJob, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid), noRun: m.noRun}, true
-	case m.runUID == "" || ok && last.uid == m.runUID:
+	case m.runUID == "" || ok && last.uid == m.runUID && last.cronJob != "":
 		return m, true
 	}
+	// A newer run, or the run recorded by a fencer that did not record
+	// the CronJob's UID: recorded again, with it.
 	r.runs.propose(key, l.Name, l.UID, selectedRun{m.runUID, m.runOrder, m.cronJobUID})
 	return m, false
 }

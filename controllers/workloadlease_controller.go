@@ -67,7 +67,12 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	wl.Status.CronJobRun = r.runs.record(wl)
+	if wl.Spec.Workload.Kind == fencerv1.WorkloadCronJob {
+		wl.Status.CronJobRun = r.runs.record(wl)
+	}
+	// Otherwise the record stays: a WorkloadLease set to another kind and
+	// back (its Lease kept meanwhile, or deleted and created again) finds
+	// the run its Lease stays with, even after a manager restart.
 	return finish(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, wl, before, &wl.Status, out)
 }
 

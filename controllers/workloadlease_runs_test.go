@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +58,8 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 		{"the recorded run's Job deleted, an older one left", &deleted, older, stay, true},
 		{"the recorded run's Job deleted, none left", &deleted, none, stay, true},
 		{"a newer run: proposed, not recorded yet", &deleted, newer, newer, false},
-		{"the recorded run is the newest", &selectedRun{uid: "j1", order: older.runOrder}, older, older, true},
+		{"the recorded run is the newest", &selectedRun{uid: "j1", order: older.runOrder, cronJob: "cj"}, older, older, true},
+		{"the recorded run is the newest, recorded with no CronJob UID: recorded again", &selectedRun{uid: "j1", order: older.runOrder}, older, older, false},
 		{"nothing recorded", nil, older, older, false},
 		{"nothing recorded and no run", nil, none, none, true},
 	} {
@@ -104,7 +106,9 @@ func TestCronJobRunStaysOnTheRunRecorded(t *testing.T) {
 		if rec := r.runs.record(wl); rec == nil || rec.LeaseUID != "new-uid" || string(rec.JobUID) != deleted.uid {
 			t.Errorf("the Lease created again under its name: the status would record %+v, want run j2 for Lease new-uid", rec)
 		}
-		if got, _ := r.cronJobRun(wl, again, newer); !reflect.DeepEqual(got, newer) {
+		var fresh WorkloadLeaseReconciler
+		recordRun(&fresh.runs, key, l, deleted)
+		if got, _ := fresh.cronJobRun(wl, again, newer); !reflect.DeepEqual(got, newer) {
 			t.Errorf("the Lease created again under its name, and a newer run: %+v, want the newer run", got)
 		}
 	}
@@ -280,7 +284,7 @@ func runJob(name, uid string, at time.Time) *batchv1.Job {
 // older run: the record is always at or past the Lease.
 func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{fencerv1.AddToScheme, batchv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{fencerv1.AddToScheme, batchv1.AddToScheme, appsv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -470,5 +474,35 @@ func TestCronJobLeaseMovesOnlyAfterTheRecord(t *testing.T) {
 		if got := m.Spec.HolderSelector.MatchLabels[jobControllerUID]; got != "jm1" {
 			t.Fatalf("the WorkloadLease moved to CronJob m: Lease m selects run %q, want m's run jm1", got)
 		}
+	}
+
+	// Run jm1's Job is deleted, an older run of m's left; the WorkloadLease
+	// is set to a StatefulSet (none exists: Lease m is kept) and back, and
+	// the manager replaced between: Lease m stays on run jm1.
+	older := runJob("m-0", "jm0", t0.Add(10*time.Second))
+	older.OwnerReferences[0].Name, older.OwnerReferences[0].UID = "m", "cj-m"
+	createJob(older)
+	deleteJob("m-1")
+	setKind := func(kind fencerv1.WorkloadKind, gen int64) {
+		t.Helper()
+		if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "wl"}, &wl); err != nil {
+			t.Fatal(err)
+		}
+		wl.Spec.Workload.Kind, wl.Generation = kind, gen
+		if err := f.c.Update(context.Background(), &wl); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.reconcile(t, &WorkloadLeaseReconciler{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setKind(fencerv1.WorkloadStatefulSet, 4)
+	setKind(fencerv1.WorkloadCronJob, 5)
+	var m fencerv1.Lease
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "m"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Spec.HolderSelector.MatchLabels[jobControllerUID]; got != "jm1" {
+		t.Fatalf("the WorkloadLease set to a StatefulSet and back: Lease m selects run %q, want the deleted run jm1", got)
 	}
 }
