@@ -102,8 +102,10 @@ type WorkloadLeaseStatus struct {
 
 // CronJobRun is a CronJob run selected for a member Lease.
 type CronJobRun struct {
-	// leaseUID is the UID of the member Lease it was selected for: a
-	// Lease created again under the name starts with no run.
+	// leaseUID is the UID of the member Lease it was selected for. A
+	// Lease created again under the name (one deleted by hand) is given
+	// this run only when it is newer than every Job left and of the same
+	// CronJob (cronJobUID).
 	// +required
 	LeaseUID types.UID `json:"leaseUID"`
 	// jobUID is the UID of the run's Job; the Lease selects the pods
