@@ -735,21 +735,28 @@ func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
 	createDirect(t, ns, 30)
 	first := heldBy(t, ns, "job")
 	key := etcdkeys.LeaseKey(prefix, ns, "job")
-	resp, err := fx.EtcdCli.Get(ctx, key)
-	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("the grant: %v %v", resp, err)
-	}
 	// The forger keeps the value and even the etcd lease: only the
-	// CreateRevision changes.
-	kv := resp.Kvs[0]
-	if _, err := fx.EtcdCli.Delete(ctx, key); err != nil {
-		t.Fatal(err)
-	}
-	forged, err := fx.EtcdCli.Put(ctx, key, string(kv.Value), clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	minted := forged.Header.Revision
+	// CreateRevision changes. The controller may see the key gone and
+	// revoke that lease before the forger puts the key back (see the
+	// Events below); then the put is refused, and the forger tries again
+	// on the next grant.
+	var minted int64
+	eventually(t, 30*time.Second, "a forged key put back on the grant's etcd lease", func() error {
+		resp, err := fx.EtcdCli.Get(ctx, key)
+		if err != nil || len(resp.Kvs) != 1 {
+			return fmt.Errorf("the grant: %v %v", resp, err)
+		}
+		kv := resp.Kvs[0]
+		if _, err := fx.EtcdCli.Delete(ctx, key); err != nil {
+			return err
+		}
+		forged, err := fx.EtcdCli.Put(ctx, key, string(kv.Value), clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
+		if err != nil {
+			return err
+		}
+		minted = forged.Header.Revision
+		return nil
+	})
 	touch(t, ns, "job")
 	eventually(t, 30*time.Second, "the re-created key replaced by a real grant", func() error {
 		st := getLease(t, ns, "job").Status
