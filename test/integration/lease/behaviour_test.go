@@ -743,8 +743,11 @@ func TestRecreatedLeaseKeyIsNeverAdopted(t *testing.T) {
 	var minted int64
 	eventually(t, 30*time.Second, "a forged key put back on the grant's etcd lease", func() error {
 		resp, err := fx.EtcdCli.Get(ctx, key)
-		if err != nil || len(resp.Kvs) != 1 {
-			return fmt.Errorf("the grant: %v %v", resp, err)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 {
+			return fmt.Errorf("no grant yet: %v", resp)
 		}
 		kv := resp.Kvs[0]
 		if _, err := fx.EtcdCli.Delete(ctx, key); err != nil {
