@@ -267,7 +267,13 @@ func (r *WorkloadLeaseReconciler) notBefore(wl *fencerv1.WorkloadLease, m member
 	if !ok || before.cronJob == "" || before.cronJob != m.cronJobUID || before.uid == m.runUID || before.order <= m.runOrder {
 		return m
 	}
-	return member{name: m.name, cronJob: true, cronJobUID: m.cronJobUID, runUID: before.uid, runOrder: before.order, selector: runSelector(before.uid), noRun: m.noRun}
+	return m.onRun(before)
+}
+
+// onRun is m, a CronJob's member, selecting recorded run instead: one
+// whose Job is not listed now, so its name is not known.
+func (m member) onRun(run selectedRun) member {
+	return member{name: m.name, cronJob: true, cronJobUID: run.cronJob, runUID: run.uid, runOrder: run.order, selector: runSelector(run.uid), noRun: m.noRun}
 }
 
 // fromRun tells whether selector, a CronJob member Lease's, is the
@@ -348,7 +354,7 @@ func (r *WorkloadLeaseReconciler) cronJobRun(wl *fencerv1.WorkloadLease, l *fenc
 	}
 	switch {
 	case ok && last.uid != m.runUID && last.order > m.runOrder:
-		return member{name: m.name, cronJob: true, cronJobUID: last.cronJob, runUID: last.uid, runOrder: last.order, selector: runSelector(last.uid), noRun: m.noRun}, true
+		return m.onRun(last), true
 	case m.runUID == "" || ok && last.uid == m.runUID && last.cronJob != "":
 		return m, true
 	}
