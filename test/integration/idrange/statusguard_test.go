@@ -46,14 +46,14 @@ func TestOnlyTheManagerWritesIDRangeStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, next := range []int64{1, rng.Status.Next + 500_000} {
-		forged := rng.DeepCopy()
-		forged.Status.Next = next
-		err := mallory.Status().Update(ctx, forged)
+		err := framework.UpdateStatus(ctx, t, mallory, client.ObjectKeyFromObject(rng), &fencerv1.IDRange{}, func(o client.Object) {
+			o.(*fencerv1.IDRange).Status.Next = next
+		})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the fencer manager") || !strings.Contains(err.Error(), "mallory") {
 			t.Fatalf("status.next set to %d by mallory: want a Forbidden naming the manager and mallory, got %v", next, err)
 		}
 		patch := client.MergeFrom(rng.DeepCopy())
-		forged = rng.DeepCopy()
+		forged := rng.DeepCopy()
 		forged.Status.Next = next
 		if err := mallory.Status().Patch(ctx, forged, patch); !apierrors.IsForbidden(err) {
 			t.Fatalf("status.next patched to %d by mallory: want Forbidden, got %v", next, err)

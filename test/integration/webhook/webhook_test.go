@@ -369,18 +369,11 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 	}
 	fx.ReadyPod(t, ns, "rogue", "rogue", "rogue")
 	rogue := podClient(t, ns, "rogue")
-	var err error
-	for { // the controller writes status too: retry the apiserver's own conflicts
-		l := &fencerv1.Lease{}
-		if err := rogue.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, l); err != nil {
-			t.Fatal(err)
-		}
+	err := framework.UpdateStatus(ctx, t, rogue, client.ObjectKey{Namespace: ns, Name: "report"}, &fencerv1.Lease{}, func(o client.Object) {
+		l := o.(*fencerv1.Lease)
 		l.Status.Token = tok + 100
 		l.Status.Holder = "rogue"
-		if err = rogue.Status().Update(ctx, l); !apierrors.IsConflict(err) {
-			break
-		}
-	}
+	})
 	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the fencer manager") ||
 		!strings.Contains(err.Error(), "rogue") || !strings.Contains(err.Error(), "workloads read their fencing tokens") {
 		t.Fatalf("a workload wrote Lease status: %v", err)
@@ -390,8 +383,9 @@ func TestOnlyTheControllerWritesLeaseStatus(t *testing.T) {
 	if err := rogue.Create(ctx, wl); err != nil {
 		t.Fatal(err)
 	}
-	wl.Status.CronJobRun = &fencerv1.CronJobRun{LeaseUID: "any", JobUID: "forged", Order: "99999999999999999999/forged"}
-	err = rogue.Status().Update(ctx, wl)
+	err = framework.UpdateStatus(ctx, t, rogue, client.ObjectKeyFromObject(wl), &fencerv1.WorkloadLease{}, func(o client.Object) {
+		o.(*fencerv1.WorkloadLease).Status.CronJobRun = &fencerv1.CronJobRun{LeaseUID: "any", JobUID: "forged", Order: "99999999999999999999/forged"}
+	})
 	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "workloadleases.fencer.io "+ns+"/nightly") ||
 		!strings.Contains(err.Error(), "status.cronJobRun names the run") {
 		t.Fatalf("a workload wrote WorkloadLease status: %v", err)
