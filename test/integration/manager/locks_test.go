@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
+	"github.com/fencer-io/fencer/test/support/framework"
 )
 
 // TestKeyedLocksThroughTheManager runs the manager as the chart does and
@@ -100,8 +101,10 @@ func TestKeyedLocksThroughTheManager(t *testing.T) {
 	if n, err := strconv.ParseInt(record.Data["revision"], 10, 64); err != nil || n <= 0 {
 		t.Fatalf("recorded revision %q", record.Data["revision"])
 	}
-	record.Data["revision"] = "100000000"
-	if err := cl.Update(ctx, &record); err != nil {
+	setRevision := func(rev string) func(client.Object) {
+		return func(o client.Object) { o.(*corev1.ConfigMap).Data["revision"] = rev }
+	}
+	if err := framework.Update(ctx, t, cl, client.ObjectKeyFromObject(&record), &record, setRevision("100000000")); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "keyed locks closed", func() error {
@@ -120,11 +123,7 @@ func TestKeyedLocksThroughTheManager(t *testing.T) {
 	// alone keeps the locks closed (TestLockFloorCheckKeepsAFloorWhoseRecordWasLost):
 	// the record alone leaves the floor above it, and the floor alone is
 	// written again from the record.
-	if err := cl.Get(ctx, client.ObjectKeyFromObject(&record), &record); err != nil {
-		t.Fatal(err)
-	}
-	record.Data["revision"] = "1"
-	if err := cl.Update(ctx, &record); err != nil {
+	if err := framework.Update(ctx, t, cl, client.ObjectKeyFromObject(&record), &record, setRevision("1")); err != nil {
 		t.Fatal(err)
 	}
 	root, err := pki.Client([]string{etcd.Endpoint}, "manager")

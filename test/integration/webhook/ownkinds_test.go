@@ -30,11 +30,9 @@ func TestFencersOwnKindsAreNeverFenced(t *testing.T) {
 	})
 
 	var l fencerv1.Lease
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "report"}, &l); err != nil {
-		t.Fatal(err)
-	}
-	l.Spec.TTLSeconds = 3
-	if err := fx.Client.Update(ctx, &l); err != nil {
+	if err := framework.Update(ctx, t, fx.Client, client.ObjectKey{Namespace: ns, Name: "report"}, &l, func(o client.Object) {
+		o.(*fencerv1.Lease).Spec.TTLSeconds = 3
+	}); err != nil {
 		t.Fatalf("a tokenless update of a labelled Lease's spec: %v", err)
 	}
 
@@ -48,8 +46,9 @@ func TestFencersOwnKindsAreNeverFenced(t *testing.T) {
 	if err := fx.Client.Create(ctx, ids); err != nil {
 		t.Fatalf("a tokenless create of a labelled IDRange: %v", err)
 	}
-	ids.Spec.Max = 2000
-	if err := fx.Client.Update(ctx, ids); err != nil {
+	if err := framework.Update(ctx, t, fx.Client, client.ObjectKeyFromObject(ids), ids, func(o client.Object) {
+		o.(*fencerv1.IDRange).Spec.Max = 2000
+	}); err != nil {
 		t.Fatalf("a tokenless update of a labelled IDRange: %v", err)
 	}
 	if err := fx.Client.Delete(ctx, ids); err != nil {
