@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -135,9 +136,16 @@ func (t Table) guard(ctx context.Context, tx *sql.Tx, res Resource, token, seq i
 	if err != nil {
 		return t.refusedBefore(ctx, tx, err)
 	}
+	if tx == nil {
+		return errNoTx
+	}
 	_, err = tx.ExecContext(ctx, stmt, res.String(), token, seq)
-	return classify(err, res, token, seq)
+	return t.failed(ctx, tx, err, res, token, seq)
 }
+
+// errNoTx refuses a nil transaction: there is nothing to guard, and
+// nothing to abort.
+var errNoTx = errors.New("dbfence: tx is nil: the guard runs inside your transaction (db.BeginTx), with the writes it fences")
 
 // guardStatement is the guard: one upsert of the resource's row, with the
 // resource, token and sequence as parameters $n, $n+1 and $n+2. Its SET
@@ -183,7 +191,9 @@ func (t Table) guardStatement(res Resource, token int64, n int, strict bool) (st
 //
 // query may open with comments, but must not begin with WITH, and its table must have no DO INSTEAD
 // rule (a rule that rewrites the statement away drops the guard with it):
-// use Guard, then your statement.
+// use Guard, then your statement. args bind one to one to query's $1 …
+// $n: no driver options or query rewriters (pgx.NamedArgs), which would
+// shift or replace the guard's own arguments (placeholdersMatch).
 func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, query string, args ...any) (sql.Result, error) {
 	verb := leadingVerb(query)
 	switch strings.ToUpper(verb) {
@@ -195,15 +205,65 @@ func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, 
 	if err != nil {
 		return nil, t.refusedBefore(ctx, tx, err)
 	}
-	// The guard's parameters follow the caller's: a placeholder past the
-	// caller's arguments would bind the guard's instead of failing.
-	if n := highestPlaceholder(query); n > len(args) {
-		return nil, t.refusedBefore(ctx, tx, fmt.Errorf("dbfence: Exec: the statement refers to $%d but has %d argument(s): pass one argument per placeholder", n, len(args)))
+	if err := placeholdersMatch(query, args); err != nil {
+		return nil, t.refusedBefore(ctx, tx, err)
+	}
+	if tx == nil {
+		return nil, errNoTx
 	}
 	// A copy: appending to args could write into the caller's array.
 	all := append(args[:len(args):len(args)], res.String(), token, int64(0))
 	r, err := tx.ExecContext(ctx, `WITH fencer_guard AS (`+guard+`) `+query, all...)
-	return r, classify(err, res, token, 0)
+	return r, t.failed(ctx, tx, err, res, token, 0)
+}
+
+// placeholdersMatch refuses arguments that would not bind one to one to
+// query's $1 … $n. The guard's parameters are numbered after the caller's,
+// so a mismatch could bind the guard's resource or token to a placeholder
+// of the caller's, or the caller's values to the guard's:
+//
+//   - a $n past the arguments would bind the guard's resource or token
+//     instead of failing;
+//   - an argument with no $n of its own is a driver option, which pgx reads
+//     from the front of the arguments (a QueryExecMode, QueryResultFormats):
+//     it shifts every argument after it, the guard's included;
+//   - a query rewriter (pgx.NamedArgs, StrictNamedArgs, anything with
+//     pgx's RewriteQuery method) replaces the arguments with its own, so
+//     the guard's placeholders bind the caller's values and the guard
+//     fences the wrong resource with a token it was never given.
+//
+// PostgreSQL refuses a parameter no placeholder refers to anyway, so a
+// statement this refuses is one no driver would have run as written.
+func placeholdersMatch(query string, args []any) error {
+	for i, a := range args {
+		if a == nil {
+			continue
+		}
+		if _, ok := reflect.TypeOf(a).MethodByName("RewriteQuery"); ok {
+			return fmt.Errorf("dbfence: Exec: argument %d (%T) rewrites the query, as pgx.NamedArgs does: Exec numbers the guard's parameters after yours, so write $1 … $n and pass their values in order, or guard with Guard, then run your statement", i+1, a)
+		}
+	}
+	switch n := highestPlaceholder(query); {
+	case n > len(args):
+		return fmt.Errorf("dbfence: Exec: the statement refers to $%d but has %d argument(s): pass one argument per placeholder", n, len(args))
+	case n < len(args):
+		return fmt.Errorf("dbfence: Exec: the statement refers to $%d at most but has %d arguments: pass one argument per placeholder, and no driver options (a pgx QueryExecMode or QueryResultFormats), which would shift the guard's arguments", n, len(args))
+	}
+	return nil
+}
+
+// failed is classify, and more for an error the database did not raise: a
+// done context, an argument the driver could not encode, a lost
+// connection. The database may never have seen the statement, so tx is
+// still open and would commit the writes made before it, which no guard
+// fenced: it is aborted, as a refusal is. (An error the database raised
+// has aborted tx already.)
+func (t Table) failed(ctx context.Context, tx *sql.Tx, err error, res Resource, token, seq int64) error {
+	var pg sqlStater
+	if err == nil || errors.As(err, &pg) {
+		return classify(err, res, token, seq)
+	}
+	return t.aborted(ctx, tx, "a statement failed before the database answered it: "+err.Error(), err)
 }
 
 // sqlStater is what PostgreSQL drivers' errors tell: pgx's *pgconn.PgError

@@ -4,11 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fencer-io/fencer/pkg/dbfence"
 )
@@ -157,11 +161,43 @@ func TestRefusalsBeforeAnyStatementAbortTheTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token"}
+	// A request's context, done: database/sql refuses the statement before
+	// the database sees it, so only the abort keeps tx from committing.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
 	for _, tc := range []struct {
 		name string
 		call func(tx *sql.Tx) error
 	}{
 		{"Guard without a token", func(tx *sql.Tx) error { return table.Guard(ctx, tx, res, 0) }},
+		{"Guard with its context done", func(tx *sql.Tx) error { return table.Guard(done, tx, res, 10) }},
+		{"Exec with its context done", func(tx *sql.Tx) error {
+			_, err := table.Exec(done, tx, res, 10, `UPDATE tasks SET result = 'x' WHERE id = $1`, 1)
+			return err
+		}},
+		{"Exec with an argument the driver cannot encode", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 10, `UPDATE tasks SET result = $1 WHERE id = 1`, struct{ C chan int }{})
+			return err
+		}},
+		{"Exec with pgx's QueryExecMode in front of its arguments", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 10, `UPDATE tasks SET result = 'x' WHERE id = $1`, pgx.QueryExecModeSimpleProtocol, 1)
+			if err == nil || !strings.Contains(err.Error(), "no driver options") {
+				t.Errorf("Exec with a QueryExecMode: %v, want a refusal naming driver options", err)
+			}
+			return err
+		}},
+		{"Exec with pgx.NamedArgs", func(tx *sql.Tx) error {
+			_, err := table.Exec(ctx, tx, res, 10, `UPDATE tasks SET result = @result WHERE id = @id`, pgx.NamedArgs{"result": "x", "id": 1})
+			if err == nil || !strings.Contains(err.Error(), "pgx.NamedArgs") {
+				t.Errorf("Exec with pgx.NamedArgs: %v, want a refusal naming pgx.NamedArgs", err)
+			}
+			return err
+		}},
+		{"Once with its context done", func(tx *sql.Tx) error {
+			_, _, err := table.Once(done, tx, res, "op", 10, func() ([]byte, error) { return nil, nil })
+			return err
+		}},
+		{"Row.Update with its context done", func(tx *sql.Tx) error { return row.Update(done, tx, 1, 10, "result = $3", "x") }},
 		{"Guard of the zero resource", func(tx *sql.Tx) error { return table.Guard(ctx, tx, dbfence.Resource{}, 10) }},
 		{"GuardSeq with sequence 0", func(tx *sql.Tx) error { return table.GuardSeq(ctx, tx, res, 10, 0) }},
 		{"Exec without a token", func(tx *sql.Tx) error {
@@ -274,5 +310,93 @@ func TestExecTakesAStatementOpeningWithAComment(t *testing.T) {
 	}
 	if got := body(t, db); got != "commented" {
 		t.Fatalf("body %q", got)
+	}
+}
+
+// pgx.NamedArgs in front of Exec's arguments rewrote the statement and
+// dropped the guard's own arguments, so the guard's placeholders bound the
+// caller's values: a stale holder's write committed after a newer
+// holder's, under a fence row of another name. It is refused, and the
+// newer holder's row stands.
+func TestExecRefusesNamedArgumentsOfAStaleHolder(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	if err := write(ctx, db, table, nil, 20, "twenty"); err != nil {
+		t.Fatal(err)
+	}
+	tx := begin(t, db)
+	_, err := table.Exec(ctx, tx, res, 10, `UPDATE reports SET body = @body, token = @token WHERE id = @id`,
+		pgx.NamedArgs{"body": "stale", "token": int64(100), "id": 1})
+	if err == nil || !strings.Contains(err.Error(), "rewrites the query") {
+		t.Fatalf("Exec with pgx.NamedArgs: %v, want a refusal", err)
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the refused transaction committed")
+	}
+	if got := body(t, db); got != "twenty" {
+		t.Fatalf("body %q, want the newer holder's", got)
+	}
+}
+
+// A nil transaction is refused with an error, never a panic.
+func TestANilTransactionIsRefused(t *testing.T) {
+	var table dbfence.Table
+	ctx := context.Background()
+	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token"}
+	_, execErr := table.Exec(ctx, nil, res, 10, `UPDATE tasks SET result = 'x' WHERE id = $1`, 1)
+	_, _, onceErr := table.Once(ctx, nil, res, "op", 10, func() ([]byte, error) { return nil, nil })
+	for name, err := range map[string]error{
+		"Guard":      table.Guard(ctx, nil, res, 10),
+		"GuardSeq":   table.GuardSeq(ctx, nil, res, 10, 1),
+		"Exec":       execErr,
+		"Once":       onceErr,
+		"Row.Update": row.Update(ctx, nil, 1, 10, "result = $3", "x"),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "tx is nil") {
+			t.Errorf("%s with a nil tx: %v, want a refusal naming it", name, err)
+		}
+	}
+}
+
+// A -- comment at the end of Row.Update's assignments (the caller's note)
+// ends with its line: the token's assignment and the fencing WHERE after
+// it still apply.
+func TestRowUpdateTakesACommentAfterItsAssignments(t *testing.T) {
+	db, _ := setup(t)
+	ctx := context.Background()
+	if _, err := db.Exec(`CREATE TABLE tasks (id int PRIMARY KEY, result text, token bigint NOT NULL DEFAULT 0); INSERT INTO tasks VALUES (1, 'new', 20), (2, 'other', 30)`); err != nil {
+		t.Fatal(err)
+	}
+	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token"}
+	for _, note := range []string{" -- the worker's verdict", " -- a note ending in a carriage return\r"} {
+		tx := begin(t, db)
+		var stale *dbfence.StaleError
+		if err := row.Update(ctx, tx, 1, 10, "result = $3"+note, "stale"); !errors.As(err, &stale) || stale.Floor != 20 {
+			t.Fatalf("Update under token 10 of a row at 20, set ending %q: %v, want a *StaleError at 20", note, err)
+		}
+		tx = begin(t, db)
+		if err := row.Update(ctx, tx, 1, 20, "result = $3"+note, "verdict"); err != nil {
+			t.Fatalf("Update under token 20, set ending %q: %v", note, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := db.Query(`SELECT id, result, token FROM tasks ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var id, token int64
+		var result string
+		if err := rows.Scan(&id, &result, &token); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %s %d", id, result, token))
+	}
+	if want := []string{"1 verdict 20", "2 other 30"}; !slices.Equal(got, want) {
+		t.Fatalf("rows %q, want %q", got, want)
 	}
 }

@@ -39,15 +39,18 @@ func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, 
 	if err != nil {
 		return nil, false, t.refusedBefore(ctx, tx, err)
 	}
+	if tx == nil {
+		return nil, false, errNoTx
+	}
 	var mine int
 	err = tx.QueryRowContext(ctx, `INSERT INTO `+q+`_ops (resource, op_id, token) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1`,
 		res.String(), opID, token).Scan(&mine)
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // recorded by a transaction that committed
 		err = tx.QueryRowContext(ctx, `SELECT result FROM `+q+`_ops WHERE resource = $1 AND op_id = $2`, res.String(), opID).Scan(&result)
-		return result, true, classify(err, res, token, 0)
+		return result, true, t.failed(ctx, tx, err, res, token, 0)
 	case err != nil:
-		return nil, false, classify(err, res, token, 0)
+		return nil, false, t.failed(ctx, tx, err, res, token, 0)
 	}
 	if result, err = do(); err != nil {
 		// The record is in tx: committed without a result, it would answer

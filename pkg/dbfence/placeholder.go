@@ -9,8 +9,8 @@ package dbfence
 // It passes over what PostgreSQL does not read as a parameter: string
 // literals ('…', and E'…' with its backslash escapes), dollar-quoted
 // strings ($$…$$, $tag$…$tag$), quoted identifiers ("…"), comments (-- to
-// the end of the line, and /* */, which nest), and a $ inside a name (a$1
-// is one identifier). It assumes standard_conforming_strings, PostgreSQL's
+// the end of the line, a \n or a \r, and /* */, which nest), and a $
+// inside a name (a$1 is one identifier). It assumes standard_conforming_strings, PostgreSQL's
 // default since 9.1. A query it misreads is one PostgreSQL refuses too.
 func highestPlaceholder(query string) int {
 	s := placeholderScan{q: query}
@@ -114,8 +114,10 @@ func (s *placeholderScan) quoted(q byte, backslashes bool) {
 	}
 }
 
+// lineComment skips a -- comment: to the end of its line, which for
+// PostgreSQL's lexer is a \n or a \r alone too.
 func (s *placeholderScan) lineComment() {
-	for s.i < len(s.q) && s.q[s.i] != '\n' {
+	for s.i < len(s.q) && s.q[s.i] != '\n' && s.q[s.i] != '\r' {
 		s.i++
 	}
 }

@@ -28,6 +28,7 @@ var placeholderCases = []struct {
 	{`SELECT $a$ $9 $$ $a $a$, $1::int, $2::int`, 2},
 	{`SELECT $a1$ $9 $a1$, $1::int`, 1},
 	{"SELECT $1::int -- $10\n, $2::int", 2},
+	{"SELECT $1::int -- $10\r, $2::int", 2},
 	{`SELECT /* $6 /* $4 */ $3 */ $1::int`, 1},
 	{`SELECT 1 AS a$1`, 0},
 	{`SELECT 1 AS é$1`, 0},
@@ -70,7 +71,7 @@ func FuzzHighestPlaceholder(f *testing.F) {
 		if !strings.Contains(q, `"`) {
 			inert[`"`+q+`"`] = true
 		}
-		if !strings.Contains(q, "\n") {
+		if !strings.ContainsAny(q, "\n\r") {
 			inert["-- "+q+"\n"] = true
 		}
 		if !strings.Contains(q, "$x$") {
@@ -104,6 +105,7 @@ func TestLeadingVerb(t *testing.T) {
 		"UPDATE t SET a = 1":                             "UPDATE",
 		"  \n\tdelete from t":                            "delete",
 		"-- the nightly job\nUPDATE t SET a = 1":         "UPDATE",
+		"-- ends at a carriage return\rUPDATE t":         "UPDATE",
 		"/* app=orders */ INSERT INTO t VALUES (1)":      "INSERT",
 		"/* outer /* nested */ still a comment */UPDATE": "UPDATE",
 		"/* hides */ WITH x AS (SELECT 1) UPDATE t":      "WITH",

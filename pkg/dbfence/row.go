@@ -55,10 +55,15 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	if err := r.check(token); err != nil {
 		return r.Fence.refusedBefore(ctx, tx, err)
 	}
-	stmt := fmt.Sprintf(`UPDATE %s SET %s, %s = $1::bigint WHERE %s = $2 AND %s <= $1::bigint`, r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
+	if tx == nil {
+		return errNoTx
+	}
+	// set ends its line: a -- comment at its end (a note of the caller's)
+	// must not swallow the token's assignment and the WHERE that fences it.
+	stmt := fmt.Sprintf("UPDATE %s SET %s\n, %s = $1::bigint WHERE %s = $2 AND %s <= $1::bigint", r.Table, set, r.TokenColumn, r.KeyColumn, r.TokenColumn)
 	res, err := tx.ExecContext(ctx, stmt, append([]any{token, key}, args...)...)
 	if err != nil {
-		return classify(err, Resource{}, token, 0)
+		return r.Fence.failed(ctx, tx, err, Resource{}, token, 0)
 	}
 	if n, err := res.RowsAffected(); err != nil || n > 0 {
 		return err
@@ -69,7 +74,7 @@ func (r Row) Update(ctx context.Context, tx *sql.Tx, key any, token int64, set s
 	case errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("%w: %s %v", ErrNoRow, r.Table, key)
 	case err != nil:
-		return err
+		return r.Fence.failed(ctx, tx, err, Resource{}, token, 0)
 	case !held.Valid:
 		return r.Fence.aborted(ctx, tx, "a fenced row's token is NULL",
 			fmt.Errorf("dbfence: %s %v: the token column %s is NULL; make it bigint NOT NULL DEFAULT 0", r.Table, key, r.TokenColumn))
