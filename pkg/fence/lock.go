@@ -142,9 +142,10 @@ func (lk *Lock) Done() <-chan struct{} { return lk.Context().Done() }
 // Unlock ends the lock: its Context first, then its waiter keys are
 // deleted, in one round trip bounded by the Locker's Timeout. The keys'
 // names are this acquisition's alone. A retried or duplicated
-// Unlock does nothing more; one of a lock already lost deletes nothing and
-// returns an error wrapping ErrLockLost, since what was done under it may
-// not have been protected. When etcd does not answer, the keys are deleted
+// Unlock does nothing more; one of a lock already lost deletes none of
+// another holder's keys and returns an error wrapping ErrLockLost, since
+// what was done under it may not have been protected, also when etcd does
+// not answer it. When etcd does not answer, the keys are deleted
 // in the background once it does, or go with the session.
 func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.mu.Lock()
@@ -171,7 +172,13 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	deleted, err := l.deleteWaitersCtx(tctx, lk)
 	if err != nil {
 		l.deleteInBackground(lk, make(chan struct{}))
-		return fmt.Errorf("fence: unlocking %q: %w", lk.keys, l.unavailable(tctx, err))
+		err = l.unavailable(tctx, err)
+		if lost != nil {
+			// Lost before Unlock, whatever etcd answers now: the caller
+			// must hear that, not only that etcd is away.
+			return fmt.Errorf("fence: unlocking %q: the lock was lost before Unlock: %w; its keys are deleted in the background: %w", lk.keys, lost, err)
+		}
+		return fmt.Errorf("fence: unlocking %q: %w", lk.keys, err)
 	}
 	for i, ok := range deleted {
 		if !ok {

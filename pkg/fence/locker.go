@@ -587,14 +587,17 @@ func (l *Locker) enqueue(ctx context.Context, lk *Lock) (ahead bool, err error) 
 
 // queueing is enqueue's transaction for lk, its waiter keys holding val,
 // with the session's marker at version ver: it puts the waiter keys only
-// while the lock floor is absent, the marker has that version, and no key
-// of the slot exists, and then reads each key's first waiter; else it
+// while the lock floor is absent, the marker is the session's own at that
+// version, and no key of the slot exists, and then reads each key's first waiter; else it
 // reads the floor and the marker.
 func (l *Locker) queueing(ctx context.Context, lk *Lock, val string, ver int64) clientv3.Txn {
 	floorKey := etcdkeys.LockFloorKey(l.prefix)
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Version(floorKey), "=", 0),
 		clientv3.Compare(clientv3.Version(lk.sess.marker), "=", ver),
+		// The version alone starts over when the marker is deleted and
+		// put again: a late queueing would then apply after its fence.
+		clientv3.Compare(clientv3.CreateRevision(lk.sess.marker), "=", lk.sess.markerRev),
 	}
 	ops := make([]clientv3.Op, 0, 2*len(lk.keys))
 	for _, k := range lk.keys {
@@ -620,6 +623,14 @@ func (l *Locker) notQueued(ctx context.Context, lk *Lock, rev int64, floor, mark
 		// or was deleted by another holder of the namespace's identity.
 		lk.sess.give(lk.slot)
 		l.markerLost(lk.sess)
+		return fmt.Errorf("fence: queueing for %q: %w", lk.keys, context.Cause(lk.sess.ctx))
+	case marker[0].Version < ver:
+		// Under one creation a key's version only grows: etcd went back
+		// (restored from an older snapshot within the lease's TTL). No
+		// queueing would ever match again; a new session starts over.
+		lk.sess.give(lk.slot)
+		l.endSession(lk.sess, fmt.Errorf("%w: the session's marker %s is at version %d, below version %d read before (etcd restored from an older snapshot?); see docs/operations.md",
+			ErrEtcdRegressed, lk.sess.marker, marker[0].Version, ver))
 		return fmt.Errorf("fence: queueing for %q: %w", lk.keys, context.Cause(lk.sess.ctx))
 	case marker[0].Version != ver:
 		lk.sess.give(lk.slot)

@@ -188,7 +188,13 @@ func (l *Locker) fenceQueueings(ctx context.Context, sess *lockSession) error {
 // Its lease is revoked, if it still lives, so that no queueing of the
 // session can apply after this; the next Lock starts another session.
 func (l *Locker) markerLost(sess *lockSession) {
-	sess.lose(fmt.Errorf("its marker key %s is gone, or was put again by another", sess.marker))
+	l.endSession(sess, fmt.Errorf("its marker key %s is gone, or was put again by another", sess.marker))
+}
+
+// endSession ends sess for cause, its held locks with it, and revokes its
+// lease: the next Lock starts a session of its own.
+func (l *Locker) endSession(sess *lockSession, cause error) {
+	sess.lose(cause)
 	go l.revoke(sess.id)
 }
 

@@ -192,6 +192,60 @@ func TestADeletedMarkerEndsTheSession(t *testing.T) {
 	_ = other.Unlock(context.Background())
 }
 
+// A marker deleted and put again after a fence starts its version over:
+// a queueing held since before the fence, whose version that matches
+// again, must still not apply, since the marker is no longer the
+// session's own. (Version alone let it apply, and its waiter key, owned
+// by no Lock, kept the key busy for as long as the session lived.)
+func TestAMarkerPutAgainDoesNotLetALateQueueingApply(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l, sess := retiredSession(t, e, cli, LockerOptions{})
+	lk := &Lock{locker: l, sess: sess, keys: []string{"k"}, waiter: "late-1", slot: 1000}
+	late := l.queueing(context.Background(), lk, "{}", sess.markerVer.Load()) // sent, then held
+	l.retire(lk)
+	waitRetired(t, l, "k")
+	ctx := context.Background()
+	if _, err := cli.Delete(ctx, sess.marker); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, sess.marker, sess.markerVal); err != nil { // version 1 again
+		t.Fatal(err)
+	}
+	if resp, err := late.Commit(); err != nil || resp.Succeeded {
+		t.Fatalf("a queueing held since before its fence, after the marker was put again: applied %v, %v", err == nil && resp.Succeeded, err)
+	}
+	waitForWaiters(t, e.mgr, "a", "k", 0)
+	// The Locker's next queueing finds the marker not its own, and ends
+	// the session; the Lock after it queues on a new one.
+	if _, err := l.Lock(ctx, "k"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Lock on the session whose marker was put again by another: %v, want ErrLockLost", err)
+	}
+	if err := context.Cause(sess.ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the session whose marker was put again by another: %v, want it lost", err)
+	}
+	_ = mustLock(t, l, "k").Unlock(ctx)
+}
+
+// A marker whose version is below one the session read (etcd restored
+// from an older snapshot, which the session's lease outlived) ends the
+// session with ErrEtcdRegressed: every queueing of it would be refused,
+// and the Locker went on failing every Lock for as long as it lived.
+// The next Lock starts a new session and takes its key.
+func TestAMarkerVersionGoneBackEndsTheSession(t *testing.T) {
+	e := startLockEtcd(t)
+	l, sess := retiredSession(t, e, e.client(t, "a", nil), LockerOptions{})
+	sess.markerVer.Add(1) // a fence after the snapshot, then the restore
+	ctx := context.Background()
+	if _, err := l.Lock(ctx, "free"); !errors.Is(err, ErrEtcdRegressed) {
+		t.Fatalf("Lock after the marker's version went back: %v, want ErrEtcdRegressed", err)
+	}
+	if err := context.Cause(sess.ctx); !errors.Is(err, ErrEtcdRegressed) {
+		t.Fatalf("the session after its marker's version went back: %v, want it ended with ErrEtcdRegressed", err)
+	}
+	_ = mustLock(t, l, "free").Unlock(ctx)
+}
+
 // Many acquisitions retired at once are cleared together: one fence, then
 // a read and a transaction of deletes for each 64 keys, not a read and a
 // delete for each acquisition in turn (which left a Lock of the last key
