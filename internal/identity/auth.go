@@ -72,6 +72,10 @@ func NamespacePermissions(prefix, ns string, directLeases []string) []Permission
 	prefix = etcdkeys.OrDefault(prefix)
 	perms := []Permission{
 		{Prefix: etcdkeys.NamespaceLeasesPrefix(prefix, ns)},
+		// Read only: the controller's grant markers, which tell its grants
+		// from a lease key a Direct holder re-created (the SDK's fence
+		// compares them).
+		{Prefix: etcdkeys.NamespaceGrantMarkersPrefix(prefix, ns)},
 		{Prefix: etcdkeys.NamespaceIDRangesPrefix(prefix, ns), Write: true},
 		// Read only: the controller's records of whom each block is for.
 		{Prefix: etcdkeys.NamespaceClaimsPrefix(prefix, ns)},

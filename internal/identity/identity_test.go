@@ -41,12 +41,17 @@ func isolated(t *testing.T) (etcd *testenv.SecureEtcd, mgr, a *clientv3.Client, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := mgr.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "l"), `{}`, clientv3.WithLease(g.ID))
+	// As the controller grants: the key and its grant marker together.
+	resp, err := mgr.Txn(ctx).Then(
+		clientv3.OpPut(etcdkeys.LeaseKey(prefix, "a", "l"), `{}`, clientv3.WithLease(g.ID)),
+		clientv3.OpPut(etcdkeys.GrantMarkerKey(prefix, "a", "l"), ""),
+	).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{"b"} {
 		mustPut(t, mgr, etcdkeys.LeaseKey(prefix, ns, "l"), "{}")
+		mustPut(t, mgr, etcdkeys.GrantMarkerKey(prefix, ns, "l"), "")
 		mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, ns, "ids"), "1")
 	}
 	mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, "a", "ids"), "1")
@@ -116,6 +121,14 @@ func TestNamespaceIdentityReachesOnlyItsNamespace(t *testing.T) {
 	denied(t, "create a lease key", err)
 	_, err = a.Delete(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
 	denied(t, "delete own lease key", err)
+	// Grant markers are read-only: the fence compares them, and writing
+	// one would make a lease key created again pass for a grant.
+	_, err = a.Get(ctx, etcdkeys.GrantMarkerKey(prefix, "a", "l"))
+	allowed(t, "read own grant marker", err)
+	_, err = a.Put(ctx, etcdkeys.GrantMarkerKey(prefix, "a", "l"), "")
+	denied(t, "forge own grant marker", err)
+	_, err = a.Get(ctx, etcdkeys.GrantMarkerKey(prefix, "b", "l"))
+	denied(t, "read b's grant marker", err)
 	// Block claim records are read-only: writing one would make a forged
 	// block annotation pass idgen.ConsumeBlock.
 	_, err = a.Get(ctx, etcdkeys.IDRangeClaimKey(prefix, "a", "ids", 1))

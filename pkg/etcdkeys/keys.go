@@ -80,15 +80,22 @@ func DataPrefix(prefix, namespace string) string {
 
 // GrantMarkerKey is written by the controller in the same transaction that
 // creates a lease key, so its ModRevision equals the key's CreateRevision
-// for exactly the grants the controller made. It lies outside every
-// namespace's etcd permissions: a Direct holder, which may write its lease
-// key to renew it, cannot forge the marker to go with a key it re-creates.
+// for exactly the grants the controller made. A namespace's etcd identity
+// may read its own, never write them: a Direct holder, which may write its
+// lease key to renew it, cannot forge the marker to go with a key it
+// re-creates, and the SDK's fence compares the marker too.
 func GrantMarkerKey(prefix, namespace, name string) string {
 	return join(prefix, "grants", namespace, name)
 }
 
 // GrantMarkersPrefix is the prefix every GrantMarkerKey starts with.
 func GrantMarkersPrefix(prefix string) string { return join(prefix, "grants") + "/" }
+
+// NamespaceGrantMarkersPrefix is the prefix of every GrantMarkerKey of one
+// namespace.
+func NamespaceGrantMarkersPrefix(prefix, namespace string) string {
+	return join(prefix, "grants", namespace) + "/"
+}
 
 // DeletedLeaseKey records that the Lease object with this UID is deleted:
 // fencer's webhook writes it as it admits the Lease's DELETE, in the

@@ -47,11 +47,12 @@ func TestHoldAndHeldAnsweredWithoutAHeader(t *testing.T) {
 	// history, where the key's earlier grants were deleted.
 	for name, breaks := range map[string]func(any){"no header": testenv.NoHeader, "a header without a revision": testenv.EmptyHeader} {
 		t.Run(name, func(t *testing.T) {
-			b.Next(testenv.KVRange, breaks)
+			// Both read the key and its grant marker in one transaction.
+			b.Next(testenv.KVTxn, breaks)
 			if _, err := Hold(context.Background(), cli, prefix, "ns", tok); !errors.Is(err, ErrMalformedAnswer) {
 				t.Fatalf("Hold read a broken answer: %v; want an error naming it", err)
 			}
-			b.Next(testenv.KVRange, breaks)
+			b.Next(testenv.KVTxn, breaks)
 			err := EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}.Held(context.Background(), tok)
 			if !errors.Is(err, ErrMalformedAnswer) || errors.Is(err, ErrLeaseLost) {
 				t.Fatalf("Held read a broken answer: %v; want an error naming it, not a lost lease", err)

@@ -52,32 +52,69 @@ type fenceCheck struct {
 	key     string
 	offered int64
 	cmps    []clientv3.Cmp
-	read    clientv3.Op
-	current func(kvs []*mvccpb.KeyValue) int64
+	reads   []clientv3.Op
+	// current reads the live token from the answers to reads, in order.
+	current func(reads [][]*mvccpb.KeyValue) int64
 }
 
 // etcdFence is a Lease token's fence: CreateRevision(leaseKey) == t.Value,
-// and Version 1, since fencer writes a grant once: a key rewritten in place
-// by something with write access to it is not one.
+// Version 1, since fencer writes a grant once, and the grant marker's
+// ModRevision == t.Value, since fencer writes the marker with the key. A
+// key rewritten in place, or deleted and created again, by something with
+// write access to it (a Direct holder may write its own, to renew it) is
+// no grant, and its revision is no token.
 func (t Token) etcdFence(prefix, namespace string) (fenceCheck, error) {
 	if t.Value <= 0 {
 		return fenceCheck{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
 	}
-	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
+	prefix = etcdkeys.OrDefault(prefix)
+	key := etcdkeys.LeaseKey(prefix, namespace, t.Lease)
+	marker := etcdkeys.GrantMarkerKey(prefix, namespace, t.Lease)
 	return fenceCheck{
 		key: key, offered: t.Value,
 		cmps: []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(key), "=", t.Value),
 			clientv3.Compare(clientv3.Version(key), "=", 1),
+			clientv3.Compare(clientv3.ModRevision(marker), "=", t.Value),
 		},
-		read: clientv3.OpGet(key),
-		current: func(kvs []*mvccpb.KeyValue) int64 {
-			if len(kvs) > 0 && kvs[0].Version == 1 {
-				return kvs[0].CreateRevision
+		reads: []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(marker)},
+		current: func(reads [][]*mvccpb.KeyValue) int64 {
+			if g := issuedGrant(reads[0], reads[1]); g != nil {
+				return g.CreateRevision
 			}
 			return 0
 		},
 	}, nil
+}
+
+// readGrant reads a Lease's key and its grant marker in one read, and
+// returns the key when it holds a grant the controller issued (nil when
+// it holds none), and etcd's revision at the read.
+func readGrant(ctx context.Context, cli *clientv3.Client, prefix, namespace, lease string) (*mvccpb.KeyValue, int64, error) {
+	prefix = etcdkeys.OrDefault(prefix)
+	key := etcdkeys.LeaseKey(prefix, namespace, lease)
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(etcdkeys.GrantMarkerKey(prefix, namespace, lease))).Commit()
+	if err != nil {
+		return nil, 0, err
+	}
+	reads, err := etcdreply.Reads(resp, 2, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("fence: reading lease %s/%s: %w", namespace, lease, err)
+	}
+	return issuedGrant(reads[0], reads[1]), resp.Header.Revision, nil
+}
+
+// issuedGrant is the lease key of keys if it holds a grant the controller
+// issued, given the read of its grant marker: written once (Version 1), in
+// the transaction that also wrote the marker. Anything else is nil.
+func issuedGrant(keys, markers []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(keys) == 0 || len(markers) == 0 {
+		return nil
+	}
+	if kv := keys[0]; kv.Version == 1 && markers[0].ModRevision == kv.CreateRevision {
+		return kv
+	}
+	return nil
 }
 
 // Compare is the fence as etcd comparisons, all true exactly while t is
@@ -127,17 +164,17 @@ func (x *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 	if x.err != nil {
 		return nil, x.err
 	}
-	resp, err := x.cli.Txn(ctx).If(x.fence.cmps...).Then(x.ops...).Else(x.fence.read).Commit()
+	resp, err := x.cli.Txn(ctx).If(x.fence.cmps...).Then(x.ops...).Else(x.fence.reads...).Commit()
 	if err != nil {
 		return nil, err
 	}
 	if !resp.Succeeded {
 		// The Else branch ran: nothing was written.
-		reads, err := etcdreply.Reads(resp, 1, 0)
+		reads, err := etcdreply.Reads(resp, len(x.fence.reads), 0)
 		if err != nil {
 			return nil, fmt.Errorf("fence: %w", err)
 		}
-		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered, Current: x.fence.current(reads[0])}
+		return resp, &FencedError{Key: x.fence.key, Offered: x.fence.offered, Current: x.fence.current(reads)}
 	}
 	return resp, nil
 }
@@ -167,18 +204,14 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 		return nil, errNoClient
 	}
 	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(prefix), namespace, t.Lease)
-	resp, err := cli.Get(ctx, key)
+	kv, readAt, err := readGrant(ctx, cli, prefix, namespace, t.Lease)
 	if err != nil {
 		return nil, err
 	}
-	readAt, err := etcdreply.Revision(resp.Header)
-	if err != nil {
-		return nil, fmt.Errorf("fence: reading %s: %w", key, err)
-	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
+	if kv == nil || kv.CreateRevision != t.Value {
 		e := &FencedError{Key: key, Offered: t.Value}
-		if len(resp.Kvs) > 0 {
-			e.Current = resp.Kvs[0].CreateRevision
+		if kv != nil {
+			e.Current = kv.CreateRevision
 		}
 		return nil, e
 	}

@@ -47,11 +47,22 @@ func grantB(t testing.TB, cli *clientv3.Client, lease string, ttl int64) Token {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(ctx, etcdkeys.LeaseKey(prefix, "ns", lease), `{"holder":"me"}`, clientv3.WithLease(l.ID))
+	return Token{Lease: lease, Value: putGrant(t, cli, "ns", lease, `{"holder":"me"}`, l.ID), LeaseID: int64(l.ID)}
+}
+
+// putGrant writes a lease key holding value, attached to etcd lease id, and
+// its grant marker, in one transaction, as fencer's controller does, and
+// returns the token.
+func putGrant(t testing.TB, cli *clientv3.Client, namespace, lease, value string, id clientv3.LeaseID) int64 {
+	t.Helper()
+	resp, err := cli.Txn(context.Background()).Then(
+		clientv3.OpPut(etcdkeys.LeaseKey(prefix, namespace, lease), value, clientv3.WithLease(id)),
+		clientv3.OpPut(etcdkeys.GrantMarkerKey(prefix, namespace, lease), ""),
+	).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Token{Lease: lease, Value: resp.Header.Revision, LeaseID: int64(l.ID)}
+	return resp.Header.Revision
 }
 
 func TestFencedTxn(t *testing.T) {
@@ -298,6 +309,43 @@ func TestTxnRefusesARewrittenKey(t *testing.T) {
 	var fenced *FencedError
 	if !errors.As(err, &fenced) || fenced.Current != 0 {
 		t.Fatalf("a write under a rewritten key: %v, want a FencedError with no current token", err)
+	}
+}
+
+// TestAKeyCreatedAgainIsNoGrant: something that may write a lease key (a
+// Direct holder may write its own, to renew it) deletes it and creates it
+// again, detached from any etcd lease. Its new revision is no token: the
+// controller wrote no grant marker with it. The fence, EtcdHeld and Hold
+// refuse it, and the real holder's refusal names no current token.
+func TestAKeyCreatedAgainIsNoGrant(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	ctx := context.Background()
+	real := grant(t, cli, "job", 30)
+	key := etcdkeys.LeaseKey(prefix, "ns", "job")
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, key, `{"holder":"forger","holderUID":"uid-forger"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := Token{Lease: "job", Value: put.Header.Revision, LeaseID: int64(real.LeaseID)}
+	for _, tok := range []Token{forged, real} {
+		_, err := NewTxn(cli, prefix, "ns", tok).Then(clientv3.OpPut("/data/x", "1")).Commit(ctx)
+		var fenced *FencedError
+		if !errors.As(err, &fenced) || fenced.Current != 0 {
+			t.Fatalf("a write under token %d, the key created again by another: %v, want a FencedError with no current token", tok.Value, err)
+		}
+	}
+	if got, err := cli.Get(ctx, "/data/x"); err != nil || len(got.Kvs) != 0 {
+		t.Fatalf("a fenced-off write landed: %v %v", got, err)
+	}
+	if err := (EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns", PodUID: "uid-forger"}).Held(ctx, forged); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("EtcdHeld of the key created again: %v, want ErrLeaseLost", err)
+	}
+	var fenced *FencedError
+	if _, err := Hold(ctx, cli, prefix, "ns", forged); !errors.As(err, &fenced) || fenced.Current != 0 {
+		t.Fatalf("Hold of the key created again: %v, want a FencedError with no current token", err)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -33,7 +32,9 @@ type HeldCheck interface {
 
 // EtcdHeld checks grants in fencer's etcd, with the namespace's identity
 // (LoadEtcdAccess): a grant is live while the Lease's key has the token as
-// its CreateRevision, and, with PodUID set, names this pod as its holder.
+// its CreateRevision, was issued by the controller (its grant marker
+// written with it, the key never rewritten), and, with PodUID set, names
+// this pod as its holder.
 // UntilLost watches the key (WatchHeld), so a lost grant is seen the
 // moment etcd deletes the key.
 type EtcdHeld struct {
@@ -71,23 +72,18 @@ func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
 	if err := e.misconfigured(); err != nil {
 		return 0, err
 	}
-	key := etcdkeys.LeaseKey(etcdkeys.OrDefault(e.Prefix), e.Namespace, t.Lease)
-	resp, err := e.Client.Get(ctx, key)
+	kv, rev, err := readGrant(ctx, e.Client, e.Prefix, e.Namespace, t.Lease)
 	if err != nil {
 		return 0, err
 	}
-	rev, err = etcdreply.Revision(resp.Header)
-	if err != nil {
-		return 0, fmt.Errorf("fence: reading lease %s/%s: %w", e.Namespace, t.Lease, err)
-	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.Value {
+	if kv == nil || kv.CreateRevision != t.Value {
 		return 0, fmt.Errorf("lease %s/%s is no longer held under token %d: %w", e.Namespace, t.Lease, t.Value, ErrLeaseLost)
 	}
 	if e.PodUID != "" {
 		var g struct {
 			HolderUID types.UID `json:"holderUID"`
 		}
-		if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.HolderUID != e.PodUID {
+		if err := json.Unmarshal(kv.Value, &g); err != nil || g.HolderUID != e.PodUID {
 			return 0, fmt.Errorf("lease %s/%s is held under token %d by pod uid %q, not by this pod (uid %s): %w", e.Namespace, t.Lease, t.Value, g.HolderUID, e.PodUID, ErrLeaseLost)
 		}
 	}

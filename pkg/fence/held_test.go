@@ -236,11 +236,7 @@ func TestEtcdHeldWithPodUIDConfirmsOnlyThisPodsGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := cli.Put(ctx, etcdkeys.LeaseKey(prefix, "ns", "report"), `{"holder":"b","holderUID":"uid-b"}`, clientv3.WithLease(l.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := Token{Lease: "report", Value: resp.Header.Revision}
+	tok := Token{Lease: "report", Value: putGrant(t, cli, "ns", "report", `{"holder":"b","holderUID":"uid-b"}`, l.ID)}
 	if err := (EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns", PodUID: "uid-b"}).Held(ctx, tok); err != nil {
 		t.Fatalf("the holder itself: %v", err)
 	}

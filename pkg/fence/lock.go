@@ -80,10 +80,10 @@ func (t LockToken) etcdFence(prefix, namespace string) (fenceCheck, error) {
 			clientv3.Compare(clientv3.CreateRevision(etcdkeys.LockWaiterKey(prefix, namespace, t.Key, t.Waiter)), "=", t.Value),
 			clientv3.Compare(clientv3.CreateRevision(lockPrefix), ">", t.Value-1).WithPrefix(),
 		},
-		read: clientv3.OpGet(lockPrefix, clientv3.WithFirstCreate()...),
-		current: func(kvs []*mvccpb.KeyValue) int64 {
-			if len(kvs) > 0 {
-				return kvs[0].CreateRevision
+		reads: []clientv3.Op{clientv3.OpGet(lockPrefix, clientv3.WithFirstCreate()...)},
+		current: func(reads [][]*mvccpb.KeyValue) int64 {
+			if len(reads[0]) > 0 {
+				return reads[0][0].CreateRevision
 			}
 			return 0
 		},

@@ -443,11 +443,8 @@ func TestHoldOutlastsARoleNotYetGranted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put, err := e.mgr.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "job"), `{"holder":"p"}`, clientv3.WithLease(g.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := Hold(ctx, e.client(t, "a", nil), prefix, "a", Token{Lease: "job", Value: put.Header.Revision, LeaseID: int64(g.ID)})
+	tok := putGrant(t, e.mgr, "a", "job", `{"holder":"p"}`, g.ID)
+	held, err := Hold(ctx, e.client(t, "a", nil), prefix, "a", Token{Lease: "job", Value: tok, LeaseID: int64(g.ID)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,14 +471,11 @@ func TestHoldCalledLateEndsByEtcdsExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := etcdkeys.LeaseKey(prefix, "a", "job")
-	put, err := e.mgr.Put(ctx, key, `{"holder":"p"}`, clientv3.WithLease(g.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := putGrant(t, e.mgr, "a", "job", `{"holder":"p"}`, g.ID)
 	time.Sleep(4 * time.Second) // two thirds of the TTL gone
 	p := newProxy(t, strings.TrimPrefix(e.Endpoint, "https://"))
 	cli := e.client(t, "a", nil, "https://"+p.l.Addr().String())
-	held, err := Hold(ctx, cli, prefix, "a", Token{Lease: "job", Value: put.Header.Revision, LeaseID: int64(g.ID)})
+	held, err := Hold(ctx, cli, prefix, "a", Token{Lease: "job", Value: tok, LeaseID: int64(g.ID)})
 	if err != nil {
 		t.Fatal(err)
 	}
