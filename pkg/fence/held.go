@@ -68,44 +68,100 @@ func (e EtcdHeld) Held(ctx context.Context, t Token) error {
 	return err
 }
 
-func (e EtcdHeld) read(ctx context.Context, t Token) (rev int64, err error) {
+// seenHeld is what a read that found the grant live saw: etcd's revision,
+// and the grant's TTL.
+type seenHeld struct {
+	rev int64
+	ttl time.Duration
+}
+
+// unknownGrantTTL bounds the silence UntilLost allows before any read has
+// told it the grant's TTL: the default ttlSeconds of a Lease.
+const unknownGrantTTL = 15 * time.Second
+
+func (e EtcdHeld) read(ctx context.Context, t Token) (seenHeld, error) {
 	if err := e.misconfigured(); err != nil {
-		return 0, err
+		return seenHeld{}, err
 	}
 	kv, rev, err := readGrant(ctx, e.Client, e.Prefix, e.Namespace, t.Lease)
 	if err != nil {
-		return 0, err
+		return seenHeld{}, err
 	}
 	if kv == nil || kv.CreateRevision != t.Value {
-		return 0, fmt.Errorf("lease %s/%s is no longer held under token %d: %w", e.Namespace, t.Lease, t.Value, ErrLeaseLost)
+		return seenHeld{}, fmt.Errorf("lease %s/%s is no longer held under token %d: %w", e.Namespace, t.Lease, t.Value, ErrLeaseLost)
 	}
-	if e.PodUID != "" {
-		var g struct {
-			HolderUID types.UID `json:"holderUID"`
-		}
-		if err := json.Unmarshal(kv.Value, &g); err != nil || g.HolderUID != e.PodUID {
-			return 0, fmt.Errorf("lease %s/%s is held under token %d by pod uid %q, not by this pod (uid %s): %w", e.Namespace, t.Lease, t.Value, g.HolderUID, e.PodUID, ErrLeaseLost)
-		}
+	var g struct {
+		HolderUID  types.UID `json:"holderUID"`
+		TTLSeconds int64     `json:"ttlSeconds"`
 	}
-	return rev, nil
+	err = json.Unmarshal(kv.Value, &g)
+	if e.PodUID != "" && (err != nil || g.HolderUID != e.PodUID) {
+		return seenHeld{}, fmt.Errorf("lease %s/%s is held under token %d by pod uid %q, not by this pod (uid %s): %w", e.Namespace, t.Lease, t.Value, g.HolderUID, e.PodUID, ErrLeaseLost)
+	}
+	seen := seenHeld{rev: rev, ttl: unknownGrantTTL}
+	if g.TTLSeconds > 0 {
+		seen.ttl = time.Duration(g.TTLSeconds) * time.Second
+	}
+	return seen, nil
 }
 
-// UntilLost watches the Lease's key until it stops holding t's grant.
+// UntilLost watches the Lease's key until it stops holding t's grant, and
+// reads the grant again every third of its TTL: once no read has
+// confirmed it for a whole TTL (etcd unreachable, or a watch stalled on a
+// connection that drops packets), the grant may have expired in etcd and
+// gone to another pod, so it counts as lost, with an error wrapping
+// ErrLeaseLost and ErrEtcdUnavailable. Until a first read answers, that
+// TTL is taken as 15 s, a Lease's default.
 func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
-	rev, err := e.read(ctx, t)
-	for err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrMisconfigured) {
-		// etcd is away: keep trying until it answers or ctx ends.
+	if err := e.misconfigured(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watched := make(chan error, 1)
+	watching := false
+	lastOK, ttl := time.Now(), unknownGrantTTL
+	for wait := time.Duration(0); ; wait = ttl / 3 {
+		deadline := lastOK.Add(ttl)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case err := <-watched:
+			return err
+		case <-time.After(min(wait, time.Until(deadline))):
 		}
-		rev, err = e.read(ctx, t)
+		sent := time.Now()
+		rctx, rcancel := context.WithDeadline(ctx, deadline)
+		seen, err := e.read(rctx, t)
+		rcancel()
+		switch {
+		case err == nil:
+			lastOK, ttl = sent, seen.ttl
+			if !watching {
+				watching = true
+				go func() { watched <- e.watch(ctx, t, seen.rev) }()
+			}
+			continue
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrMisconfigured):
+			return err
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		if !time.Now().Before(lastOK.Add(ttl)) {
+			return fmt.Errorf("lease %s/%s: no read confirmed the grant of token %d for its TTL (%s): %w: %w (%w)", e.Namespace, t.Lease, t.Value, ttl, ErrLeaseLost, ErrEtcdUnavailable, err)
+		}
 	}
-	if err != nil {
+}
+
+// watch is WatchHeld of t's lease key from rev, never returning a
+// transient error: one ends only UntilLost's watch, and its reads go on.
+func (e EtcdHeld) watch(ctx context.Context, t Token, rev int64) error {
+	err := WatchHeld(ctx, e.Client, etcdkeys.LeaseKey(etcdkeys.OrDefault(e.Prefix), e.Namespace, t.Lease), t.Value, rev)
+	if errors.Is(err, ErrLeaseLost) {
 		return err
 	}
-	return WatchHeld(ctx, e.Client, etcdkeys.LeaseKey(etcdkeys.OrDefault(e.Prefix), e.Namespace, t.Lease), t.Value, rev)
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 // StatusHeld checks grants in the Lease's status, for a pod without etcd
@@ -136,34 +192,61 @@ func (s StatusHeld) misconfigured() error {
 
 // Held reads the Lease now.
 func (s StatusHeld) Held(ctx context.Context, t Token) error {
+	_, err := s.read(ctx, t)
+	return err
+}
+
+// read reads the Lease and returns its TTL while its status names t's
+// grant held by this pod.
+func (s StatusHeld) read(ctx context.Context, t Token) (time.Duration, error) {
 	if err := s.misconfigured(); err != nil {
-		return err
+		return 0, err
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: t.Lease}, lease); err != nil {
-		return err
+		return 0, err
 	}
 	if lease.Status.Token != t.Value || lease.Status.HolderUID != s.PodUID {
-		return fmt.Errorf("lease %s/%s is held by %s (uid %s) under token %d, not by this pod under token %d: %w",
+		return 0, fmt.Errorf("lease %s/%s is held by %s (uid %s) under token %d, not by this pod under token %d: %w",
 			s.Namespace, t.Lease, lease.Status.Holder, lease.Status.HolderUID, lease.Status.Token, t.Value, ErrLeaseLost)
 	}
-	return nil
+	if lease.Spec.TTLSeconds > 0 {
+		return time.Duration(lease.Spec.TTLSeconds) * time.Second, nil
+	}
+	return unknownGrantTTL, nil
 }
 
-// UntilLost polls the Lease until its status stops naming t's grant.
+// UntilLost polls the Lease until its status stops naming t's grant. Once
+// no read has confirmed it for a whole TTL (the apiserver unreachable),
+// the grant may have expired in etcd and gone to another pod, so it counts
+// as lost, with an error wrapping ErrLeaseLost. Until a first read
+// answers, that TTL is taken as 15 s, a Lease's default.
 func (s StatusHeld) UntilLost(ctx context.Context, t Token) error {
 	every := s.Interval
 	if every <= 0 {
 		every = time.Second
 	}
+	lastOK, ttl := time.Now(), unknownGrantTTL
 	for {
-		if err := s.Held(ctx, t); errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrMisconfigured) {
+		deadline := lastOK.Add(ttl)
+		sent := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		got, err := s.read(rctx, t)
+		cancel()
+		switch {
+		case err == nil:
+			lastOK, ttl = sent, got
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrMisconfigured):
 			return err
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !time.Now().Before(deadline):
+			return fmt.Errorf("lease %s/%s: no read of its status confirmed the grant of token %d for its TTL (%s): %w (%w)", s.Namespace, t.Lease, t.Value, ttl, ErrLeaseLost, err)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(every):
+		case <-time.After(min(every, time.Until(lastOK.Add(ttl)))):
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,4 +271,94 @@ type countingSource struct{ n atomic.Int32 }
 func (c *countingSource) Token(context.Context) (Token, error) {
 	c.n.Add(1)
 	return Token{Lease: "report", Value: 1}, nil
+}
+
+// A pod cut off from etcd by a path that drops its packets (connections
+// stay open, nothing answers), whose Downward API file no longer changes
+// (a kubelet stopped): EtcdHeld counts a grant no read has confirmed for
+// a whole TTL as lost, since etcd may have expired it and granted it to
+// another pod. Its watch and reads alone waited for ever, and the work
+// went on under the old token.
+func TestEtcdHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
+	endpoint := startEtcd(t)
+	admin := connect(t, endpoint)
+	p := newProxy(t, strings.TrimPrefix(endpoint, "http://"))
+	t.Cleanup(p.flow)
+	pod := connect(t, p.URL())
+	ctx := context.Background()
+	l, err := admin.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := Token{Lease: "report", Value: putGrant(t, admin, "ns", "report", `{"holder":"a","holderUID":"uid-a","ttlSeconds":2}`, l.ID)}
+	src := Verified{Source: staticSource{tok}, Check: EtcdHeld{Client: pod, Prefix: prefix, Namespace: "ns", PodUID: "uid-a"}}
+	running := make(chan context.Context, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(ctx, src, "report", 100*time.Millisecond, func(ctx context.Context, _ Token) error {
+			running <- ctx
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	var work context.Context
+	select {
+	case work = <-running:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the work never started under a live grant")
+	}
+	p.stall()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) || !errors.Is(err, ErrEtcdUnavailable) {
+			t.Fatalf("RunExclusive cut off from etcd: %v, want ErrLeaseLost and ErrEtcdUnavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the work went on 30 s after etcd fell silent, with a 2 s TTL")
+	}
+	if cause := context.Cause(work); !errors.Is(cause, ErrLeaseLost) {
+		t.Fatalf("the work's context ended with %v, want ErrLeaseLost", cause)
+	}
+}
+
+// silentAPI is a client.Reader whose Gets fail while off is set, as an
+// apiserver the pod cannot reach.
+type silentAPI struct {
+	client.Reader
+	off atomic.Bool
+}
+
+func (u *silentAPI) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if u.off.Load() {
+		return errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+	}
+	return u.Reader.Get(ctx, key, obj, opts...)
+}
+
+// The same with the status check: a pod that cannot reach the apiserver
+// counts a grant no read has confirmed for the Lease's TTL as lost.
+func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
+	l := statusLease("w-0", "me", 9)
+	l.Spec.TTLSeconds = 1
+	c := &silentAPI{Reader: fakeClient(l)}
+	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, _ Token) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	c.off.Store(true)
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("RunExclusive with the apiserver unreachable: %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the work went on 30 s after the apiserver fell silent, with a 1 s TTL")
+	}
 }
