@@ -9,16 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
-	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
-	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // An IDRange stored before the CRD refused a negative min still reaches the
@@ -80,27 +77,9 @@ func TestFinalizeOfARangeNoLongerThereReleasesNothing(t *testing.T) {
 // delete may not have reached the cache, and the next-ID key must go all
 // the same (and stay when the API server no longer has the opt-in).
 func TestFinalizeTakesTheDeleteNextOptInFromTheAPIServer(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := fencerv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	e := testenv.StartSecureEtcd(t, etcdkeys.DefaultPrefix)
-	cli := e.Client(t, "manager")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	elector := etcdstore.NewElector(cli, etcdkeys.DefaultPrefix, "test", 5*time.Second)
-	go func() { _ = elector.Start(ctx) }()
-	for _, err := elector.Term(); err != nil; _, err = elector.Term() {
-		select {
-		case <-elector.Changed():
-		case <-time.After(10 * time.Second):
-			t.Fatal("no etcd term")
-		}
-	}
-	store := etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, nil)
+	scheme := apiScheme(t)
+	cli, store, elector := storeWithTerm(t)
+	ctx := context.Background()
 	next := etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, "ns", "ids")
 	for name, tc := range map[string]struct {
 		cached, live map[string]string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,17 +24,34 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 		return err
 	}
 	byUID := map[string]etcdstore.Slot{}
+	inRange := 0
 	for _, sl := range live {
 		slotKey := etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
 		pod := podByUID(pods, sl.PodUID)
-		if pod == nil || !slotQualifies(pod) {
+		switch {
+		case sl.N < rng.Spec.Min || sl.N > rng.Spec.Max:
+			// A slot leased under an earlier range of this name (deleted,
+			// its finalizer removed by hand, and created again smaller
+			// within the slot's TTL): its worker ID may belong to another
+			// range now. Its pod gets one of this range's slots.
+			// Said once: while this manager renewed it, or while its pod's
+			// annotation still names it.
+			if r.Renewer.Renewing(slotKey, sl.LeaseID) || (pod != nil && strings.HasPrefix(pod.Annotations[key], fmt.Sprintf("slot=%d,", sl.N))) {
+				r.Renewer.Stop(slotKey)
+				metrics.IDRangeRepairs.WithLabelValues("slot_out_of_range").Inc()
+				out.event(corev1.EventTypeWarning, "SlotOutOfRange", "slot %d of %s lies outside [%d, %d]: it is no longer renewed, and expires with its etcd lease; the pod gets a slot in the range", sl.N, sl.Pod, rng.Spec.Min, rng.Spec.Max)
+			}
+			continue
+		case pod == nil || !slotQualifies(pod):
 			if r.Renewer.Renewing(slotKey, sl.LeaseID) {
 				r.Renewer.Stop(slotKey)
 				metrics.IDRangeRepairs.WithLabelValues("slot_without_pod").Inc()
 				out.event(corev1.EventTypeNormal, "SlotFreed", "slot %d of %s is no longer renewed; it returns to the pool when its etcd lease expires", sl.N, sl.Pod)
 			}
+			inRange++
 			continue
 		}
+		inRange++
 		byUID[sl.PodUID] = sl
 		r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
 	}
@@ -63,6 +81,7 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 			}
 			sl = *got
 			live = append(live, sl)
+			inRange++
 			byUID[sl.PodUID] = sl
 			r.Renewer.Ensure(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
 		}
@@ -72,9 +91,9 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 		}
 	}
 	size := rng.Spec.Max - rng.Spec.Min + 1
-	rng.Status.SlotsInUse = int32(len(live))
-	rng.Status.Remaining = max(size-int64(len(live)), 0)
-	metrics.IDRangeSlotsInUse.WithLabelValues(rng.Namespace, rng.Name).Set(float64(len(live)))
+	rng.Status.SlotsInUse = int32(inRange)
+	rng.Status.Remaining = max(size-int64(inRange), 0)
+	metrics.IDRangeSlotsInUse.WithLabelValues(rng.Namespace, rng.Name).Set(float64(inRange))
 	exhausted(rng, len(waiting) > 0, waiting, out, "all %d slots are leased", size)
 	return nil
 }

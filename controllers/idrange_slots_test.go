@@ -1,0 +1,123 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/internal/etcdstore"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
+)
+
+// storeWithTerm is a Store on a real etcd with TLS and auth, whose elector
+// holds the term, and the manager's client to that etcd.
+func storeWithTerm(t *testing.T) (*clientv3.Client, *etcdstore.Store, *etcdstore.Elector) {
+	t.Helper()
+	e := testenv.StartSecureEtcd(t, etcdkeys.DefaultPrefix)
+	cli := e.Client(t, "manager")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	elector := etcdstore.NewElector(cli, etcdkeys.DefaultPrefix, "test", 5*time.Second)
+	go func() { _ = elector.Start(ctx) }()
+	for _, err := elector.Term(); err != nil; _, err = elector.Term() {
+		select {
+		case <-elector.Changed():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no etcd term")
+		}
+	}
+	return cli, etcdstore.NewStore(cli, etcdkeys.DefaultPrefix, elector, nil), elector
+}
+
+// apiScheme knows core objects and fencer's.
+func apiScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
+}
+
+// A Slots IDRange deleted with its finalizer removed by hand, and created
+// again under its name with a smaller max within the slot TTL: a pod's
+// live slot of the old range lies outside [min, max], and its worker ID
+// may now belong to another range. It is no longer renewed, with a
+// Warning, and the pod gets a slot in the range; the status counts only
+// the range's own slots. (It was renewed and annotated as before.)
+func TestASlotOutsideTheRangeIsReplaced(t *testing.T) {
+	cli, store, elector := storeWithTerm(t)
+	ctx := context.Background()
+	l, err := cli.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey := etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "ids", 900)
+	if _, err := cli.Put(ctx, oldKey, `{"pod":"p","podUID":"uid-p"}`, clientv3.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	key := fencerv1.IDRangeAnnotationPrefix + "ids"
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Labels: map[string]string{"app": "x"},
+		Annotations: map[string]string{key: "slot=900,token=3"}}}
+	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod).Build()
+	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
+	r.APIReader = api
+	r.Renewer.Ensure(oldKey, l.ID, time.Now()) // this manager renewed it for the old range
+	rng := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", UID: "new"},
+		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: 0, Max: 15, SlotTTLSeconds: ptr.To[int32](10),
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
+	var out outcome
+	if err := r.slots(ctx, rng, []corev1.Pod{*pod}, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := &corev1.Pod{}
+	if err := api.Get(ctx, client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	var n, token int64
+	if _, err := fmt.Sscanf(got.Annotations[key], "slot=%d,token=%d", &n, &token); err != nil || n < 0 || n > 15 {
+		t.Fatalf("the pod's annotation %q: want a slot in [0, 15] (%v)", got.Annotations[key], err)
+	}
+	if r.Renewer.Renewing(oldKey, l.ID) {
+		t.Error("slot 900, outside the range, is still renewed")
+	}
+	if rng.Status.SlotsInUse != 1 || rng.Status.Remaining != 15 {
+		t.Errorf("status: %d slots in use, %d remaining; want 1 and 15 (slot 900 is not the range's)", rng.Status.SlotsInUse, rng.Status.Remaining)
+	}
+	warned := 0
+	for _, ev := range out.events {
+		if ev.reason == "SlotOutOfRange" && strings.Contains(ev.note, "slot 900") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("events %+v: want one SlotOutOfRange naming slot 900", out.events)
+	}
+	// The next pass finds the pod on its new slot, and says nothing more.
+	var again outcome
+	if err := r.slots(ctx, rng, []corev1.Pod{*got}, &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range again.events {
+		if ev.reason == "SlotOutOfRange" {
+			t.Errorf("the next pass warned again: %+v", ev)
+		}
+	}
+}
