@@ -63,6 +63,10 @@ type Blocks struct {
 	ctx   context.Context // ends at Close, stopping any fetch
 	close context.CancelFunc
 
+	// claimedTo is the highest next this allocator set (its last block's
+	// last ID + 1): a next read below it is etcd gone back.
+	claimedTo atomic.Int64
+
 	cur  atomic.Pointer[segment]
 	mu   sync.Mutex // guards swapping segments and the prefetch below
 	pre  *segment   // a prefetched block, or nil
@@ -200,16 +204,28 @@ func (b *Blocks) adapt(used *segment) {
 	}
 }
 
+// raiseClaimedTo records next as set by this allocator, if it is the
+// highest yet (a prefetch and a slow path may claim at once).
+func (b *Blocks) raiseClaimedTo(next int64) {
+	for {
+		cur := b.claimedTo.Load()
+		if next <= cur || b.claimedTo.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
 // claim takes the next block with the shared Claim transaction, without the
 // controller's election fence, which concerns only the controller.
 func (b *Blocks) claim(ctx context.Context, size int64) (*segment, error) {
-	c := Claim{Cli: b.cli, Key: b.key, Min: b.opts.Min, Max: b.opts.Max, Size: size}
 	for {
+		c := Claim{Cli: b.cli, Key: b.key, Min: b.opts.Min, Max: b.opts.Max, Size: size, Seen: b.claimedTo.Load()}
 		blk, claimed, _, err := c.Try(ctx)
 		if err != nil {
 			return nil, err
 		}
 		if claimed {
+			b.raiseClaimedTo(blk.Last + 1)
 			s := &segment{first: blk.First, last: blk.Last, prefetchAt: blk.First + (blk.Last-blk.First+1)/10, claimedAt: time.Now()}
 			s.next.Store(blk.First)
 			return s, nil

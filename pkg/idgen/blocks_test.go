@@ -177,6 +177,64 @@ func TestExhaustionAndShortFinalBlock(t *testing.T) {
 	}
 }
 
+// etcd restored from a snapshot taken before this allocator's last claims
+// (or replaced by an empty one) puts the next-ID key back, or removes it:
+// the allocator's next claim would take a block it issued already. It
+// refuses with ErrNextWentBack instead, and no ID is issued twice.
+func TestAnAllocatorRefusesANextThatWentBack(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	a, err := NewBlocks(cli, BlockOptions{Namespace: "ns", Name: "restored", Min: 0, Max: 1000, BlockSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	key := etcdkeys.IDRangeNextKey(etcdkeys.DefaultPrefix, "ns", "restored")
+	for _, tc := range []struct {
+		name    string
+		restore func() error
+		repair  int64
+	}{
+		{"put back", func() error { _, err := cli.Put(ctx, key, "0"); return err }, 300},
+		{"gone empty", func() error { _, err := cli.Delete(ctx, key); return err }, 600},
+	} {
+		name, restore := tc.name, tc.restore
+		seen := map[int64]bool{}
+		for i := 0; ; i++ {
+			if i == 12 {
+				if err := restore(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			id, err := a.Next(ctx)
+			if errors.Is(err, ErrNextWentBack) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: Next: %v", name, err)
+			}
+			if seen[id] {
+				t.Fatalf("%s: ID %d issued twice", name, id)
+			}
+			seen[id] = true
+			if i > 100 {
+				t.Fatalf("%s: 100 IDs after the next-ID key went back, and no refusal", name)
+			}
+		}
+		if _, err := a.Next(ctx); !errors.Is(err, ErrNextWentBack) {
+			t.Fatalf("%s: the Next after the refusal: %v, want ErrNextWentBack again", name, err)
+		}
+		// The repair (docs/operations.md) sets the key past every issued
+		// ID: claims go on from there.
+		if _, err := cli.Put(ctx, key, strconv.FormatInt(tc.repair, 10)); err != nil {
+			t.Fatal(err)
+		}
+		if id, err := a.Next(ctx); err != nil || id < tc.repair {
+			t.Fatalf("%s: Next after the repair: %d, %v; want an ID from %d", name, id, err, tc.repair)
+		}
+	}
+}
+
 // A range that ends just below MaxInt64 stays exhausted however often Next
 // is called after: the counter past the end wraps at the top of int64, and
 // a wrapped counter must not hand out negative IDs.

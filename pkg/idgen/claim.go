@@ -2,6 +2,7 @@ package idgen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -30,7 +31,18 @@ type Claim struct {
 	// Record, when set, gives writes that commit with the claim of b (the
 	// controller's record of whom the block is for).
 	Record func(b Block) ([]clientv3.Op, error)
+	// Seen is the highest next the claimer has set itself, 0 for none: a
+	// next read below it means etcd went back (restored from an older
+	// snapshot), and every block above it may have been issued already.
+	// The claim is refused with ErrNextWentBack.
+	Seen int64
 }
+
+// ErrNextWentBack refuses a claim whose next-ID key reads below a value
+// the claimer itself set: etcd went back in time (restored from an older
+// snapshot, or replaced by an empty one), and the IDs between may have
+// been issued. See docs/operations.md, restoring etcd.
+var ErrNextWentBack = errors.New("idgen: the IDRange's next-ID key went back below a value this allocator set (etcd restored from an older snapshot?); IDs above it may have been issued already")
 
 // Try makes one attempt. claimed is false when the transaction failed:
 // another claimer moved next first, or a guard failed (resp says which).
@@ -44,6 +56,9 @@ func (c Claim) Try(ctx context.Context) (b Block, claimed bool, resp *clientv3.T
 	next, modRev, err := c.ReadNext(ctx)
 	if err != nil {
 		return Block{}, false, nil, err
+	}
+	if next < c.Seen {
+		return Block{}, false, nil, fmt.Errorf("%w: %s reads %d, below %d", ErrNextWentBack, c.Key, next, c.Seen)
 	}
 	if next > c.Max {
 		return Block{First: next}, false, nil, ErrExhausted

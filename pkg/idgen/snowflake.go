@@ -220,8 +220,17 @@ func (g *Snowflake) Next(ctx context.Context) (int64, error) {
 	if g.lost.Load() {
 		return 0, ErrSlotLost
 	}
+	// Before tick and the reservation: a clock far ahead (past the layout's
+	// end) would otherwise reserve the slot's clock key that far, and every
+	// later holder of the slot would wait, or refuse, until then.
+	if err := g.inLayout(g.nowMs()); err != nil {
+		return 0, err
+	}
 	ms, err := g.tick(ctx)
 	if err != nil {
+		return 0, err
+	}
+	if err := g.inLayout(ms); err != nil {
 		return 0, err
 	}
 	if ms > g.reserved {
@@ -229,10 +238,17 @@ func (g *Snowflake) Next(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 	}
-	if ms >= 1<<TimeBits {
-		return 0, errors.New("idgen: the snowflake layout has run out of time bits")
-	}
 	return ms<<(WorkerBits+SeqBits) | g.o.Slot<<SeqBits | g.seq, nil
+}
+
+// inLayout refuses a millisecond the layout's time bits cannot hold: before
+// Epoch, or 2^TimeBits ms after it (the clock set wrong, most likely).
+func (g *Snowflake) inLayout(ms int64) error {
+	if ms < 0 || ms >= 1<<TimeBits {
+		return fmt.Errorf("idgen: the clock reads %s, outside the snowflake layout's time (from %s, for 2^%d ms): no ID issued, nothing reserved",
+			g.o.Now().UTC().Format(time.RFC3339), Epoch.UTC().Format(time.RFC3339), TimeBits)
+	}
+	return nil
 }
 
 // tick advances to the millisecond and sequence of the next ID: the

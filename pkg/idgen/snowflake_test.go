@@ -56,6 +56,27 @@ func TestLayoutLastsPast2100(t *testing.T) {
 	}
 }
 
+// A clock past the layout's time (set far ahead) issues no ID, and
+// reserves nothing: the slot's clock key written that far ahead made every
+// later holder of the slot refuse, as a clock gone back, until then.
+func TestAClockPastTheLayoutReservesNothing(t *testing.T) {
+	cli := startEtcd(t)
+	tok := leaseSlot(t, cli, 7)
+	ctx := context.Background()
+	at := Epoch.Add(time.Duration(1<<TimeBits) * time.Millisecond).Add(time.Hour)
+	c := &clock{now: at}
+	wrong := newGen(t, cli, 7, tok, c.Now)
+	if id, err := wrong.Next(ctx); err == nil || !strings.Contains(err.Error(), "outside the snowflake layout") {
+		t.Fatalf("Next at %s: %d, %v; want a refusal naming the layout", at, id, err)
+	}
+	wrong.Close()
+	// A generator with a right clock, after them, starts at once.
+	g := newGen(t, cli, 7, tok, nil)
+	if _, err := g.Next(ctx); err != nil {
+		t.Fatalf("Next with a right clock after the wrong ones: %v", err)
+	}
+}
+
 func TestTwoSlotsNeverCollide(t *testing.T) {
 	cli := startEtcd(t)
 	a := newGen(t, cli, 1, leaseSlot(t, cli, 1), nil)
