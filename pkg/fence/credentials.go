@@ -75,10 +75,29 @@ func LoadEtcdAccess(dir string) (EtcdAccess, error) {
 				MinVersion: tls.VersionTLS12,
 				RootCAs:    pool,
 				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-					pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+					d := pairDir(dir)
+					pair, err := tls.LoadX509KeyPair(filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key"))
 					return &pair, err
 				},
 			},
+			// A connection whose packets are dropped is found dead, and
+			// replaced, instead of holding every call until its deadline.
+			DialKeepAliveTime:    10 * time.Second,
+			DialKeepAliveTimeout: 5 * time.Second,
 		},
 	}, nil
+}
+
+// pairDir is the directory to read the certificate and its key from as one
+// snapshot. A Secret volume keeps its files in a timestamped directory that
+// its ..data link names, and the kubelet swaps that link when the Secret
+// changes: reading both files through one resolution of the link never
+// pairs a renewed certificate with the old key, as two reads through
+// dir/tls.crt and dir/tls.key could. A dir that is no Secret volume is
+// read as it is.
+func pairDir(dir string) string {
+	if d, err := filepath.EvalSymlinks(filepath.Join(dir, "..data")); err == nil {
+		return d
+	}
+	return dir
 }

@@ -21,8 +21,8 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 			return err // a Verified source's check, which a pod not yet holding never reaches
 		}
 	}
-	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) {
-		return err // Watch would retry it forever
+	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) || errors.Is(err, ErrMalformedToken) {
+		return err // Watch would wait for ever: fix the configuration, or the hand-patched annotation
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

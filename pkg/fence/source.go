@@ -46,6 +46,12 @@ var ErrNotHolder = errors.New("this pod does not hold the lease")
 // pod's UID, say): no retry will help. RunExclusive returns it at once.
 var ErrMisconfigured = errors.New("fence: misconfigured")
 
+// ErrMalformedToken means the pod's token annotation (or its etcd lease ID
+// annotation) holds something that is not one: fencer never writes such a
+// value, so someone patched the pod by hand. Watch reads it as not
+// holding the lease, and RunExclusive returns it at once.
+var ErrMalformedToken = errors.New("fence: the token annotation holds no fencing token")
+
 // errNoAPIClient: a source or check that reads the API was given no client
 // (a nil interface would panic at the first read, in a goroutine no caller
 // can recover).
@@ -111,12 +117,12 @@ func TokenFromAnnotations(annotations map[string]string, lease string) (Token, e
 	}
 	v, err := fencerv1alpha1.ParseToken(raw)
 	if err != nil || v <= 0 {
-		return Token{}, fmt.Errorf("annotation %s%s is %q, not a fencing token", TokenAnnotationPrefix, lease, raw)
+		return Token{}, fmt.Errorf("annotation %s%s is %q: %w", TokenAnnotationPrefix, lease, truncate(raw), ErrMalformedToken)
 	}
 	t := Token{Lease: lease, Value: v}
 	if id, ok := annotations[LeaseIDAnnotationPrefix+lease]; ok {
 		if t.LeaseID, err = fencerv1alpha1.ParseToken(id); err != nil {
-			return Token{}, fmt.Errorf("annotation %s%s is %q, not an etcd lease ID", LeaseIDAnnotationPrefix, lease, id)
+			return Token{}, fmt.Errorf("annotation %s%s is %q, not an etcd lease ID: %w", LeaseIDAnnotationPrefix, lease, truncate(id), ErrMalformedToken)
 		}
 	}
 	return t, nil
@@ -188,8 +194,9 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 
 // Watch polls src every interval (1 s if interval is not positive) and
 // sends each change: a new token, or the zero Token (with Lease set) when
-// the pod stops holding the lease. The channel closes when ctx ends. Read
-// errors other than ErrNotHolder are retried at the next tick.
+// the pod stops holding the lease, or its token annotation is malformed
+// (ErrMalformedToken: no token can be trusted from it). The channel closes
+// when ctx ends. Other read errors are retried at the next tick.
 func Watch(ctx context.Context, src Source, lease string, interval time.Duration) <-chan Token {
 	if interval <= 0 {
 		interval = time.Second // not a busy loop against the file or the apiserver
@@ -200,7 +207,7 @@ func Watch(ctx context.Context, src Source, lease string, interval time.Duration
 		last, first := Token{}, true
 		for {
 			t, err := src.Token(ctx)
-			if errors.Is(err, ErrNotHolder) {
+			if errors.Is(err, ErrNotHolder) || errors.Is(err, ErrMalformedToken) {
 				t, err = Token{Lease: lease}, nil
 			}
 			if err == nil && (first || t != last) {

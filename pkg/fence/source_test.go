@@ -79,8 +79,40 @@ func TestFileSource(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="-3"`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.Token(ctx); err == nil || !strings.Contains(err.Error(), `annotation lease.fencer.io/report is "-3", not a fencing token`) {
-		t.Fatalf("negative token: %v", err)
+	if _, err := src.Token(ctx); !errors.Is(err, ErrMalformedToken) || !strings.Contains(err.Error(), `annotation lease.fencer.io/report is "-3"`) {
+		t.Fatalf("negative token: %v, want ErrMalformedToken naming the value", err)
+	}
+}
+
+// A token annotation patched by hand into something that is no token
+// ("12x") is an error RunExclusive returns at once, not a wait for ever;
+// patched so mid-tenure, it ends the work as a loss: no token can be
+// trusted from it.
+func TestRunExclusiveAndAMalformedTokenAnnotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "annotations")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := FileSource{Path: path, Lease: "report"}
+	ran := false
+	write(`lease.fencer.io/report="12x"` + "\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := RunExclusive(ctx, src, "report", 10*time.Millisecond, func(context.Context, Token) error { ran = true; return nil })
+	if !errors.Is(err, ErrMalformedToken) || ran {
+		t.Fatalf("RunExclusive on a malformed annotation: ran %v, %v; want ErrMalformedToken at once", ran, err)
+	}
+	write(`lease.fencer.io/report="12"` + "\n")
+	err = RunExclusive(ctx, src, "report", 10*time.Millisecond, func(ctx context.Context, tok Token) error {
+		write(`lease.fencer.io/report="12x"` + "\n")
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("RunExclusive whose annotation became malformed: %v, want ErrLeaseLost", err)
 	}
 }
 
