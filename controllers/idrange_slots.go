@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,14 +32,15 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 			// A slot leased under an earlier range of this name (deleted,
 			// its finalizer removed by hand, and created again smaller
 			// within the slot's TTL): its worker ID may belong to another
-			// range now. Its pod gets one of this range's slots.
-			// Said once: while this manager renewed it, or while its pod's
-			// annotation still names it.
-			if r.Renewer.Renewing(slotKey, sl.LeaseID) || (pod != nil && strings.HasPrefix(pod.Annotations[key], fmt.Sprintf("slot=%d,", sl.N))) {
-				r.Renewer.Stop(slotKey)
-				metrics.IDRangeRepairs.WithLabelValues("slot_out_of_range").Inc()
-				out.event(corev1.EventTypeWarning, "SlotOutOfRange", "slot %d of %s lies outside [%d, %d]: it is no longer renewed, and expires with its etcd lease; the pod gets a slot in the range", sl.N, sl.Pod, rng.Spec.Min, rng.Spec.Max)
+			// range now. It is released at once, which fences its
+			// generator off now, not one TTL later; its pod gets one of
+			// this range's slots.
+			r.Renewer.Stop(slotKey)
+			if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, []etcdstore.Slot{sl}); err != nil {
+				return err
 			}
+			metrics.IDRangeRepairs.WithLabelValues("slot_out_of_range").Inc()
+			out.event(corev1.EventTypeWarning, "SlotOutOfRange", "slot %d of %s lies outside [%d, %d]: released; the pod gets a slot in the range", sl.N, sl.Pod, rng.Spec.Min, rng.Spec.Max)
 			continue
 		case pod == nil || !slotQualifies(pod):
 			if r.Renewer.Renewing(slotKey, sl.LeaseID) {

@@ -59,7 +59,7 @@ func apiScheme(t *testing.T) *runtime.Scheme {
 // A Slots IDRange deleted with its finalizer removed by hand, and created
 // again under its name with a smaller max within the slot TTL: a pod's
 // live slot of the old range lies outside [min, max], and its worker ID
-// may now belong to another range. It is no longer renewed, with a
+// may now belong to another range. It is released at once, with a
 // Warning, and the pod gets a slot in the range; the status counts only
 // the range's own slots. (It was renewed and annotated as before.)
 func TestASlotOutsideTheRangeIsReplaced(t *testing.T) {
@@ -97,6 +97,9 @@ func TestASlotOutsideTheRangeIsReplaced(t *testing.T) {
 	}
 	if r.Renewer.Renewing(oldKey, l.ID) {
 		t.Error("slot 900, outside the range, is still renewed")
+	}
+	if resp, err := cli.Get(ctx, oldKey); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("slot 900, outside the range, is still there (%v): its generator is not fenced off", err)
 	}
 	if rng.Status.SlotsInUse != 1 || rng.Status.Remaining != 15 {
 		t.Errorf("status: %d slots in use, %d remaining; want 1 and 15 (slot 900 is not the range's)", rng.Status.SlotsInUse, rng.Status.Remaining)

@@ -146,7 +146,7 @@ var (
 	// IDRangeRepairs counts drift the periodic repair fixed.
 	IDRangeRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencer_idrange_repairs_total",
-		Help: "Drift between pod annotations and etcd that the IDRange controller fixed. Label kind: annotation_without_slot (a pod's slot annotation had no live slot; a new slot was leased), block_not_claimed (a Blocks pod's annotation was not a block claimed for it: forged, copied or damaged; its own block was restored or a new one claimed), block_removed (a Blocks pod's annotation was removed; its own block was restored), slot_out_of_range (a live slot lies outside the IDRange's [min, max], left by an earlier IDRange of the name; it is no longer renewed, and its pod gets a slot in the range), slot_without_pod (a live slot's pod is gone or finished; it is no longer renewed).",
+		Help: "Drift between pod annotations and etcd that the IDRange controller fixed. Label kind: annotation_without_slot (a pod's slot annotation had no live slot; a new slot was leased), block_not_claimed (a Blocks pod's annotation was not a block claimed for it: forged, copied or damaged; its own block was restored or a new one claimed), block_removed (a Blocks pod's annotation was removed; its own block was restored), slot_out_of_range (a live slot lies outside the IDRange's [min, max], left by an earlier IDRange of the name; it is released, and its pod gets a slot in the range), slot_without_pod (a live slot's pod is gone or finished; it is no longer renewed).",
 	}, []string{"kind"})
 )
 

@@ -118,7 +118,9 @@ func issuedGrant(keys, markers []*mvccpb.KeyValue) *mvccpb.KeyValue {
 }
 
 // Compare is the fence as etcd comparisons, all true exactly while t is
-// live: for a Lease's Token, CreateRevision(leaseKey) == t.Value; for a
+// live: for a Lease's Token, CreateRevision(leaseKey) == t.Value, Version
+// 1 and ModRevision(grant marker) == t.Value (a grant the controller
+// issued); for a
 // keyed lock's LockToken, its waiter key exists with that revision and no
 // older waiter remains. Combine them with your own comparisons in a
 // clientv3 Txn's If; NewTxn does that for the common case.

@@ -21,9 +21,10 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 			return err // a Verified source's check, which a pod not yet holding never reaches
 		}
 	}
-	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) || errors.Is(err, ErrMalformedToken) {
-		return err // Watch would wait for ever: fix the configuration, or the hand-patched annotation
+	if _, err := src.Token(ctx); errors.Is(err, ErrMisconfigured) {
+		return err // Watch would retry it forever
 	}
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	tokens := Watch(ctx, src, lease, poll)
@@ -31,7 +32,7 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 	for held.Value == 0 {
 		t, ok := <-tokens
 		if !ok {
-			return ctx.Err()
+			return notStarted(outer, src)
 		}
 		held = t
 	}
@@ -61,4 +62,17 @@ func RunExclusive(ctx context.Context, src Source, lease string, poll time.Durat
 		return cause
 	}
 	return err
+}
+
+// notStarted is the error of a RunExclusive whose ctx ended before the pod
+// held the lease: ctx's, and, when the source's last read was a token
+// annotation patched by hand into no token (which the controller repairs,
+// so RunExclusive waited), that too.
+func notStarted(ctx context.Context, src Source) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := src.Token(rctx); errors.Is(err, ErrMalformedToken) {
+		return fmt.Errorf("%w; the lease was never held: %w", ctx.Err(), err)
+	}
+	return ctx.Err()
 }

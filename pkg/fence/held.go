@@ -110,8 +110,10 @@ func (e EtcdHeld) read(ctx context.Context, t Token) (seenHeld, error) {
 // confirmed it for a whole TTL (etcd unreachable, or a watch stalled on a
 // connection that drops packets), the grant may have expired in etcd and
 // gone to another pod, so it counts as lost, with an error wrapping
-// ErrLeaseLost and ErrEtcdUnavailable. Until a first read answers, that
-// TTL is taken as 15 s, a Lease's default.
+// ErrLeaseLost and ErrEtcdUnavailable. A read that fails is tried again
+// within half a second, each bounded by a third of the TTL, so one etcd
+// member lost, or a leader election, costs no false loss. Until a first
+// read answers, the TTL is taken as 15 s, a Lease's default, from the call.
 func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
 	if err := e.misconfigured(); err != nil {
 		return err
@@ -121,7 +123,7 @@ func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
 	watched := make(chan error, 1)
 	watching := false
 	lastOK, ttl := time.Now(), unknownGrantTTL
-	for wait := time.Duration(0); ; wait = ttl / 3 {
+	for wait := time.Duration(0); ; {
 		deadline := lastOK.Add(ttl)
 		select {
 		case <-ctx.Done():
@@ -131,12 +133,12 @@ func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
 		case <-time.After(min(wait, time.Until(deadline))):
 		}
 		sent := time.Now()
-		rctx, rcancel := context.WithDeadline(ctx, deadline)
+		rctx, rcancel := context.WithTimeout(ctx, min(time.Until(deadline), ttl/3))
 		seen, err := e.read(rctx, t)
 		rcancel()
 		switch {
 		case err == nil:
-			lastOK, ttl = sent, seen.ttl
+			lastOK, ttl, wait = sent, seen.ttl, seen.ttl/3
 			if !watching {
 				watching = true
 				go func() { watched <- e.watch(ctx, t, seen.rev) }()
@@ -147,9 +149,10 @@ func (e EtcdHeld) UntilLost(ctx context.Context, t Token) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
-		if !time.Now().Before(lastOK.Add(ttl)) {
+		if !time.Now().Before(deadline) {
 			return fmt.Errorf("lease %s/%s: no read confirmed the grant of token %d for its TTL (%s): %w: %w (%w)", e.Namespace, t.Lease, t.Value, ttl, ErrLeaseLost, ErrEtcdUnavailable, err)
 		}
+		wait = min(500*time.Millisecond, ttl/3)
 	}
 }
 
@@ -210,17 +213,29 @@ func (s StatusHeld) read(ctx context.Context, t Token) (time.Duration, error) {
 		return 0, fmt.Errorf("lease %s/%s is held by %s (uid %s) under token %d, not by this pod under token %d: %w",
 			s.Namespace, t.Lease, lease.Status.Holder, lease.Status.HolderUID, lease.Status.Token, t.Value, ErrLeaseLost)
 	}
-	if lease.Spec.TTLSeconds > 0 {
-		return time.Duration(lease.Spec.TTLSeconds) * time.Second, nil
+	return grantTTL(lease), nil
+}
+
+// grantTTL is the TTL of the Lease's current grant: its status's
+// expireTime less renewTime, which the controller shows from the grant
+// itself; spec.ttlSeconds, which an edit applies only to the next grant,
+// when the status shows neither; 15 s when neither says.
+func grantTTL(l *fencerv1alpha1.Lease) time.Duration {
+	if r, x := l.Status.RenewTime, l.Status.ExpireTime; r != nil && x != nil && x.After(r.Time) {
+		return x.Sub(r.Time)
 	}
-	return unknownGrantTTL, nil
+	if l.Spec.TTLSeconds > 0 {
+		return time.Duration(l.Spec.TTLSeconds) * time.Second
+	}
+	return unknownGrantTTL
 }
 
 // UntilLost polls the Lease until its status stops naming t's grant. Once
 // no read has confirmed it for a whole TTL (the apiserver unreachable),
 // the grant may have expired in etcd and gone to another pod, so it counts
-// as lost, with an error wrapping ErrLeaseLost. Until a first read
-// answers, that TTL is taken as 15 s, a Lease's default.
+// as lost, with an error wrapping ErrLeaseLost. The TTL is the grant's, as
+// the status shows it (grantTTL); until a first read answers, 15 s, a
+// Lease's default, from the call.
 func (s StatusHeld) UntilLost(ctx context.Context, t Token) error {
 	every := s.Interval
 	if every <= 0 {

@@ -286,7 +286,9 @@ func TestEtcdHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	t.Cleanup(p.flow)
 	pod := connect(t, p.URL())
 	ctx := context.Background()
-	l, err := admin.Grant(ctx, 2)
+	// The grant says 2 s; its etcd lease lasts longer, so that only the
+	// silence, not an expiry the watch could see, ends the work.
+	l, err := admin.Grant(ctx, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,10 +338,15 @@ func (u *silentAPI) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 }
 
 // The same with the status check: a pod that cannot reach the apiserver
-// counts a grant no read has confirmed for the Lease's TTL as lost.
+// counts a grant no read has confirmed for the grant's TTL as lost. The
+// TTL is the grant's, as the status shows it (expireTime less renewTime),
+// not spec.ttlSeconds, which an edit (here from 1 s to 60 s) applies only
+// to the next grant.
 func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	l := statusLease("w-0", "me", 9)
-	l.Spec.TTLSeconds = 1
+	l.Spec.TTLSeconds = 60
+	renewed := time.Now()
+	l.Status.RenewTime, l.Status.ExpireTime = &metav1.MicroTime{Time: renewed}, &metav1.MicroTime{Time: renewed.Add(time.Second)}
 	c := &silentAPI{Reader: fakeClient(l)}
 	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
 	started := make(chan struct{})
@@ -359,6 +366,6 @@ func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 			t.Fatalf("RunExclusive with the apiserver unreachable: %v, want ErrLeaseLost", err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the work went on 30 s after the apiserver fell silent, with a 1 s TTL")
+		t.Fatal("the work went on 30 s after the apiserver fell silent, with a grant of 1 s")
 	}
 }

@@ -48,8 +48,9 @@ var ErrMisconfigured = errors.New("fence: misconfigured")
 
 // ErrMalformedToken means the pod's token annotation (or its etcd lease ID
 // annotation) holds something that is not one: fencer never writes such a
-// value, so someone patched the pod by hand. Watch reads it as not
-// holding the lease, and RunExclusive returns it at once.
+// value, so someone patched the pod by hand, and the controller puts it
+// right at its next pass. Watch reads it as not holding the lease;
+// RunExclusive waits, and says so if its ctx ends first.
 var ErrMalformedToken = errors.New("fence: the token annotation holds no fencing token")
 
 // errNoAPIClient: a source or check that reads the API was given no client

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -85,9 +86,10 @@ func TestFileSource(t *testing.T) {
 }
 
 // A token annotation patched by hand into something that is no token
-// ("12x") is an error RunExclusive returns at once, not a wait for ever;
-// patched so mid-tenure, it ends the work as a loss: no token can be
-// trusted from it.
+// ("12x") reads as not holding: RunExclusive waits for the controller to
+// put it right, and, if its ctx ends first, says why it never started
+// instead of a bare deadline. Patched so mid-tenure, it ends the work as
+// a loss: no token can be trusted from it.
 func TestRunExclusiveAndAMalformedTokenAnnotation(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "annotations")
 	write := func(s string) {
@@ -99,13 +101,25 @@ func TestRunExclusiveAndAMalformedTokenAnnotation(t *testing.T) {
 	src := FileSource{Path: path, Lease: "report"}
 	ran := false
 	write(`lease.fencer.io/report="12x"` + "\n")
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	err := RunExclusive(short, src, "report", 10*time.Millisecond, func(context.Context, Token) error { ran = true; return nil })
+	if !errors.Is(err, ErrMalformedToken) || !errors.Is(err, context.DeadlineExceeded) || ran {
+		t.Fatalf("RunExclusive on a malformed annotation: ran %v, %v; want the deadline, naming ErrMalformedToken", ran, err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := RunExclusive(ctx, src, "report", 10*time.Millisecond, func(context.Context, Token) error { ran = true; return nil })
-	if !errors.Is(err, ErrMalformedToken) || ran {
-		t.Fatalf("RunExclusive on a malformed annotation: ran %v, %v; want ErrMalformedToken at once", ran, err)
+	// The controller puts it right: the work starts under the token.
+	go func() { time.Sleep(100 * time.Millisecond); write(`lease.fencer.io/report="12"` + "\n") }()
+	err = RunExclusive(ctx, src, "report", 10*time.Millisecond, func(_ context.Context, tok Token) error {
+		if tok.Value != 12 {
+			return fmt.Errorf("ran under %+v", tok)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("RunExclusive once the annotation was put right: %v", err)
 	}
-	write(`lease.fencer.io/report="12"` + "\n")
 	err = RunExclusive(ctx, src, "report", 10*time.Millisecond, func(ctx context.Context, tok Token) error {
 		write(`lease.fencer.io/report="12x"` + "\n")
 		<-ctx.Done()
