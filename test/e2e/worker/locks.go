@@ -51,11 +51,16 @@ func (w *worker) lockLoop(ctx context.Context, n int) {
 		}
 		time.Sleep(w.interval / 2)
 		err = lk.Unlock(ctx)
-		if errors.Is(err, fence.ErrLockLost) {
+		// Gone for certain only when etcd answered: a lock lost before an
+		// Unlock that etcd did not answer says ErrLockLost and
+		// ErrEtcdUnavailable, and its keys may still be there until the
+		// background delete or its session's expiry.
+		gone := err == nil || (errors.Is(err, fence.ErrLockLost) && !errors.Is(err, fence.ErrEtcdUnavailable))
+		if gone && err != nil {
 			// Lost while held: a retried unlock, as a client library would send it.
 			w.staleUnlock(ctx, lk)
 		}
-		if err == nil || errors.Is(err, fence.ErrLockLost) {
+		if gone {
 			// Its waiter keys are gone, so a write under its tokens must be
 			// refused.
 			unlocked = recent(unlocked, lk.Tokens())
