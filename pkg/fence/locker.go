@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -178,7 +179,9 @@ func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOption
 }
 
 // Close ends the session, releasing every lock the Locker holds at once
-// (its etcd lease is revoked), and makes later Locks fail.
+// (its etcd lease is revoked), and makes later Locks fail. Closing again,
+// or a session etcd had already expired, is no error: its locks are gone
+// either way. A Close whose revoke etcd did not answer may be called again.
 func (l *Locker) Close(ctx context.Context) error {
 	l.close(errClosed) // first: no session is granted after this
 	l.mu.Lock()
@@ -189,9 +192,14 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	if _, err := l.cli.Revoke(rctx, sess.id); err != nil {
+	if _, err := l.cli.Revoke(rctx, sess.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("fence: revoking the lock session %x: %w", int64(sess.id), l.unavailable(rctx, err))
 	}
+	l.mu.Lock()
+	if l.sess == sess {
+		l.sess = nil
+	}
+	l.mu.Unlock()
 	return nil
 }
 

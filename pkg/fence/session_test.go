@@ -238,6 +238,31 @@ func TestCloseEndsLocksWithErrLockLost(t *testing.T) {
 	}
 }
 
+// Close is safe to call twice, and after etcd has already ended the
+// session: the locks are gone either way, and a deferred Close after an
+// explicit one must not report etcd's "lease not found" as a failure.
+func TestCloseTwiceAndAfterTheSessionExpired(t *testing.T) {
+	e := startLockEtcd(t)
+	ctx := context.Background()
+	l := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
+	mustLock(t, l, "k")
+	for i := range 2 {
+		if err := l.Close(ctx); err != nil {
+			t.Fatalf("Close #%d: %v", i+1, err)
+		}
+	}
+
+	gone := e.locker(t, e.client(t, "a", nil), "a", LockerOptions{})
+	lk := mustLock(t, gone, "k")
+	if _, err := e.mgr.Revoke(ctx, sessionOf(gone)); err != nil {
+		t.Fatal(err)
+	}
+	<-lk.Done()
+	if err := gone.Close(ctx); err != nil {
+		t.Fatalf("Close of a session etcd had ended: %v", err)
+	}
+}
+
 // A Lock racing Close fails with ErrLockerClosed, not with ErrLockLost
 // (nor ErrLockBusy) and not with a Lock: it never held. The Lock's nth transaction is held
 // back, and reaches etcd either after Close's revoke (its queueing, its
