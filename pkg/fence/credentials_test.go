@@ -1,42 +1,32 @@
 package fence
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/fencer-io/fencer/internal/identity"
 )
 
-// writePair writes a self-signed certificate for cn and its key into dir,
-// as tls.crt and tls.key, and the CA file (the certificate itself).
+// writePair writes into dir what a namespace's etcd credentials Secret
+// holds: a client certificate for cn and its key, as tls.crt and tls.key,
+// the CA that signed it, the endpoints and the prefix.
 func writePair(t *testing.T, dir, cn string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := identity.NewCA("test-ca", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	pair, err := ca.Issue(identity.Request{CommonName: cn}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	files := map[string][]byte{
-		"tls.crt":   certPEM,
-		"tls.key":   pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		"ca.crt":    certPEM,
+		"tls.crt":   pair.CertPEM,
+		"tls.key":   pair.KeyPEM,
+		"ca.crt":    ca.CertPEM,
 		"endpoints": []byte("https://127.0.0.1:2379"),
 		"prefix":    []byte("/fencer"),
 	}
