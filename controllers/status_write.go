@@ -96,8 +96,12 @@ func finish(ctx context.Context, c apiClient, rec events.EventRecorder, obj clie
 // kubectl touch), the status this reconcile started from (before) is still
 // the stored one, and its outcome still holds: the status is written onto
 // the fresh object, so its Events are not lost with a retry that would find
-// nothing left to do. A changed spec or status is a real conflict.
+// nothing left to do. A changed spec or status is a real conflict, and so
+// is another object of the same name (deleted and created again): its
+// generation and empty status can match before, but the outcome was
+// computed for its predecessor, whose grant it must never show.
 func writeStatus(ctx context.Context, c client.Client, obj client.Object, before any) error {
+	uid := obj.GetUID() // before the write: a failed write may still change obj
 	err := c.Status().Update(ctx, obj)
 	// The reads come from the cache, which may not have the racing write
 	// yet: a few short tries.
@@ -107,7 +111,7 @@ func writeStatus(ctx context.Context, c client.Client, obj client.Object, before
 		if !ok || c.Get(ctx, client.ObjectKeyFromObject(obj), fresh) != nil {
 			return err
 		}
-		if fresh.GetGeneration() != obj.GetGeneration() || !equality.Semantic.DeepEqual(statusOf(fresh).Interface(), reflect.ValueOf(before).Elem().Interface()) {
+		if fresh.GetUID() != uid || fresh.GetGeneration() != obj.GetGeneration() || !equality.Semantic.DeepEqual(statusOf(fresh).Interface(), reflect.ValueOf(before).Elem().Interface()) {
 			return err // the spec or the status moved on: reconcile again
 		}
 		statusOf(fresh).Set(statusOf(obj))

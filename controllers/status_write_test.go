@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -91,6 +92,56 @@ func TestStatusWriteConflictIsAQuietRetry(t *testing.T) {
 	}
 	if sent != "" {
 		t.Fatalf("finish sent %s, though the status was not written", sent)
+	}
+}
+
+// TestStatusWriteLandsOnlyOnTheObjectItWasComputedFor: a status write
+// that conflicts only because the Lease's metadata changed is written onto
+// the fresh object, but never onto another object of the same name. A
+// Lease deleted and created again between its grant and the status write
+// (no finalizer under --lease-delete-webhook, a WorkloadLease re-creating a
+// member, a deposed replica's late write) has generation 1 and an empty
+// status, as its predecessor had: the predecessor's grant written onto it,
+// and its token published to the holder pod, would record a grant etcd
+// never made for this Lease.
+func TestStatusWriteLandsOnlyOnTheObjectItWasComputedFor(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		storedUID  string
+		wantStatus bool
+	}{
+		{"the same Lease, its labels changed", "a", true},
+		{"a Lease created again under the name", "b", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stored := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: "ns", UID: types.UID(tc.storedUID), Generation: 1,
+				Labels: map[string]string{"touched": "yes"}}}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&fencerv1.Lease{}).WithObjects(stored).Build()
+			// What the reconcile read: Lease UID a, before the label was set
+			// (or before it was deleted), at an older resourceVersion.
+			read := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: "ns", UID: "a", Generation: 1, ResourceVersion: "1"}}
+			read.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencer.io", Version: "v1alpha1", Kind: "Lease"})
+			before := read.Status.DeepCopy()
+			read.Status.ObservedGeneration, read.Status.Holder, read.Status.Token = 1, "p", 7
+
+			published := false
+			out := outcome{afterStatus: func(context.Context) error { published = true; return nil }}
+			if _, err := finish(context.Background(), apiClientOf(c, nil), events.NewFakeRecorder(10), read, before, &read.Status, out); err != nil {
+				t.Fatalf("finish: %v", err)
+			}
+			now := &fencerv1.Lease{}
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "l"}, now); err != nil {
+				t.Fatal(err)
+			}
+			if written := now.Status.Token == 7; written != tc.wantStatus || published != tc.wantStatus {
+				t.Fatalf("the stored Lease (UID %s) has token %d, the pod was published to: %v; want the status written and published: %v",
+					now.UID, now.Status.Token, published, tc.wantStatus)
+			}
+		})
 	}
 }
 
