@@ -57,7 +57,7 @@ const DefaultDeletionGrace = 2 * time.Minute
 // webhook released the grant as it admitted the DELETE) this still covers
 // a Lease whose deletion waits on other finalizers or on its dependents.
 func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
-	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease)); err != nil || !res.IsZero() {
+	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease), lease.UID); err != nil || !res.IsZero() {
 		return res, err
 	}
 	return dropFinalizer(ctx, apiClientOf(r.Client, r.APIReader), lease, fencerv1.LeaseFinalizer)
@@ -129,7 +129,19 @@ func (r *LeaseReconciler) notBeingDeleted(ctx context.Context, lease *fencerv1.L
 // (no webhook was there to admit its DELETE, and no controller saw it go
 // before the new one came, as with kubectl replace --force). The new Lease
 // never takes it on; the next pass grants it anew, with a greater token.
+//
+// The apiserver, not the cache, first confirms that this Lease object is
+// the one of the name: a cache behind it (a new leader's) may still show
+// a Lease deleted since, and the grant then belongs to its successor.
 func (r *LeaseReconciler) dropPredecessorGrant(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant, out *outcome) error {
+	current, err := r.notBeingDeleted(ctx, lease)
+	if err != nil {
+		return err
+	}
+	if !current {
+		out.result.RequeueAfter = cacheCatchUp
+		return nil
+	}
 	out.event(corev1.EventTypeWarning, fencerv1.ReasonPredecessorGrant,
 		"etcd held token %d, granted to %s for an earlier Lease of this name (UID %s); it is released, and this Lease granted anew", g.Token, g.Holder, g.LeaseUID)
 	ctrl.LoggerFrom(ctx).Info("releasing the grant of an earlier Lease of this name", "token", g.Token, "leaseUID", g.LeaseUID)
@@ -157,14 +169,21 @@ func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (
 			return ctrl.Result{}, err
 		}
 	}
-	return r.releaseAll(ctx, name)
+	return r.releaseAll(ctx, name, "")
 }
 
 // releaseAll ends everything a deleted Lease held: its grant (conditional
 // delete and revoke, so its holder's Hold and WatchHeld end), its renewal,
 // its grant marker, the annotations of every pod that carries them, and
 // what the reconciler remembers of it. A zero Result means all is done.
-func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedName) (ctrl.Result, error) {
+//
+// uid is the deleted Lease object's, when the pass knows it (finalize): a
+// grant etcd records for another UID belongs to a Lease created again
+// under the name since, which a cache behind the apiserver (a new
+// leader's) still shows as the deleted one; that grant, its renewal and
+// its holder's annotation are the new Lease's, and stay. With no uid (gone:
+// the apiserver has no Lease of the name), whatever the name holds goes.
+func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedName, uid types.UID) (ctrl.Result, error) {
 	if _, err := r.Elector.Term(); err != nil {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
@@ -172,6 +191,10 @@ func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedN
 	g, err := r.Store.GetGrant(ctx, name.Namespace, name.Name)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if g != nil && uid != "" && g.LeaseUID != "" && g.LeaseUID != string(uid) {
+		ctrl.LoggerFrom(ctx).V(1).Info("the grant under this name is another Lease object's; it stays", "leaseUID", g.LeaseUID, "token", g.Token)
+		return ctrl.Result{}, nil
 	}
 	if g != nil {
 		lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name}}

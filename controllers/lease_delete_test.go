@@ -1,0 +1,108 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+)
+
+// A new leader's cache can lag the apiserver: it still shows Lease "l" as
+// the object deleted a moment ago (UID old), while the apiserver has the
+// Lease created again under the name (UID new), and etcd holds the new
+// Lease's grant. Neither pass over the stale object may release that
+// grant: not the grant pass, which takes a grant of another UID for a
+// predecessor's, and not the finalize pass of the deleted object. (Both
+// did: the holder's tenure ended early, its token changed across a
+// failover.)
+func TestAStaleCacheNeverReleasesTheGrantOfTheLeaseCreatedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deleting bool
+	}{
+		{"the grant pass", false},
+		{"the finalize pass", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, store, elector := storeWithTerm(t)
+			ctx := context.Background()
+			g, err := store.GrantLease(ctx, "ns", "l", "new", "p", "uid-p", 30*time.Second, time.Now())
+			if err != nil || g == nil {
+				t.Fatalf("granting the new Lease: %v, %v", g, err)
+			}
+			stale := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", UID: "old", Generation: 1,
+				Finalizers: []string{fencerv1.LeaseFinalizer}}, Spec: fencerv1.LeaseSpec{TTLSeconds: 30}}
+			if tc.deleting {
+				stale.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			}
+			current := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", UID: "new", Generation: 1,
+				Finalizers: []string{fencerv1.LeaseFinalizer}}, Spec: fencerv1.LeaseSpec{TTLSeconds: 30}}
+			cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(stale).Build()
+			api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(current).Build()
+			r := NewLeaseReconciler(cache, store, elector, nil, clock.RealClock{})
+			r.APIReader = api
+			if tc.deleting {
+				if _, err := r.finalize(ctx, stale); err != nil {
+					t.Logf("finalize: %v", err) // its finalizer write may fail: the object it read is gone
+				}
+			} else if _, err := r.reconcileGrant(ctx, stale); err != nil {
+				t.Fatalf("reconcileGrant: %v", err)
+			}
+			now, err := store.GetGrant(ctx, "ns", "l")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if now == nil || now.Token != g.Token {
+				t.Fatalf("etcd holds %+v after a pass over the stale Lease; want the new Lease's grant, token %d, kept", now, g.Token)
+			}
+		})
+	}
+}
+
+// The same passes over a cache that is right release what they should: a
+// grant recorded for an earlier Lease of the name is dropped by the grant
+// pass, and a deleted Lease's own grant by its finalize pass.
+func TestACurrentCacheReleasesThePredecessorsAndTheDeletedLeasesGrant(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		grantUID string
+		deleting bool
+	}{
+		{"the grant pass, a predecessor's grant", "old", false},
+		{"the finalize pass, the Lease's own grant", "l-uid", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, store, elector := storeWithTerm(t)
+			ctx := context.Background()
+			if _, err := store.GrantLease(ctx, "ns", "l", tc.grantUID, "p", "uid-p", 30*time.Second, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", UID: "l-uid", Generation: 1,
+				Finalizers: []string{fencerv1.LeaseFinalizer}}, Spec: fencerv1.LeaseSpec{TTLSeconds: 30}}
+			if tc.deleting {
+				lease.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			}
+			c := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(lease.DeepCopy()).Build()
+			r := NewLeaseReconciler(c, store, elector, nil, clock.RealClock{})
+			r.APIReader = c
+			var err error
+			if tc.deleting {
+				_, err = r.finalize(ctx, lease)
+			} else {
+				_, err = r.reconcileGrant(ctx, lease)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if now, err := store.GetGrant(ctx, "ns", "l"); err != nil || now != nil {
+				t.Fatalf("etcd holds %+v (%v); want the grant released", now, err)
+			}
+		})
+	}
+}
