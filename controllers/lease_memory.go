@@ -30,8 +30,10 @@ const grantBurstWindow = time.Second
 type leaseMemory struct {
 	mu sync.Mutex
 	// endAt is when a PodReady tenure whose holder stopped qualifying ends:
-	// one TTL after its last renewal.
-	endAt map[string]time.Time
+	// one TTL after its last renewal. It is kept with the tenure's token: a
+	// replica that loses its term while ending one grant, and leads again
+	// over another replica's later grant, must not end that one early.
+	endAt map[string]tenureEnding
 	// deletedAt is when the etcd watch saw a lease key go, for the failover
 	// duration metric.
 	deletedAt map[string]time.Time
@@ -56,7 +58,7 @@ type endedTenure struct {
 }
 
 func newLeaseMemory() *leaseMemory {
-	return &leaseMemory{endAt: map[string]time.Time{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}, yielded: map[string]bool{}, ended: map[string]endedTenure{}}
+	return &leaseMemory{endAt: map[string]tenureEnding{}, deletedAt: map[string]time.Time{}, refreshAt: map[string]time.Time{}, yielded: map[string]bool{}, ended: map[string]endedTenure{}}
 }
 
 // refreshInterval is when a held Lease's status is next refreshed. A Lease
@@ -134,14 +136,30 @@ func (m *leaseMemory) forgetRefresh(key string) {
 	delete(m.yielded, key)
 }
 
-// ending is when key's unrenewed tenure ends, if that was decided.
-func (m *leaseMemory) ending(key string) (time.Time, bool) { return lookup(m, m.endAt, key, false) }
+// tenureEnding is when the tenure under token ends.
+type tenureEnding struct {
+	token int64
+	at    time.Time
+}
 
-// setEnding records when key's unrenewed tenure ends.
-func (m *leaseMemory) setEnding(key string, at time.Time) { store(m, m.endAt, key, at, true) }
+// ending is when key's unrenewed tenure under token ends, if that was
+// decided.
+func (m *leaseMemory) ending(key string, token int64) (time.Time, bool) {
+	e, ok := lookup(m, m.endAt, key, false)
+	return e.at, ok && e.token == token
+}
 
-// takeEnding reports, and forgets, whether key's tenure was being ended.
-func (m *leaseMemory) takeEnding(key string) (time.Time, bool) { return lookup(m, m.endAt, key, true) }
+// setEnding records when key's unrenewed tenure under token ends.
+func (m *leaseMemory) setEnding(key string, token int64, at time.Time) {
+	store(m, m.endAt, key, tenureEnding{token: token, at: at}, true)
+}
+
+// takeEnding reports, and forgets, whether key's tenure under token was
+// being ended.
+func (m *leaseMemory) takeEnding(key string, token int64) (time.Time, bool) {
+	e, ok := lookup(m, m.endAt, key, true)
+	return e.at, ok && e.token == token
+}
 
 // clearEnding forgets that key's tenure was being ended: its holder
 // qualifies again, or the tenure is over.
@@ -244,7 +262,7 @@ func (m *leaseMemory) dropped(key string) {
 // renewed), or neither. The ending is forgotten.
 func (m *leaseMemory) lapsed(key string, token int64) (why fencerv1.TenureEndReason, endedHere, wasEnding bool) {
 	why, endedHere = m.endedReason(key, token)
-	_, wasEnding = m.takeEnding(key)
+	_, wasEnding = m.takeEnding(key, token)
 	return why, endedHere, wasEnding
 }
 

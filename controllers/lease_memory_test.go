@@ -100,22 +100,31 @@ func TestRefreshYieldsOnceToABurstOfGrants(t *testing.T) {
 func TestLeaseMemoryEndsAndDeletions(t *testing.T) {
 	m := newLeaseMemory()
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if _, ok := m.ending("a"); ok {
+	if _, ok := m.ending("a", 1); ok {
 		t.Fatal("an ending before any was set")
 	}
-	m.setEnding("a", at)
-	if got, ok := m.ending("a"); !ok || !got.Equal(at) {
+	m.setEnding("a", 1, at)
+	if got, ok := m.ending("a", 1); !ok || !got.Equal(at) {
 		t.Fatalf("ending %v %v, want %v", got, ok, at)
 	}
-	if got, ok := m.takeEnding("a"); !ok || !got.Equal(at) {
+	if got, ok := m.takeEnding("a", 1); !ok || !got.Equal(at) {
 		t.Fatalf("takeEnding %v %v", got, ok)
 	}
-	if _, ok := m.takeEnding("a"); ok {
+	if _, ok := m.takeEnding("a", 1); ok {
 		t.Fatal("an ending taken twice")
 	}
-	m.setEnding("b", at)
+	// Another tenure of the Lease (a grant another replica made while this
+	// one had lost its term) is not the one being ended.
+	m.setEnding("a", 1, at)
+	if _, ok := m.ending("a", 2); ok {
+		t.Fatal("an ending set for token 1 is known for token 2")
+	}
+	if _, ok := m.takeEnding("a", 2); ok {
+		t.Fatal("an ending set for token 1 was taken for token 2")
+	}
+	m.setEnding("b", 1, at)
 	m.clearEnding("b")
-	if _, ok := m.ending("b"); ok {
+	if _, ok := m.ending("b", 1); ok {
 		t.Fatal("a cleared ending is still there")
 	}
 
@@ -130,11 +139,11 @@ func TestLeaseMemoryEndsAndDeletions(t *testing.T) {
 		t.Fatal("a forgotten deletion is still there")
 	}
 
-	m.setEnding("c", at)
+	m.setEnding("c", 1, at)
 	m.markDeleted("c", at)
 	m.refreshInterval("c", time.Second, at)
 	m.forget("c")
-	if _, ok := m.ending("c"); ok || m.refreshDue("c", at.Add(time.Hour)) {
+	if _, ok := m.ending("c", 1); ok || m.refreshDue("c", at.Add(time.Hour)) {
 		t.Fatal("forget left something of c")
 	}
 	if _, ok := m.takeDeleted("c"); ok {
@@ -152,9 +161,9 @@ func TestLeaseMemoryIsSafeForConcurrentUse(t *testing.T) {
 			key := fmt.Sprintf("l%d", i)
 			for range 100 {
 				m.refreshInterval(key, time.Second, now)
-				m.setEnding(key, now)
+				m.setEnding(key, 1, now)
 				m.markDeleted(key, now)
-				m.takeEnding(key)
+				m.takeEnding(key, 1)
 				m.takeDeleted(key)
 				m.forget(key)
 			}
@@ -171,11 +180,11 @@ func TestLeaseMemoryAlongAPass(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ttl := 15 * time.Second
 
-	m.setEnding("k", t0.Add(ttl))
+	m.setEnding("k", 1, t0.Add(ttl))
 	if due, next := m.renewing("k", ttl, t0); due || next != statusRefresh {
 		t.Fatalf("renewing: due %v, next %s; want a first slot %s away", due, next, statusRefresh)
 	}
-	if _, ok := m.ending("k"); ok {
+	if _, ok := m.ending("k", 1); ok {
 		t.Fatal("renewing left the tenure being ended")
 	}
 	if due, _ := m.renewing("k", ttl, t0.Add(statusRefresh)); !due {
@@ -204,7 +213,7 @@ func TestLeaseMemoryAlongAPass(t *testing.T) {
 		t.Fatalf("a second grant found a failover (%v) or a Direct grant got a slot (%s)", failover, refresh)
 	}
 
-	m.setEnding("k", t0)
+	m.setEnding("k", 9, t0)
 	if _, _, wasEnding := m.lapsed("k", 9); !wasEnding {
 		t.Fatal("lapsed did not see the tenure being ended")
 	}

@@ -131,7 +131,7 @@ func (r *LeaseReconciler) closeLapsed(ctx context.Context, lease *fencerv1.Lease
 // renewal. Stopping the renewer yields that time; a grant adopted from
 // another controller replica has only etcd's remaining TTL to go by.
 func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstore.Grant, now time.Time) (time.Time, error) {
-	end, known := r.mem.ending(key)
+	end, known := r.mem.ending(key, g.Token)
 	if known {
 		return end, nil
 	}
@@ -144,7 +144,7 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 		}
 	}
 	end = tenureEndFrom(last, renewedHere, time.Duration(g.TTL)*time.Second, remaining, now)
-	r.mem.setEnding(key, end)
+	r.mem.setEnding(key, g.Token, end)
 	return end, nil
 }
 
