@@ -128,6 +128,15 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 		return out, nil
 	}
 	pods, err := r.pods(ctx, rng)
+	if errors.Is(err, errInvalidSelector) {
+		// What pods hold stays theirs (their slots are still renewed): a
+		// typo in the selector must not take every pod's worker ID away.
+		msg := fmt.Sprintf("%v; no pod is given a block or slot until it is fixed, and those given stay", err)
+		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonInvalidSelector, msg)
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidSelector, "%s", msg)
+		out.result = ctrl.Result{} // an edit of the spec wakes it
+		return out, nil
+	}
 	if err != nil {
 		return out, err
 	}
@@ -195,10 +204,15 @@ func setRangeCondition(rng *fencerv1.IDRange, typ string, status metav1.Conditio
 	meta.SetStatusCondition(&rng.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: rng.Generation})
 }
 
+// errInvalidSelector is the pods of an IDRange whose spec.podSelector
+// cannot be parsed (a label value the API does not allow: the CRD has no
+// rule for label syntax).
+var errInvalidSelector = errors.New("spec.podSelector is invalid")
+
 func (r *IDRangeReconciler) pods(ctx context.Context, rng *fencerv1.IDRange) ([]corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(&rng.Spec.PodSelector)
 	if err != nil {
-		return nil, reconcile.TerminalError(fmt.Errorf("spec.podSelector: %w", err))
+		return nil, fmt.Errorf("%w: %w", errInvalidSelector, err)
 	}
 	pods, err := podsMatching(ctx, r.Client, rng.Namespace, &rng.Spec.PodSelector, sel)
 	if err != nil {
@@ -240,6 +254,11 @@ func (r *IDRangeReconciler) finalize(ctx context.Context, rng *fencerv1.IDRange)
 		}
 	}
 	pods, err := r.pods(ctx, rng)
+	if errors.Is(err, errInvalidSelector) {
+		// The pods it gave blocks or slots to, under a selector it could
+		// read then, are among the namespace's.
+		pods, err = podsMatching(ctx, r.Client, rng.Namespace, &metav1.LabelSelector{}, labels.Everything())
+	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -224,7 +224,8 @@ const (
 	// until the others are gone.
 	ReasonOtherPodsRemain = "OtherPodsRemain"
 	// ReasonInvalidSelector: spec.holderSelector cannot be parsed (a label
-	// value the API does not allow, say), so it matches no pod.
+	// value the API does not allow, say), so it matches no pod. An IDRange
+	// whose spec.podSelector cannot be parsed is Ready False with it too.
 	ReasonInvalidSelector = "InvalidSelector"
 	ReasonExpired         = "Expired"
 	// ReasonReleased (an Event): a tenure ended before its etcd lease
