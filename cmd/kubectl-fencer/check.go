@@ -67,7 +67,8 @@ func checkCmd(o *options) *cobra.Command {
 			d := decision{Object: strings.ToLower(info.Mapping.GroupVersionKind.Kind) + "/" + obj.GetName(), Offered: tok}
 			res := info.Mapping.Resource
 			d.OwnKind = res.Group == fencerv1.GroupVersion.Group && ownKinds[res.Resource]
-			if lease, ok := obj.GetLabels()[fencerv1.LeaseLabel]; ok && !d.OwnKind {
+			// An empty label names no Lease and fences nothing (webhook.md).
+			if lease := obj.GetLabels()[fencerv1.LeaseLabel]; lease != "" && !d.OwnKind {
 				d.Lease = obj.GetNamespace() + "/" + lease
 			}
 			// The smallest write: the token annotation alone (null: none).

@@ -24,6 +24,8 @@ type idsView struct {
 	SlotsInUse int32     `json:"slotsInUse,omitempty"`
 	Remaining  int64     `json:"remaining"`
 	Holders    []idsHeld `json:"holders"`
+	// Warning says why the holders are not the selector's pods.
+	Warning string `json:"warning,omitempty"`
 }
 
 // idsHeld is what one pod holds: a block, or a slot under a token.
@@ -50,19 +52,28 @@ func idsCmd(o *options) *cobra.Command {
 			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: args[0]}, &r); err != nil {
 				return fmt.Errorf("idrange %s/%s: %w", ns, args[0], err)
 			}
-			sel, err := metav1.LabelSelectorAsSelector(&r.Spec.PodSelector)
-			if err != nil {
-				return fmt.Errorf("idrange %s/%s: spec.podSelector: %w", ns, r.Name, err)
-			}
-			var pods corev1.PodList
-			if err := c.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-				return err
-			}
 			v := idsView{Namespace: ns, Name: r.Name, Mode: string(r.Spec.Mode), Min: r.Spec.Min, Max: r.Spec.Max,
 				Next: r.Status.Next, SlotsInUse: r.Status.SlotsInUse, Remaining: r.Status.Remaining, Holders: []idsHeld{}}
+			opts := []client.ListOption{client.InNamespace(ns)}
+			annotation := fencerv1.IDRangeAnnotationPrefix + r.Name
+			sel, err := metav1.LabelSelectorAsSelector(&r.Spec.PodSelector)
+			if err != nil {
+				// The controller hands out nothing then, and what pods hold
+				// stays theirs: show those.
+				v.Warning = fmt.Sprintf("spec.podSelector is invalid (%v); these are the pods that carry %s", err, annotation)
+			} else {
+				opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
+			}
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, opts...); err != nil {
+				return err
+			}
 			for _, p := range pods.Items {
+				if _, has := p.Annotations[annotation]; v.Warning != "" && !has {
+					continue
+				}
 				h := idsHeld{Pod: p.Name, Ready: podReady(&p)}
-				for _, part := range strings.Split(p.Annotations[fencerv1.IDRangeAnnotationPrefix+r.Name], ",") {
+				for _, part := range strings.Split(p.Annotations[annotation], ",") {
 					switch k, val, _ := strings.Cut(part, "="); k {
 					case "block":
 						h.Block = val
@@ -87,7 +98,11 @@ func idsTable(w *tabwriter.Writer, v idsView) {
 	} else {
 		fmt.Fprintf(w, "Slots in use:\t%d\n", v.SlotsInUse)
 	}
-	fmt.Fprintf(w, "Remaining:\t%d\n\n", v.Remaining)
+	fmt.Fprintf(w, "Remaining:\t%d\n", v.Remaining)
+	if v.Warning != "" {
+		fmt.Fprintf(w, "Warning:\t%s\n", v.Warning)
+	}
+	fmt.Fprintln(w)
 	if v.Mode == string(fencerv1.ModeBlocks) {
 		fmt.Fprintln(w, "POD\tREADY\tBLOCK")
 		for _, h := range v.Holders {

@@ -35,6 +35,9 @@ func root() *cobra.Command {
 		Short:         "Inspect fencer's Leases, IDRanges, keyed locks and fenced writes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			o.out = cmd.OutOrStdout()
+		},
 	}
 	flags.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: json or yaml (a table when empty)")

@@ -3,7 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +20,9 @@ import (
 type options struct {
 	flags  *genericclioptions.ConfigFlags
 	output string
+	// out is where print writes: the command's output (os.Stdout unless a
+	// test set another).
+	out io.Writer
 }
 
 func (o *options) client() (client.Client, string, error) {
@@ -56,17 +59,17 @@ func (o *options) print(v any, table func(w *tabwriter.Writer)) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(os.Stdout, string(raw))
+		_, err = fmt.Fprintln(o.out, string(raw))
 		return err
 	case "yaml":
 		raw, err := yaml.Marshal(v)
 		if err != nil {
 			return err
 		}
-		_, err = os.Stdout.Write(raw)
+		_, err = o.out.Write(raw)
 		return err
 	case "":
-		w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
+		w := tabwriter.NewWriter(o.out, 0, 4, 3, ' ', 0)
 		table(w)
 		return w.Flush()
 	}

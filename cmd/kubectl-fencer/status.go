@@ -69,21 +69,26 @@ func statusCmd(o *options) *cobra.Command {
 			}
 			out := []leaseStatus{} // [] in JSON for a namespace with none, not null
 			for i := range leases {
-				s, err := statusOf(&leases[i], pods.Items)
-				if err != nil {
-					return err
-				}
-				out = append(out, s)
+				out = append(out, statusOf(&leases[i], pods.Items))
 			}
 			if len(args) == 1 {
 				return o.print(out[0], func(w *tabwriter.Writer) { o.detail(w, out[0]) })
+			}
+			if len(out) == 0 && o.output == "" {
+				// As kubectl get says it: a namespace with no Lease (or none
+				// at all, or a typo) is not an empty table.
+				fmt.Fprintf(cmd.ErrOrStderr(), "No fencer Leases found in namespace %s.\n", ns)
+				return nil
 			}
 			return o.print(out, func(w *tabwriter.Writer) { o.table(w, out) })
 		},
 	}
 }
 
-func statusOf(l *fencerv1.Lease, pods []corev1.Pod) (leaseStatus, error) {
+// statusOf is l as status shows it. A selector that cannot be parsed
+// matches no pod, as the controller reads it: the Lease is listed with no
+// candidates and its Ready reason (InvalidSelector) says why.
+func statusOf(l *fencerv1.Lease, pods []corev1.Pod) leaseStatus {
 	s := leaseStatus{
 		Namespace: l.Namespace, Name: l.Name, Holder: l.Status.Holder, Token: l.Status.Token,
 		Renewal: string(l.Spec.Renewal), Policy: string(l.Spec.Policy), TTLSeconds: l.Spec.TTLSeconds,
@@ -102,7 +107,7 @@ func statusOf(l *fencerv1.Lease, pods []corev1.Pod) (leaseStatus, error) {
 	}
 	sel, err := metav1.LabelSelectorAsSelector(&l.Spec.HolderSelector)
 	if err != nil {
-		return s, fmt.Errorf("lease %s/%s: spec.holderSelector: %w", l.Namespace, l.Name, err)
+		return s
 	}
 	for _, p := range pods {
 		if !sel.Matches(labels.Set(p.Labels)) {
@@ -110,7 +115,7 @@ func statusOf(l *fencerv1.Lease, pods []corev1.Pod) (leaseStatus, error) {
 		}
 		s.Candidates = append(s.Candidates, candidate{Pod: p.Name, Ready: podReady(&p), Holder: p.Name == l.Status.Holder})
 	}
-	return s, nil
+	return s
 }
 
 func podReady(p *corev1.Pod) bool {
