@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fencer-io/fencer/test/support/testenv"
+)
+
+// --etcd-server-name is the name etcd's certificate is checked for when
+// --etcd-endpoints reaches etcd by another (a port-forward, a load
+// balancer). gRPC sets the TLS server name to the address it dials, so the
+// flag did nothing: etcd reached at an address its certificate does not
+// name failed (after 10 s, as a timeout), and a wrong name passed. Now the
+// name is checked, and a failed check is named in the error.
+func TestTheEtcdServerNameIsTheNameChecked(t *testing.T) {
+	e := testenv.StartSecureEtcd(t, "/fencer")
+	read := func(name string) []byte {
+		raw, err := os.ReadFile(e.PKI.Path(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "fencer-system", Name: "viewer"},
+		Data: map[string][]byte{"ca.crt": read("ca.crt"), "tls.crt": read("manager.crt"), "tls.key": read("manager.key")}}
+	get := func(endpoint, serverName string) (clientv3.Config, error) {
+		cfg, err := viewerConfig(secret, &lockFlags{endpoints: endpoint, serverName: serverName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err = cli.Get(ctx, "/fencer/locks/", clientv3.WithPrefix())
+		return cfg, err
+	}
+
+	// 127.0.0.2 is not in etcd's certificate; localhost is.
+	proxy := forward(t, "127.0.0.2:0", strings.TrimPrefix(e.Endpoint, "https://"))
+	if _, err := get("https://"+proxy, "localhost"); err != nil {
+		t.Errorf("through %s with --etcd-server-name localhost: %v", proxy, err)
+	}
+	cfg, err := get(e.Endpoint, "wrong.example")
+	if err == nil {
+		t.Fatalf("--etcd-server-name wrong.example was accepted for etcd's certificate")
+	}
+	if herr := handshake(context.Background(), cfg); herr == nil || !strings.Contains(herr.Error(), "wrong.example") {
+		t.Errorf("the handshake's own account of the failure: %v, want it to name wrong.example", herr)
+	}
+	if _, err := get(e.Endpoint, ""); err != nil {
+		t.Errorf("the Secret's endpoint, no --etcd-server-name: %v", err)
+	}
+}
+
+// forward listens on addr and copies each connection to target; it
+// returns the address it listens on.
+func forward(t *testing.T, addr, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listening on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+			go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
