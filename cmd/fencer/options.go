@@ -137,8 +137,8 @@ func (a *etcdAccess) validate() error {
 		return err
 	}
 	for _, e := range etcdstore.SplitList(a.workloadEndpoints) {
-		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
-			return fmt.Errorf("--etcd-workload-endpoints: %q must start with http:// or https://, as the workloads' etcd clients dial it", e)
+		if err := etcdstore.CheckEndpoint(e); err != nil {
+			return fmt.Errorf("--etcd-workload-endpoints (the URLs the workloads' etcd clients dial): %w", err)
 		}
 	}
 	if a.credentialsSecret == "" {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,22 +68,40 @@ func SplitList(s string) []string {
 	return out
 }
 
+// CheckEndpoint refuses an etcd client URL the etcd client could never
+// dial: another scheme, no host, a port that is not a number. (The client
+// takes them, and retries until every request's deadline.)
+func CheckEndpoint(e string) error {
+	if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+		return fmt.Errorf("%q must start with http:// or https://", e)
+	}
+	u, err := url.Parse(e)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %w", e, err)
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("%q has no host: give host:port, e.g. https://etcd-0:2379", e)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q: port %q is not a port number", e, p)
+		}
+	}
+	return nil
+}
+
 // Validate reports the first setting that cannot work, naming the flag.
 func (c *Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("--etcd-endpoints is required: give the etcd client URLs, e.g. http://127.0.0.1:2379")
 	}
 	for _, e := range c.Endpoints {
-		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
-			return fmt.Errorf("--etcd-endpoints: %q must start with http:// or https://", e)
+		if err := CheckEndpoint(e); err != nil {
+			return fmt.Errorf("--etcd-endpoints: %w", err)
 		}
 	}
-	if !strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/") {
-		return fmt.Errorf("--etcd-prefix %q must start with '/' and not end with '/', e.g. /fencer", c.Prefix)
-	}
-	if strings.Contains(c.Prefix, ":") {
-		// etcd user names are <prefix>:manager and <prefix>:ns:<namespace>.
-		return fmt.Errorf("--etcd-prefix %q must not contain ':', which separates the parts of fencer's etcd user names", c.Prefix)
+	if err := etcdkeys.CheckPrefix(c.Prefix); err != nil {
+		return fmt.Errorf("--etcd-prefix: %w", err)
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")

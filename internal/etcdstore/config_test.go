@@ -21,7 +21,12 @@ func TestValidateNamesTheFlag(t *testing.T) {
 	}{
 		{"no endpoints", func(c *Config) { c.Endpoints = nil }, "--etcd-endpoints is required"},
 		{"endpoint without scheme", func(c *Config) { c.Endpoints = []string{"127.0.0.1:2379"} }, `--etcd-endpoints: "127.0.0.1:2379" must start with http:// or https://`},
-		{"relative prefix", func(c *Config) { c.Prefix = "fencer" }, `--etcd-prefix "fencer" must start with '/'`},
+		{"endpoint without a host", func(c *Config) { c.Endpoints = []string{"http://"} }, `--etcd-endpoints: "http://" has no host`},
+		{"endpoint with a port that is no number", func(c *Config) { c.Endpoints = []string{"https://127.0.0.1:abc"} }, `--etcd-endpoints: "https://127.0.0.1:abc" is not a URL`},
+		{"endpoint with port 0", func(c *Config) { c.Endpoints = []string{"http://a:1", "https://e:0"} }, `--etcd-endpoints: "https://e:0": port "0" is not a port number`},
+		{"endpoint with a port past 65535", func(c *Config) { c.Endpoints = []string{"https://e:70000"} }, `port "70000" is not a port number`},
+		{"relative prefix", func(c *Config) { c.Prefix = "fencer" }, `--etcd-prefix: not a fencer etcd prefix: "fencer" must start with '/'`},
+		{"a colon in the prefix", func(c *Config) { c.Prefix = "/a:b" }, "must not contain ':'"},
 		{"trailing slash", func(c *Config) { c.Prefix = "/fencer/" }, "not end with '/'"},
 		{"cert without key", func(c *Config) { c.CertFile = "c.pem" }, "--etcd-cert-file and --etcd-key-file must be given together"},
 		{"zero dial timeout", func(c *Config) { c.DialTimeout = 0 }, "--etcd-dial-timeout must be positive"},

@@ -34,6 +34,9 @@ func (t Table) Claim(ctx context.Context, db *sql.DB, res Resource, token int64)
 // carries the cluster ID.
 func InstallOf(ctx context.Context, cli *clientv3.Client, prefix string) (string, error) {
 	prefix = etcdkeys.OrDefault(prefix)
+	if err := etcdkeys.CheckPrefix(prefix); err != nil {
+		return "", fmt.Errorf("dbfence: InstallOf: %w", err)
+	}
 	resp, err := cli.Get(ctx, etcdkeys.LockFloorKey(prefix), clientv3.WithCountOnly())
 	if err != nil {
 		return "", fmt.Errorf("dbfence: reading etcd's cluster ID: %w", err)

@@ -5,6 +5,8 @@
 package etcdkeys
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -12,6 +14,25 @@ import (
 // DefaultPrefix is the root of fencer's etcd keys unless the manager was
 // started with --etcd-prefix.
 const DefaultPrefix = "/fencer"
+
+// ErrBadPrefix is wrapped by every error CheckPrefix returns.
+var ErrBadPrefix = errors.New("not a fencer etcd prefix")
+
+// CheckPrefix refuses a key prefix no fencer install can have: the
+// manager's --etcd-prefix starts with '/', does not end with '/', and holds
+// no ':', which separates the parts of fencer's etcd user names
+// (<prefix>:manager, <prefix>:ns:<namespace>). An SDK client given another
+// prefix would read and write keys no install uses: with etcd auth off,
+// silently, with IDs that overlap the controller's blocks.
+func CheckPrefix(prefix string) error {
+	switch {
+	case !strings.HasPrefix(prefix, "/") || strings.HasSuffix(prefix, "/"):
+		return fmt.Errorf("%w: %q must start with '/' and not end with '/', e.g. %s", ErrBadPrefix, prefix, DefaultPrefix)
+	case strings.Contains(prefix, ":"):
+		return fmt.Errorf("%w: %q must not contain ':', which separates the parts of fencer's etcd user names", ErrBadPrefix, prefix)
+	}
+	return nil
+}
 
 // OrDefault is prefix, or DefaultPrefix when prefix is empty, so an SDK
 // caller that passes "" gets fencer's default keys, never keys below "/".

@@ -159,3 +159,18 @@ func FuzzLockKey(f *testing.F) {
 		}
 	})
 }
+
+// CheckPrefix takes what --etcd-prefix takes, and refuses the rest with
+// ErrBadPrefix: the SDK's prefix arguments are checked with it.
+func TestCheckPrefix(t *testing.T) {
+	for _, ok := range []string{DefaultPrefix, "/a", "/team-a/fencer"} {
+		if err := CheckPrefix(ok); err != nil {
+			t.Errorf("CheckPrefix(%q): %v", ok, err)
+		}
+	}
+	for bad, want := range map[string]string{"": "must start with '/'", "fencer": "must start with '/'", "/fencer/": "not end with '/'", "/": "not end with '/'", "/a:b": "must not contain ':'"} {
+		if err := CheckPrefix(bad); !errors.Is(err, ErrBadPrefix) || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckPrefix(%q): %v, want an ErrBadPrefix saying %q", bad, err, want)
+		}
+	}
+}

@@ -68,6 +68,9 @@ func (t Token) etcdFence(prefix, namespace string) (fenceCheck, error) {
 		return fenceCheck{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
 	}
 	prefix = etcdkeys.OrDefault(prefix)
+	if err := etcdkeys.CheckPrefix(prefix); err != nil {
+		return fenceCheck{}, fmt.Errorf("%w: %w", ErrMisconfigured, err)
+	}
 	key := etcdkeys.LeaseKey(prefix, namespace, t.Lease)
 	marker := etcdkeys.GrantMarkerKey(prefix, namespace, t.Lease)
 	return fenceCheck{
@@ -92,6 +95,9 @@ func (t Token) etcdFence(prefix, namespace string) (fenceCheck, error) {
 // it holds none), and etcd's revision at the read.
 func readGrant(ctx context.Context, cli *clientv3.Client, prefix, namespace, lease string) (*mvccpb.KeyValue, int64, error) {
 	prefix = etcdkeys.OrDefault(prefix)
+	if err := etcdkeys.CheckPrefix(prefix); err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrMisconfigured, err)
+	}
 	key := etcdkeys.LeaseKey(prefix, namespace, lease)
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(etcdkeys.GrantMarkerKey(prefix, namespace, lease))).Commit()
 	if err != nil {

@@ -73,6 +73,9 @@ func (t LockToken) etcdFence(prefix, namespace string) (fenceCheck, error) {
 		return fenceCheck{}, fmt.Errorf("fence: %w", err)
 	}
 	prefix = etcdkeys.OrDefault(prefix)
+	if err := etcdkeys.CheckPrefix(prefix); err != nil {
+		return fenceCheck{}, fmt.Errorf("%w: %w", ErrMisconfigured, err)
+	}
 	lockPrefix := etcdkeys.LockPrefix(prefix, namespace, t.Key)
 	return fenceCheck{
 		key: lockPrefix, offered: t.Value,

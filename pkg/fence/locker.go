@@ -174,6 +174,9 @@ func NewLocker(cli *clientv3.Client, prefix, namespace string, opts LockerOption
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("fence: lock timeout %s is negative", opts.Timeout)
 	}
+	if err := etcdkeys.CheckPrefix(etcdkeys.OrDefault(prefix)); err != nil {
+		return nil, fmt.Errorf("fence: NewLocker: %w", err)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Locker{cli: cli, prefix: etcdkeys.OrDefault(prefix), namespace: namespace, opts: opts, ctx: ctx, close: cancel}, nil
 }

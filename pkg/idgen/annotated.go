@@ -76,6 +76,9 @@ func ConsumeBlock(ctx context.Context, cli *clientv3.Client, prefix, namespace, 
 		return Block{}, errors.New("idgen: ConsumeBlock needs the pod's UID (the Downward API's metadata.uid)")
 	}
 	prefix = etcdkeys.OrDefault(prefix)
+	if err := etcdkeys.CheckPrefix(prefix); err != nil {
+		return Block{}, fmt.Errorf("idgen: ConsumeBlock: %w", err)
+	}
 	claimKey := etcdkeys.IDRangeClaimKey(prefix, namespace, idrange, b.First)
 	claimRev, err := checkClaim(ctx, cli, claimKey, b, podUID)
 	if err != nil {

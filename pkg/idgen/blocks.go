@@ -86,8 +86,9 @@ func NewBlocks(cli *clientv3.Client, o BlockOptions) (*Blocks, error) {
 	case cli == nil:
 		return nil, errors.New("idgen: NewBlocks needs an etcd client (fence.LoadEtcdAccess makes one)")
 	}
-	if o.Prefix == "" {
-		o.Prefix = etcdkeys.DefaultPrefix
+	o.Prefix = etcdkeys.OrDefault(o.Prefix)
+	if err := etcdkeys.CheckPrefix(o.Prefix); err != nil {
+		return nil, fmt.Errorf("idgen: BlockOptions.Prefix: %w", err)
 	}
 	if o.MaxBlockSize < o.BlockSize {
 		o.MaxBlockSize = o.BlockSize

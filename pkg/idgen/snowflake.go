@@ -146,8 +146,9 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if cli == nil {
 		return nil, errors.New("idgen: NewSnowflake needs an etcd client (fence.LoadEtcdAccess makes one)")
 	}
-	if o.Prefix == "" {
-		o.Prefix = etcdkeys.DefaultPrefix
+	o.Prefix = etcdkeys.OrDefault(o.Prefix)
+	if err := etcdkeys.CheckPrefix(o.Prefix); err != nil {
+		return nil, fmt.Errorf("idgen: SnowflakeOptions.Prefix: %w", err)
 	}
 	if o.MaxRollback <= 0 {
 		o.MaxRollback = 10 * time.Millisecond

@@ -1,0 +1,37 @@
+package idgen
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
+)
+
+// A prefix no fencer install can have is refused before any etcd call:
+// Blocks allocated under keys no install uses (with etcd auth off) issued
+// IDs that overlap the controller's blocks of the same IDRange.
+func TestAPrefixNoInstallHasIsRefused(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, prefix := range []string{"fencer", "/fencer/", "/a:b"} {
+		if _, err := NewBlocks(cli, BlockOptions{Prefix: prefix, Namespace: "ns", Name: "orders", Min: 1, Max: 1000, BlockSize: 10}); !errors.Is(err, etcdkeys.ErrBadPrefix) {
+			t.Errorf("NewBlocks with prefix %q: %v, want ErrBadPrefix", prefix, err)
+		}
+		if _, err := NewSnowflake(ctx, cli, SnowflakeOptions{Prefix: prefix, Namespace: "ns", Name: "workers", Slot: 1, Token: 5, PodUID: "u"}); !errors.Is(err, etcdkeys.ErrBadPrefix) {
+			t.Errorf("NewSnowflake with prefix %q: %v, want ErrBadPrefix", prefix, err)
+		}
+		if _, err := ConsumeBlock(ctx, cli, prefix, "ns", "orders", "block=1-10", "u"); !errors.Is(err, etcdkeys.ErrBadPrefix) {
+			t.Errorf("ConsumeBlock with prefix %q: %v, want ErrBadPrefix", prefix, err)
+		}
+	}
+}
