@@ -431,6 +431,11 @@ func TestValuesAreStrict(t *testing.T) {
 		"etcd.bundled.replicas=2":     "/etcd/bundled/replicas",
 		"namespaces[0]=Bad_NS":        "does not match pattern",
 		"extraArgs[0]=etcd-prefix":    "does not match pattern",
+		// what the manager refuses at start, refused before the install
+		"etcd.prefix=/a:b":                    "does not match pattern",
+		"etcd.endpoints[0]=https://":          "does not match pattern",
+		"etcd.endpoints[0]=https://etcd:port": "does not match pattern",
+		"webhook.excludeNamespaces[0]=Bad_NS": "does not match pattern",
 	} {
 		out, err := toolErr("helm", "template", "fencer", chartDir(), "--set", args)
 		if err == nil || !strings.Contains(err.Error(), want) {
