@@ -3,6 +3,7 @@ package dbfence
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,6 +18,9 @@ import (
 // still commits. After Claim every transaction under an older token is
 // refused, written or not.
 func (t Table) Claim(ctx context.Context, db *sql.DB, res Resource, token int64) error {
+	if db == nil {
+		return errors.New("dbfence: Claim needs the database (a *sql.DB): it runs its own transaction")
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -33,6 +37,9 @@ func (t Table) Claim(ctx context.Context, db *sql.DB, res Resource, token int64)
 // namespace's identity may read (the lock floor); every etcd answer
 // carries the cluster ID.
 func InstallOf(ctx context.Context, cli *clientv3.Client, prefix string) (string, error) {
+	if cli == nil {
+		return "", errors.New("dbfence: InstallOf needs an etcd client (fence.LoadEtcdAccess makes one)")
+	}
 	prefix = etcdkeys.OrDefault(prefix)
 	if err := etcdkeys.CheckPrefix(prefix); err != nil {
 		return "", fmt.Errorf("dbfence: InstallOf: %w", err)

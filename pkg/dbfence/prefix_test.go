@@ -26,3 +26,13 @@ func TestInstallOfRefusesAPrefixNoInstallHas(t *testing.T) {
 		}
 	}
 }
+
+// A nil etcd client or database is an error naming it, not a panic.
+func TestNilInputsAreNamed(t *testing.T) {
+	if _, err := InstallOf(context.Background(), nil, ""); err == nil {
+		t.Error("InstallOf with no etcd client: no error")
+	}
+	if err := (Table{}).Claim(context.Background(), nil, Lease("i", "ns", "job"), 5); err == nil {
+		t.Error("Claim with no database: no error")
+	}
+}

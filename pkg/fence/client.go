@@ -122,14 +122,28 @@ type Client struct {
 // NewClient wraps c to write with t.
 func NewClient(c client.Client, t Token) *Client { return &Client{Client: c, Token: t} }
 
+// wraps refuses a Client that wraps no client: every write would panic.
+func (c *Client) wraps() error {
+	if c.Client == nil {
+		return fmt.Errorf("%w: fence.Client wraps no Kubernetes client (NewClient was given nil)", ErrMisconfigured)
+	}
+	return nil
+}
+
 // Create stamps obj and creates it.
 func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if err := c.wraps(); err != nil {
+		return err
+	}
 	Stamp(obj, c.Token)
 	return AsStaleToken(c.Client.Create(ctx, obj, opts...))
 }
 
 // Update stamps obj and updates it.
 func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if err := c.wraps(); err != nil {
+		return err
+	}
 	Stamp(obj, c.Token)
 	return AsStaleToken(c.Client.Update(ctx, obj, opts...))
 }
@@ -140,6 +154,9 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 // (RFC 6902) is refused: it cannot set an annotation without knowing
 // whether the object has any.
 func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if err := c.wraps(); err != nil {
+		return err
+	}
 	Stamp(obj, c.Token)
 	if patch.Type() == types.JSONPatchType {
 		return fmt.Errorf("fence: a JSON patch cannot carry the fencing token reliably; use client.MergeFrom, client.StrategicMergeFrom or an apply patch: %w", ErrTokenless)
@@ -149,6 +166,9 @@ func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 
 // Apply sends a server-side apply with the label and token set.
 func (c *Client) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	if err := c.wraps(); err != nil {
+		return err
+	}
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		return fmt.Errorf("fence: encoding the apply configuration: %w", err)
@@ -169,6 +189,9 @@ func (c *Client) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts
 // and then Delete and subresource writes reach it through the underlying
 // client.
 func (c *Client) Unfence(ctx context.Context, obj client.Object) error {
+	if err := c.wraps(); err != nil {
+		return err
+	}
 	body := fmt.Appendf(nil, `{"metadata":{"labels":{%q:null},"annotations":{%q:%q}}}`,
 		LeaseLabel, TokenAnnotation, fencerv1.FormatToken(c.Token.Value))
 	return AsStaleToken(c.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, body)))

@@ -67,6 +67,9 @@ func (t Token) etcdFence(prefix, namespace string) (fenceCheck, error) {
 	if t.Value <= 0 {
 		return fenceCheck{}, fmt.Errorf("lease %s/%s token %d: %w", namespace, t.Lease, t.Value, ErrNoToken)
 	}
+	if namespace == "" || t.Lease == "" {
+		return fenceCheck{}, fmt.Errorf("%w: a Lease token's fence needs the namespace and the Token's Lease, got %q and %q", ErrMisconfigured, namespace, t.Lease)
+	}
 	prefix = etcdkeys.OrDefault(prefix)
 	if err := etcdkeys.CheckPrefix(prefix); err != nil {
 		return fenceCheck{}, fmt.Errorf("%w: %w", ErrMisconfigured, err)
@@ -97,6 +100,9 @@ func readGrant(ctx context.Context, cli *clientv3.Client, prefix, namespace, lea
 	prefix = etcdkeys.OrDefault(prefix)
 	if err := etcdkeys.CheckPrefix(prefix); err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", ErrMisconfigured, err)
+	}
+	if namespace == "" || lease == "" {
+		return nil, 0, fmt.Errorf("%w: reading a grant needs the namespace and the Lease's name, got %q and %q", ErrMisconfigured, namespace, lease)
 	}
 	key := etcdkeys.LeaseKey(prefix, namespace, lease)
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(etcdkeys.GrantMarkerKey(prefix, namespace, lease))).Commit()
@@ -131,8 +137,16 @@ func issuedGrant(keys, markers []*mvccpb.KeyValue) *mvccpb.KeyValue {
 // older waiter remains. Combine them with your own comparisons in a
 // clientv3 Txn's If; NewTxn does that for the common case.
 func Compare(prefix, namespace string, t EtcdFence) ([]clientv3.Cmp, error) {
-	f, err := t.etcdFence(prefix, namespace)
+	f, err := fenceOf(t, prefix, namespace)
 	return f.cmps, err
+}
+
+// fenceOf is t's fence; a nil t is misconfigured, not a panic.
+func fenceOf(t EtcdFence, prefix, namespace string) (fenceCheck, error) {
+	if t == nil {
+		return fenceCheck{}, fmt.Errorf("%w: no token to fence with (a Token or a LockToken)", ErrMisconfigured)
+	}
+	return t.etcdFence(prefix, namespace)
 }
 
 // Txn is an etcd transaction that commits only while its token is live:
@@ -149,7 +163,7 @@ type Txn struct {
 // lock's LockToken, in namespace, under fencer's etcd prefix
 // (etcdkeys.DefaultPrefix unless fencer was started with --etcd-prefix).
 func NewTxn(cli *clientv3.Client, prefix, namespace string, t EtcdFence) *Txn {
-	f, err := t.etcdFence(prefix, namespace)
+	f, err := fenceOf(t, prefix, namespace)
 	if cli == nil && err == nil {
 		err = errNoClient
 	}
@@ -310,6 +324,9 @@ func keepAliveFrom(ctx context.Context, lose func(error), cli *clientv3.Client, 
 // watch resumes from that read and a compaction is never a blind spot. It
 // also returns, with ctx's error, when ctx ends.
 func WatchHeld(ctx context.Context, cli *clientv3.Client, key string, token, fromRev int64) error {
+	if cli == nil {
+		return errNoClient
+	}
 	for ctx.Err() == nil {
 		for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(fromRev+1)) {
 			if wr.CompactRevision != 0 || wr.Err() != nil {

@@ -16,6 +16,9 @@ import (
 // ran. Pass every write fn makes through the token (Stamp, Client, NewTxn),
 // since cancellation alone cannot stop a write already on the wire.
 func RunExclusive(ctx context.Context, src Source, lease string, poll time.Duration, fn func(context.Context, Token) error) error {
+	if src == nil || fn == nil {
+		return fmt.Errorf("%w: RunExclusive needs a Source (AnnotationSource, FileSource, PodSource, LeaseSource or Verified) and a function to run", ErrMisconfigured)
+	}
 	if c, ok := src.(interface{ misconfigured() error }); ok {
 		if err := c.misconfigured(); err != nil {
 			return err // a Verified source's check, which a pod not yet holding never reaches

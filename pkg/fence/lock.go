@@ -72,6 +72,9 @@ func (t LockToken) etcdFence(prefix, namespace string) (fenceCheck, error) {
 	if err := etcdkeys.ValidLockKey(t.Key); err != nil {
 		return fenceCheck{}, fmt.Errorf("fence: %w", err)
 	}
+	if namespace == "" {
+		return fenceCheck{}, fmt.Errorf("%w: a lock token's fence needs the namespace whose lock it is", ErrMisconfigured)
+	}
 	prefix = etcdkeys.OrDefault(prefix)
 	if err := etcdkeys.CheckPrefix(prefix); err != nil {
 		return fenceCheck{}, fmt.Errorf("%w: %w", ErrMisconfigured, err)

@@ -153,7 +153,9 @@ func (f FileSource) Token(context.Context) (Token, error) {
 	}
 	ann, err := ParseAnnotations(data)
 	if err != nil {
-		return Token{}, fmt.Errorf("%s: %w", f.Path, err)
+		// The kubelet writes the file whole, in this format: one that does
+		// not parse is another file, and retrying will not change it.
+		return Token{}, fmt.Errorf("%w: %s is no Downward API annotations file (%w); mount metadata.annotations there", ErrMisconfigured, f.Path, err)
 	}
 	return TokenFromAnnotations(ann, f.Lease)
 }
@@ -197,12 +199,17 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 // sends each change: a new token, or the zero Token (with Lease set) when
 // the pod stops holding the lease, or its token annotation is malformed
 // (ErrMalformedToken: no token can be trusted from it). The channel closes
-// when ctx ends. Other read errors are retried at the next tick.
+// when ctx ends, and at once for a nil src. Other read errors are retried
+// at the next tick.
 func Watch(ctx context.Context, src Source, lease string, interval time.Duration) <-chan Token {
 	if interval <= 0 {
 		interval = time.Second // not a busy loop against the file or the apiserver
 	}
 	ch := make(chan Token, 1)
+	if src == nil {
+		close(ch) // nothing to watch: RunExclusive says ErrMisconfigured
+		return ch
+	}
 	go func() {
 		defer close(ch)
 		last, first := Token{}, true

@@ -75,6 +75,9 @@ func ConsumeBlock(ctx context.Context, cli *clientv3.Client, prefix, namespace, 
 	if podUID == "" {
 		return Block{}, errors.New("idgen: ConsumeBlock needs the pod's UID (the Downward API's metadata.uid)")
 	}
+	if cli == nil {
+		return Block{}, errors.New("idgen: ConsumeBlock needs an etcd client (fence.LoadEtcdAccess makes one)")
+	}
 	prefix = etcdkeys.OrDefault(prefix)
 	if err := etcdkeys.CheckPrefix(prefix); err != nil {
 		return Block{}, fmt.Errorf("idgen: ConsumeBlock: %w", err)

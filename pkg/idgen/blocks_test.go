@@ -296,7 +296,7 @@ func TestBlockOptionsRefused(t *testing.T) {
 	if _, err := NewBlocks(nil, good); err == nil || !strings.Contains(err.Error(), "needs an etcd client") {
 		t.Errorf("NewBlocks without a client: %v", err)
 	}
-	if _, err := NewSnowflake(context.Background(), nil, SnowflakeOptions{Slot: 1, PodUID: "u"}); err == nil || !strings.Contains(err.Error(), "needs an etcd client") {
+	if _, err := NewSnowflake(context.Background(), nil, SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: 5, PodUID: "u"}); err == nil || !strings.Contains(err.Error(), "needs an etcd client") {
 		t.Errorf("NewSnowflake without a client: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package idgen
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,5 +34,39 @@ func TestAPrefixNoInstallHasIsRefused(t *testing.T) {
 		if _, err := ConsumeBlock(ctx, cli, prefix, "ns", "orders", "block=1-10", "u"); !errors.Is(err, etcdkeys.ErrBadPrefix) {
 			t.Errorf("ConsumeBlock with prefix %q: %v, want ErrBadPrefix", prefix, err)
 		}
+	}
+}
+
+// A nil client or an empty name is an error naming it, not a panic or a
+// misleading "the slot was lost".
+func TestNilAndEmptyInputsAreNamed(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	good := SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: 5, PodUID: "u"}
+	for name, call := range map[string]func() error{
+		"ConsumeBlock with no client": func() error { _, err := ConsumeBlock(ctx, nil, "", "ns", "r", "block=1-10", "u"); return err },
+		"NewSnowflake with no Namespace": func() error {
+			o := good
+			o.Namespace = ""
+			_, err := NewSnowflake(ctx, cli, o)
+			return err
+		},
+		"NewSnowflake with no Name":  func() error { o := good; o.Name = ""; _, err := NewSnowflake(ctx, cli, o); return err },
+		"NewSnowflake with no Token": func() error { o := good; o.Token = 0; _, err := NewSnowflake(ctx, cli, o); return err },
+	} {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("%s panicked: %v", name, p)
+				}
+			}()
+			if err := call(); err == nil || !strings.HasPrefix(err.Error(), "idgen: ") || errors.Is(err, ErrSlotLost) {
+				t.Errorf("%s: %v, want an idgen error naming the input", name, err)
+			}
+		}()
 	}
 }

@@ -143,6 +143,12 @@ func NewSnowflake(ctx context.Context, cli *clientv3.Client, o SnowflakeOptions)
 	if o.PodUID == "" {
 		return nil, errors.New("idgen: SnowflakeOptions.PodUID is required: this pod's UID, from the Downward API's metadata.uid")
 	}
+	if o.Namespace == "" || o.Name == "" {
+		return nil, fmt.Errorf("idgen: SnowflakeOptions.Namespace and Name name the Slots IDRange; got %q and %q", o.Namespace, o.Name)
+	}
+	if o.Token <= 0 {
+		return nil, fmt.Errorf("idgen: SnowflakeOptions.Token is %d: give the token of the pod's annotation (slot=<n>,token=<rev>; ParseSlot reads it)", o.Token)
+	}
 	if cli == nil {
 		return nil, errors.New("idgen: NewSnowflake needs an etcd client (fence.LoadEtcdAccess makes one)")
 	}
