@@ -166,7 +166,7 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionTrue, "Allocating", fmt.Sprintf("%s mode, [%d, %d]", rng.Spec.Mode, rng.Spec.Min, rng.Spec.Max))
 	setLowCondition(rng)
 	metrics.IDRangeRemaining.WithLabelValues(rng.Namespace, rng.Name).Set(float64(rng.Status.Remaining))
-	metrics.IDRangeSize.WithLabelValues(rng.Namespace, rng.Name, string(rng.Spec.Mode)).Set(float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1)
+	metrics.IDRangeSize.WithLabelValues(rng.Namespace, rng.Name, string(rng.Spec.Mode)).Set(float64(rangeSize(rng)))
 	return out, nil
 }
 
@@ -189,15 +189,25 @@ func exhausted(rng *fencerv1.IDRange, is bool, waiting []string, out *outcome, f
 	setRangeCondition(rng, fencerv1.ConditionExhausted, metav1.ConditionTrue, fencerv1.ConditionExhausted, msg)
 }
 
-// setLowCondition: Low when less than 10% of the range remains.
+// setLowCondition: Low when less than 10% of the range remains. It counts
+// in integers: a float64 holds no more than 2^53 exactly, and a range near
+// the top of int64 was reported as "5 of 1 remain", and not Low.
 func setLowCondition(rng *fencerv1.IDRange) {
-	total := float64(rng.Spec.Max) - float64(rng.Spec.Min) + 1
-	low := float64(rng.Status.Remaining) < total/10
+	total := rangeSize(rng)
+	// remaining < total/10 without the division's rounding: r*10 < t holds
+	// exactly when r < ceil(t/10).
+	low := rng.Status.Remaining >= 0 && uint64(rng.Status.Remaining) < total/10+min(total%10, 1)
 	status, reason := metav1.ConditionFalse, "Plenty"
 	if low {
 		status, reason = metav1.ConditionTrue, "Low"
 	}
-	setRangeCondition(rng, fencerv1.ConditionLow, status, reason, fmt.Sprintf("%d of %.0f remain", rng.Status.Remaining, total))
+	setRangeCondition(rng, fencerv1.ConditionLow, status, reason, fmt.Sprintf("%d of %d remain", rng.Status.Remaining, total))
+}
+
+// rangeSize is how many IDs [min, max] holds (reconcileRange has refused a
+// negative min; max is at least min).
+func rangeSize(rng *fencerv1.IDRange) uint64 {
+	return uint64(rng.Spec.Max-rng.Spec.Min) + 1
 }
 
 func setRangeCondition(rng *fencerv1.IDRange, typ string, status metav1.ConditionStatus, reason, msg string) {
