@@ -180,6 +180,10 @@ func (o *options) validate() error {
 	if o.electionTTL < time.Second {
 		return fmt.Errorf("--etcd-election-ttl must be at least 1s, got %s", o.electionTTL)
 	}
+	if o.electionTTL%time.Second != 0 {
+		// etcd grants leases in whole seconds: 1500ms would run as 1s.
+		return fmt.Errorf("--etcd-election-ttl must be whole seconds (etcd leases are), got %s", o.electionTTL)
+	}
 	if o.webhookPort < 0 || o.webhookPort > 65535 {
 		return fmt.Errorf("--webhook-port must be between 0 and 65535, got %d", o.webhookPort)
 	}

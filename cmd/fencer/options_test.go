@@ -50,6 +50,7 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-enable-auth"}, "--etcd-enable-auth needs an identity with the root role"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-prefix=/a:b"}, "must not contain ':'"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-election-ttl=500ms"}, "--etcd-election-ttl must be at least 1s, got 500ms"},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-election-ttl=1500ms"}, "--etcd-election-ttl must be whole seconds (etcd leases are), got 1.5s"},
 		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=70000"}, "--webhook-port must be between 0 and 65535, got 70000"},
 		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=0", "--webhook-cert-rotation"}, "--webhook-cert-rotation needs the webhook server; --webhook-port is 0"},
 		{[]string{"--etcd-endpoints=http://e:1", "--webhook-cert-rotation", "--webhook-namespace="}, "--webhook-cert-rotation needs --webhook-namespace"},

@@ -54,7 +54,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CertFile, "etcd-cert-file", "", "PEM client certificate for etcd (with --etcd-key-file).")
 	fs.StringVar(&c.KeyFile, "etcd-key-file", "", "PEM private key of --etcd-cert-file.")
 	fs.DurationVar(&c.DialTimeout, "etcd-dial-timeout", 5*time.Second, "How long to wait for a connection to etcd.")
-	fs.DurationVar(&c.RequestTimeout, "etcd-request-timeout", 3*time.Second, "Timeout of each etcd request (read, grant, release). A Lease whose request times out reports Held=Unknown, reason EtcdUnavailable.")
+	fs.DurationVar(&c.RequestTimeout, "etcd-request-timeout", 3*time.Second, "Timeout of each etcd request (read, grant, release); 0 means the default, 3s. A Lease whose request times out reports Held=Unknown, reason EtcdUnavailable.")
 }
 
 // SplitList splits a comma-separated flag value, dropping blanks.
