@@ -231,6 +231,14 @@ func checkRegressed(f facts, lease *fencerv1.Lease) *Denial {
 		return f.deny(fencerv1.DenialRegressed, "lease %s: etcd's grant (token %d) is below token %d this Lease already issued, so etcd was restored from an old snapshot; no write is accepted until fencer grants again",
 			f.w.leaseRef, g.Token, lease.Status.HighestToken())
 	}
+	// With nobody holding the Lease, the status alone says what was issued,
+	// and etcd's revision bounds it: no token above the revision of a read
+	// made now was ever issued. A status above it was not written from
+	// this etcd's grants, and is not trusted for a last-issued token.
+	if rev := f.live.Revision; f.live.Grant == nil && rev > 0 && rev < lease.Status.HighestToken() {
+		return f.deny(fencerv1.DenialRegressed, "lease %s: the Lease's status records token %d as issued, above etcd's revision %d, so etcd was restored from an old snapshot (or the status was not written by fencer); no write is accepted until fencer grants again",
+			f.w.leaseRef, lease.Status.HighestToken(), rev)
+	}
 	return nil
 }
 
