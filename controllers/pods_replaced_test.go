@@ -18,19 +18,7 @@ import (
 // A pod that is still the same one is patched, and one that is gone is no
 // error.
 func TestPodAnnotationNeverLandsOnAReplacedPod(t *testing.T) {
-	env, err := testenv.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := testenv.Start(t)
 	ctx := context.Background()
 	const key = "lease.fencer.io/job"
 	newPod := func() *corev1.Pod {

@@ -118,19 +118,7 @@ func TestCheckReadsAnEmptyLeaseLabelAsNoFence(t *testing.T) {
 // kubeconfig file and a client.
 func apiserver(t *testing.T) (string, client.Client) {
 	t.Helper()
-	env, err := testenv.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, c := testenv.Start(t)
 	admin, err := env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)

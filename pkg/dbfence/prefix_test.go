@@ -4,22 +4,15 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // InstallOf names an install by its prefix: one no install can have is
 // refused before any etcd call, not taken as a name.
 func TestInstallOfRefusesAPrefixNoInstallHas(t *testing.T) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.OfflineClient(t)
 	for _, prefix := range []string{"fencer", "/fencer/", "/a:b"} {
 		if _, err := InstallOf(context.Background(), cli, prefix); !errors.Is(err, etcdkeys.ErrBadPrefix) {
 			t.Errorf("InstallOf with prefix %q: %v, want ErrBadPrefix", prefix, err)

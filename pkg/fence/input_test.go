@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // What a caller can get wrong by hand is ErrMisconfigured, named, before
@@ -23,11 +23,7 @@ import (
 func TestNilAndEmptyInputsAreMisconfigured(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.OfflineClient(t)
 	tok := Token{Lease: "job", Value: 5}
 	notAnnotations := filepath.Join(t.TempDir(), "hostname")
 	if err := os.WriteFile(notAnnotations, []byte("web-0\n"), 0o600); err != nil {

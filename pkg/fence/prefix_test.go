@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // A prefix no fencer install can have (the manager refuses it as
@@ -17,11 +15,7 @@ import (
 // write keys no install uses, which etcd auth refuses but an etcd without
 // auth takes, silently.
 func TestAPrefixNoInstallHasIsMisconfigured(t *testing.T) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.OfflineClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, prefix := range []string{"fencer", "/fencer/", "/a:b"} {

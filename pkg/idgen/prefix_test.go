@@ -7,21 +7,15 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
 // A prefix no fencer install can have is refused before any etcd call:
 // Blocks allocated under keys no install uses (with etcd auth off) issued
 // IDs that overlap the controller's blocks of the same IDRange.
 func TestAPrefixNoInstallHasIsRefused(t *testing.T) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.OfflineClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, prefix := range []string{"fencer", "/fencer/", "/a:b"} {
@@ -40,11 +34,7 @@ func TestAPrefixNoInstallHasIsRefused(t *testing.T) {
 // A nil client or an empty name is an error naming it, not a panic or a
 // misleading "the slot was lost".
 func TestNilAndEmptyInputsAreNamed(t *testing.T) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testenv.OfflineClient(t)
 	ctx := context.Background()
 	good := SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: 5, PodUID: "u"}
 	for name, call := range map[string]func() error{

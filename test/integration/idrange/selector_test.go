@@ -66,7 +66,7 @@ func TestAnInvalidPodSelectorIsReported(t *testing.T) {
 	}
 	framework.Eventually(t, 30*time.Second, "the IDRange gone, its annotation removed", func() error {
 		if err := fx.Client.Get(ctx, client.ObjectKeyFromObject(rng), &fencerv1.IDRange{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
+			return fmt.Errorf("still there (%w)", err)
 		}
 		if got, ok := annotations(t, ns, rng.Name)["w-000"]; ok {
 			return fmt.Errorf("w-000 still carries %q", got)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fencerv1alpha1 "github.com/fencer-io/fencer/api/v1alpha1"
@@ -89,6 +90,26 @@ func New() (*envtest.Environment, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}, nil
+}
+
+// Start starts an apiserver with fencer's CRDs for one test, stopped when
+// the test ends, and returns it with an admin client of it.
+func Start(t testing.TB) (*envtest.Environment, client.Client) {
+	t.Helper()
+	env, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, c
 }
 
 // Etcd starts a single-member etcd from the tool binaries for one test (or
