@@ -129,13 +129,17 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	}
 	pods, err := r.pods(ctx, rng)
 	if errors.Is(err, errInvalidSelector) {
-		// What pods hold stays theirs (their slots are still renewed): a
-		// typo in the selector must not take every pod's worker ID away.
 		msg := fmt.Sprintf("%v; no pod is given a block or slot until it is fixed, and those given stay", err)
 		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonInvalidSelector, msg)
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidSelector, "%s", msg)
-		out.result = ctrl.Result{} // an edit of the spec wakes it
-		return out, nil
+		if rng.Spec.Mode != fencerv1.ModeSlots {
+			return out, nil // a block needs no renewing
+		}
+		if _, err := r.Elector.Term(); err != nil {
+			out.result.RequeueAfter = time.Second
+			return out, nil
+		}
+		return out, r.keepHeldSlots(ctx, rng)
 	}
 	if err != nil {
 		return out, err

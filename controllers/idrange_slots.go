@@ -7,6 +7,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -95,6 +97,32 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 	rng.Status.Remaining = max(size-int64(inRange), 0)
 	metrics.IDRangeSlotsInUse.WithLabelValues(rng.Namespace, rng.Name).Set(float64(inRange))
 	exhausted(rng, len(waiting) > 0, waiting, out, "all %d slots are leased", size)
+	return nil
+}
+
+// keepHeldSlots renews the live slots of rng whose pods still qualify, and
+// does nothing else: with a selector it cannot read, the range hands out
+// nothing, but what a pod holds stays its own, on this leader and on the
+// next (whose renewer starts empty), so a typo in the selector does not
+// take a running generator's worker ID away. A slot whose pod is gone is
+// no longer renewed, as in slots.
+func (r *IDRangeReconciler) keepHeldSlots(ctx context.Context, rng *fencerv1.IDRange) error {
+	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
+	if err != nil {
+		return err
+	}
+	pods, err := podsMatching(ctx, r.Client, rng.Namespace, &metav1.LabelSelector{}, labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, sl := range live {
+		slotKey := etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
+		if pod := podByUID(pods, sl.PodUID); pod == nil || !slotQualifies(pod) || sl.N < rng.Spec.Min || sl.N > rng.Spec.Max {
+			r.Renewer.Stop(slotKey)
+			continue
+		}
+		r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
+	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/test/support/framework"
 )
 
@@ -128,4 +130,38 @@ func get(t *testing.T, rng *fencerv1.IDRange) *fencerv1.IDRange {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// While the selector is invalid a pod keeps its slot across a failover
+// too: the new leader's renewer starts empty, and its pass, which hands
+// out nothing, still renews the slots pods hold (it returned before the
+// renewals, and every slot of the range expired one TTL later).
+func TestASlotOutlivesAFailoverWhileTheSelectorIsInvalid(t *testing.T) {
+	stop := fx.StartController(t, "c1")
+	ns := fx.Namespace(t)
+	ctx := context.Background()
+	pods(t, ns, 0, 1)
+	rng := slotsRange(ns, 0, 10, 3)
+	if err := fx.Client.Create(ctx, rng); err != nil {
+		t.Fatal(err)
+	}
+	had := waitAnnotated(t, ns, rng.Name)
+	slotKeys := func() int {
+		resp, err := fx.EtcdCli.Get(ctx, etcdkeys.IDRangeSlotsPrefix(etcdkeys.DefaultPrefix, ns, rng.Name), clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Kvs)
+	}
+	if n := slotKeys(); n != 1 {
+		t.Fatalf("%d slot keys before the edit, want 1", n)
+	}
+	edit(t, rng, "bad value!")
+	invalidSelector(t, rng)
+	stop()
+	fx.StartController(t, "c2")
+	time.Sleep(10 * time.Second) // the new leader's term, then past the 3 s slot TTL
+	if n := slotKeys(); n != 1 {
+		t.Fatalf("w-000's slot (%s) expired after a failover while the selector was invalid: %d slot keys left", had, n)
+	}
 }
