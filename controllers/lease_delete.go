@@ -110,6 +110,20 @@ func (r *LeaseReconciler) deletionGrace() time.Duration {
 	return DefaultDeletionGrace
 }
 
+// isCurrent asks the apiserver, not the cache, whether the Lease of name
+// is the object uid.
+func (r *LeaseReconciler) isCurrent(ctx context.Context, name types.NamespacedName, uid types.UID) (bool, error) {
+	now := &fencerv1.Lease{}
+	err := r.uncached().Get(ctx, name, now)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return now.UID == uid, nil
+}
+
 // notBeingDeleted asks the apiserver, not the cache, whether this very
 // Lease object (its UID) is still there with no deletionTimestamp.
 func (r *LeaseReconciler) notBeingDeleted(ctx context.Context, lease *fencerv1.Lease) (bool, error) {
@@ -177,11 +191,13 @@ func (r *LeaseReconciler) gone(ctx context.Context, name types.NamespacedName) (
 // its grant marker, the annotations of every pod that carries them, and
 // what the reconciler remembers of it. A zero Result means all is done.
 //
-// uid is the deleted Lease object's, when the pass knows it (finalize): a
-// grant etcd records for another UID belongs to a Lease created again
+// uid is the deleted Lease object's, when the pass knows it (finalize). A
+// grant etcd records for another UID may belong to a Lease created again
 // under the name since, which a cache behind the apiserver (a new
-// leader's) still shows as the deleted one; that grant, its renewal and
-// its holder's annotation are the new Lease's, and stay. With no uid (gone:
+// leader's) still shows as the deleted one: when the apiserver has that
+// Lease, the grant, its renewal and its holder's annotation are the new
+// Lease's, and stay. Any other such grant is a predecessor's (deleted
+// without fencer releasing it), and goes with this one. With no uid (gone:
 // the apiserver has no Lease of the name), whatever the name holds goes.
 func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedName, uid types.UID) (ctrl.Result, error) {
 	if _, err := r.Elector.Term(); err != nil {
@@ -193,8 +209,14 @@ func (r *LeaseReconciler) releaseAll(ctx context.Context, name types.NamespacedN
 		return ctrl.Result{}, err
 	}
 	if g != nil && uid != "" && g.LeaseUID != "" && g.LeaseUID != string(uid) {
-		ctrl.LoggerFrom(ctx).V(1).Info("the grant under this name is another Lease object's; it stays", "leaseUID", g.LeaseUID, "token", g.Token)
-		return ctrl.Result{}, nil
+		successor, err := r.isCurrent(ctx, name, types.UID(g.LeaseUID))
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if successor {
+			ctrl.LoggerFrom(ctx).V(1).Info("the grant under this name is the Lease's created again since; it stays", "leaseUID", g.LeaseUID, "token", g.Token)
+			return ctrl.Result{}, nil
+		}
 	}
 	if g != nil {
 		lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name}}

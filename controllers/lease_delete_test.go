@@ -106,3 +106,31 @@ func TestACurrentCacheReleasesThePredecessorsAndTheDeletedLeasesGrant(t *testing
 		})
 	}
 }
+
+// The finalize pass of a Lease the apiserver confirms is the object of
+// its name releases a grant recorded for an earlier Lease of the name too
+// (one deleted while no manager ran, replaced with kubectl replace
+// --force): no grant pass runs for a Lease being deleted, so while its
+// delete waits on another finalizer the predecessor's grant lived on, and
+// its holder's etcd and database fences kept committing under it. Only a
+// grant of the Lease the apiserver now has under the name stays.
+func TestTheFinalizePassReleasesAPredecessorsGrant(t *testing.T) {
+	_, store, elector := storeWithTerm(t)
+	ctx := context.Background()
+	if _, err := store.GrantLease(ctx, "ns", "l", "old", "p", "uid-p", 30*time.Second, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", UID: "l-uid", Generation: 1,
+		DeletionTimestamp: &metav1.Time{Time: time.Now()}, Finalizers: []string{fencerv1.LeaseFinalizer, "example.com/hold"}},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 30}}
+	c := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).
+		WithObjects(lease.DeepCopy()).Build()
+	r := NewLeaseReconciler(c, store, elector, nil, clock.RealClock{})
+	r.APIReader = c
+	if _, err := r.finalize(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := store.GetGrant(ctx, "ns", "l"); err != nil || g != nil {
+		t.Fatalf("etcd holds %+v (%v) after the finalize of the Lease of the name: want the predecessor's grant released", g, err)
+	}
+}
