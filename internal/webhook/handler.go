@@ -194,8 +194,7 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 	live, err := f.Live.Lookup(ctx, req.Namespace, leaseName)
 	if err != nil {
 		log().Error(err, "live token lookup failed")
-		return ReasonLookupFailed, denied(&Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
-			Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))})
+		return ReasonLookupFailed, denied(lookupFailed(w, err))
 	}
 	d = decide(w, lease, live)
 	if afresh(d, lease, live) && f.APIReader != nil {
@@ -207,6 +206,15 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 		// review arrived. The status records a token before any pod learns
 		// it, so no token a write could have been accepted under is missing.
 		if lease, d = leaseFrom(ctx, ReaderLeases{f.APIReader}, req.Namespace, leaseName, w); d == nil {
+			if lease.Status.HighestToken() > live.Revision {
+				// Read after etcd, the status records a grant made since
+				// that read: judge it against etcd read again, not as a
+				// status above etcd's revision (a restore's sign).
+				if live, err = f.Live.Lookup(ctx, req.Namespace, leaseName); err != nil {
+					log().Error(err, "live token lookup failed")
+					return ReasonLookupFailed, denied(lookupFailed(w, err))
+				}
+			}
 			d = decide(w, lease, live)
 		}
 	}
@@ -214,6 +222,12 @@ func (f *Checker) judge(ctx context.Context, req admission.Request, w write, lea
 		return d.Reason, denied(d) // traced in observe (Refusals)
 	}
 	return ReasonAllowed, admission.Allowed("")
+}
+
+// lookupFailed refuses a write whose live token etcd did not give.
+func lookupFailed(w write, err error) *Denial {
+	return &Denial{Code: http.StatusServiceUnavailable, Reason: ReasonLookupFailed, Lease: w.leaseRef, Offered: w.offered,
+		Message: fmt.Sprintf("fencer: cannot read the live token of lease %s from etcd (%v)%s; the write is refused because its token cannot be checked, retry", w.leaseRef, err, stalled(err))}
 }
 
 // afresh reports whether decision d, made from the cached Lease, must be

@@ -204,6 +204,52 @@ func TestMonotonicWithoutHolderReadsTheLeaseAfresh(t *testing.T) {
 	}
 }
 
+// The Lease read afresh comes after the etcd read, so its status may
+// record a grant made between the two: a token above that read's revision
+// is then news, not a restore's sign. The write is judged against etcd
+// read again (the new holder's live token refuses the old one), not
+// refused as EtcdRevisionRegressed, a false alarm in the Event and the
+// metric. Only a status above a read made after it is a regression.
+func TestAGrantBetweenTheEtcdReadAndTheFreshLeaseIsReadAgain(t *testing.T) {
+	s := runtime.NewScheme()
+	utilruntime.Must(fencerv1.AddToScheme(s))
+	fresh := leaseIssued(fencerv1.PolicyMonotonic, 42)
+	fresh.Status.Holder, fresh.Status.HolderUID, fresh.Status.Token = "reporter-b", "uid-b", 50
+	fresh.Status.History = append([]fencerv1.Tenure{{Holder: "reporter-b", HolderUID: "uid-b", Token: 50}}, fresh.Status.History...)
+	for _, tc := range []struct {
+		name  string
+		again etcdstore.Live
+		code  int32
+		msg   string
+	}{
+		{"granted since the read", held(50, 50), 409, "current token is 50 (holder reporter-b)"},
+		{"a status above a read made after it", etcdstore.Live{Revision: 45}, 409, "above etcd's revision 45"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			live := &liveSequence{lives: []etcdstore.Live{{Revision: 45}, tc.again}}
+			f := newChecker(t, live)
+			f.Leases = leaseClient(leaseIssued(fencerv1.PolicyMonotonic, 42)) // the cache: 42 last issued, nobody holding
+			f.APIReader = fake.NewClientBuilder().WithScheme(s).WithObjects(fresh.DeepCopy()).Build()
+			check(t, f.Record(context.Background(), request(admissionv1.Update, obj("report", "42"), stored("report", "", "42"))), tc.code, tc.msg)
+			if live.n != 2 {
+				t.Fatalf("%d etcd reads, want 2", live.n)
+			}
+		})
+	}
+}
+
+// liveSequence answers each Lookup with the next of lives.
+type liveSequence struct {
+	lives []etcdstore.Live
+	n     int
+}
+
+func (l *liveSequence) Lookup(context.Context, string, string) (etcdstore.Live, error) {
+	live := l.lives[min(l.n, len(l.lives)-1)]
+	l.n++
+	return live, nil
+}
+
 // countingReader counts the Gets it serves.
 type countingReader struct {
 	client.Reader
