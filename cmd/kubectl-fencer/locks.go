@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -112,9 +114,16 @@ func readLocks(ctx context.Context, c client.Client, f *lockFlags, ns, keyPrefix
 // etcd client makes it, and returns the first failure.
 func handshake(ctx context.Context, cfg clientv3.Config) error {
 	for _, ep := range cfg.Endpoints {
-		host := strings.TrimPrefix(strings.TrimPrefix(ep, "https://"), "http://")
+		u, err := url.Parse(ep)
+		if err != nil {
+			return fmt.Errorf("etcd endpoint %q: %w", ep, err)
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "2379")
+		}
 		d := tls.Dialer{Config: cfg.TLS.Clone()}
-		d.Config.ServerName, _, _ = strings.Cut(host, ":")
+		d.Config.ServerName = u.Hostname() // as gRPC sets it: an IPv6 address without its brackets
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		conn, err := d.DialContext(hctx, "tcp", host)
 		cancel()

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -91,4 +95,30 @@ func forward(t *testing.T, addr, target string) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// The handshake that explains a timeout dials each endpoint as the etcd
+// client does: an IPv6 address in brackets, a trailing slash. (It took
+// everything before the first ':' for the name, so https://[::1]:2379 was
+// checked for "[", and a sound endpoint was blamed.)
+func TestTheHandshakeReadsEndpointsAsTheClientDoes(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		ln, err = net.Listen("tcp", "127.0.0.1:0") // no IPv6 loopback: the trailing slash still counts
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Listener = ln
+	srv.StartTLS() // its certificate names 127.0.0.1 and ::1
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	for _, ep := range []string{srv.URL, srv.URL + "/"} {
+		cfg := clientv3.Config{Endpoints: []string{ep}, TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}}
+		if err := handshake(context.Background(), cfg); err != nil {
+			t.Errorf("the handshake with %s, whose certificate names it: %v", ep, err)
+		}
+	}
 }
