@@ -129,17 +129,8 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	}
 	pods, err := r.pods(ctx, rng)
 	if errors.Is(err, errInvalidSelector) {
-		msg := fmt.Sprintf("%v; no pod is given a block or slot until it is fixed, and those given stay", err)
-		setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonInvalidSelector, msg)
-		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidSelector, "%s", msg)
-		if rng.Spec.Mode != fencerv1.ModeSlots {
-			return out, nil // a block needs no renewing
-		}
-		if _, err := r.Elector.Term(); err != nil {
-			out.result.RequeueAfter = time.Second
-			return out, nil
-		}
-		return out, r.keepHeldSlots(ctx, rng)
+		r.invalidSelector(ctx, rng, err, &out)
+		return out, nil
 	}
 	if err != nil {
 		return out, err
@@ -216,6 +207,33 @@ func rangeSize(rng *fencerv1.IDRange) uint64 {
 
 func setRangeCondition(rng *fencerv1.IDRange, typ string, status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&rng.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: rng.Generation})
+}
+
+// invalidSelector is a pass over a range whose selector cannot be parsed:
+// Ready False, one Warning per generation, nothing handed out, and, for
+// Slots, the slots pods hold still renewed (keepHeldSlots), every
+// repairInterval, as their pods come and go.
+func (r *IDRangeReconciler) invalidSelector(ctx context.Context, rng *fencerv1.IDRange, err error, out *outcome) {
+	msg := fmt.Sprintf("%v; no pod is given a block or slot until it is fixed, and those given stay", err)
+	if c := meta.FindStatusCondition(rng.Status.Conditions, fencerv1.ConditionReady); c == nil || c.Reason != fencerv1.ReasonInvalidSelector || c.ObservedGeneration != rng.Generation {
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonInvalidSelector, "%s", msg)
+	}
+	setRangeCondition(rng, fencerv1.ConditionReady, metav1.ConditionFalse, fencerv1.ReasonInvalidSelector, msg)
+	if rng.Spec.Mode != fencerv1.ModeSlots {
+		out.result = ctrl.Result{} // a block needs no renewing; an edit of the spec wakes it
+		return
+	}
+	if _, err := r.Elector.Term(); err != nil {
+		out.result.RequeueAfter = time.Second
+		return
+	}
+	if err := r.keepHeldSlots(ctx, rng, out); err != nil {
+		// The status keeps the cause a user must fix; the Event says why
+		// the slots were not renewed this time.
+		reason, msg := etcdFailure(err)
+		out.event(corev1.EventTypeWarning, reason, "%s", msg)
+		out.result.RequeueAfter = 2 * time.Second
+	}
 }
 
 // errInvalidSelector is the pods of an IDRange whose spec.podSelector

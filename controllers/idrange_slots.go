@@ -31,18 +31,9 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 		pod := podByUID(pods, sl.PodUID)
 		switch {
 		case sl.N < rng.Spec.Min || sl.N > rng.Spec.Max:
-			// A slot leased under an earlier range of this name (deleted,
-			// its finalizer removed by hand, and created again smaller
-			// within the slot's TTL): its worker ID may belong to another
-			// range now. It is released at once, which fences its
-			// generator off now, not one TTL later; its pod gets one of
-			// this range's slots.
-			r.Renewer.Stop(slotKey)
-			if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, []etcdstore.Slot{sl}); err != nil {
+			if err := r.releaseOutOfRange(ctx, rng, sl, out); err != nil {
 				return err
 			}
-			metrics.IDRangeRepairs.WithLabelValues("slot_out_of_range").Inc()
-			out.event(corev1.EventTypeWarning, "SlotOutOfRange", "slot %d of %s lies outside [%d, %d]: released; the pod gets a slot in the range", sl.N, sl.Pod, rng.Spec.Min, rng.Spec.Max)
 			continue
 		case pod == nil || !slotQualifies(pod):
 			if r.Renewer.Renewing(slotKey, sl.LeaseID) {
@@ -100,13 +91,28 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 	return nil
 }
 
+// releaseOutOfRange releases a slot leased under an earlier range of this
+// name (deleted, its finalizer removed by hand, and created again smaller
+// within the slot's TTL): its worker ID may belong to another range now.
+// It is released at once, which fences its generator off now, not one TTL
+// later; its pod gets one of this range's slots.
+func (r *IDRangeReconciler) releaseOutOfRange(ctx context.Context, rng *fencerv1.IDRange, sl etcdstore.Slot, out *outcome) error {
+	r.Renewer.Stop(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
+	if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, []etcdstore.Slot{sl}); err != nil {
+		return err
+	}
+	metrics.IDRangeRepairs.WithLabelValues("slot_out_of_range").Inc()
+	out.event(corev1.EventTypeWarning, "SlotOutOfRange", "slot %d of %s lies outside [%d, %d]: released; the pod gets a slot in the range", sl.N, sl.Pod, rng.Spec.Min, rng.Spec.Max)
+	return nil
+}
+
 // keepHeldSlots renews the live slots of rng whose pods still qualify, and
 // does nothing else: with a selector it cannot read, the range hands out
 // nothing, but what a pod holds stays its own, on this leader and on the
 // next (whose renewer starts empty), so a typo in the selector does not
 // take a running generator's worker ID away. A slot whose pod is gone is
 // no longer renewed, as in slots.
-func (r *IDRangeReconciler) keepHeldSlots(ctx context.Context, rng *fencerv1.IDRange) error {
+func (r *IDRangeReconciler) keepHeldSlots(ctx context.Context, rng *fencerv1.IDRange, out *outcome) error {
 	live, err := r.Store.Slots(ctx, rng.Namespace, rng.Name)
 	if err != nil {
 		return err
@@ -117,11 +123,16 @@ func (r *IDRangeReconciler) keepHeldSlots(ctx context.Context, rng *fencerv1.IDR
 	}
 	for _, sl := range live {
 		slotKey := etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N)
-		if pod := podByUID(pods, sl.PodUID); pod == nil || !slotQualifies(pod) || sl.N < rng.Spec.Min || sl.N > rng.Spec.Max {
+		switch pod := podByUID(pods, sl.PodUID); {
+		case sl.N < rng.Spec.Min || sl.N > rng.Spec.Max:
+			if err := r.releaseOutOfRange(ctx, rng, sl, out); err != nil {
+				return err
+			}
+		case pod == nil || !slotQualifies(pod):
 			r.Renewer.Stop(slotKey)
-			continue
+		default:
+			r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
 		}
-		r.Renewer.Ensure(slotKey, sl.LeaseID, r.Clock.Now())
 	}
 	return nil
 }

@@ -124,3 +124,83 @@ func TestASlotOutsideTheRangeIsReplaced(t *testing.T) {
 		}
 	}
 }
+
+// With a selector it cannot parse, a Slots range hands out nothing and
+// keeps what pods hold: the slot of a pod still there is renewed (on a new
+// leader too), one whose pod is gone is not, and one outside [min, max]
+// is released at once, as in an ordinary pass. The Warning comes once per
+// generation, not at every periodic pass; a Blocks range needs no pass
+// until its spec changes.
+func TestAnInvalidSelectorKeepsTheSlotsPodsHold(t *testing.T) {
+	cli, store, elector := storeWithTerm(t)
+	ctx := context.Background()
+	slot := func(n int64, pod string) string {
+		l, err := cli.Grant(ctx, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := etcdkeys.SlotKey(etcdkeys.DefaultPrefix, "ns", "ids", n)
+		if _, err := cli.Put(ctx, key, fmt.Sprintf(`{"pod":%q,"podUID":"uid-%s"}`, pod, pod), clientv3.WithLease(l.ID)); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	kept, gone, outside := slot(1, "p"), slot(2, "q"), slot(900, "p2")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Labels: map[string]string{"app": "x"}}}
+	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod).Build()
+	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
+	r.APIReader = api
+	rng := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", UID: "u", Generation: 2},
+		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: 0, Max: 15, SlotTTLSeconds: ptr.To[int32](10),
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "bad value!"}}}}
+	out, err := r.reconcileRange(ctx, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Renewer.Renewing(kept, leaseOf(t, cli, kept)) {
+		t.Error("the slot of pod p, still there, is not renewed")
+	}
+	if r.Renewer.Renewing(gone, leaseOf(t, cli, gone)) {
+		t.Error("the slot of pod q, gone, is renewed")
+	}
+	if resp, err := cli.Get(ctx, outside); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("slot 900, outside [0, 15], is still there (%v)", err)
+	}
+	if n := countEvents(out, fencerv1.ReasonInvalidSelector); n != 1 || out.result.RequeueAfter <= 0 {
+		t.Errorf("first pass: %d InvalidSelector Events, requeue %s; want 1 and a periodic pass", n, out.result.RequeueAfter)
+	}
+	again, err := r.reconcileRange(ctx, rng) // the status now says InvalidSelector at this generation
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countEvents(again, fencerv1.ReasonInvalidSelector); n != 0 {
+		t.Errorf("the next pass of the same generation warned again (%d)", n)
+	}
+	rng.Spec.Mode, rng.Generation = fencerv1.ModeBlocks, 3
+	blocks, err := r.reconcileRange(ctx, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if countEvents(blocks, fencerv1.ReasonInvalidSelector) != 1 || blocks.result.RequeueAfter != 0 {
+		t.Errorf("a Blocks range: %+v; want one Warning for its generation and no periodic pass", blocks)
+	}
+}
+
+func leaseOf(t *testing.T, cli *clientv3.Client, key string) clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("%s: %v", key, err)
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}
+
+func countEvents(out outcome, reason string) int {
+	n := 0
+	for _, e := range out.events {
+		if e.reason == reason {
+			n++
+		}
+	}
+	return n
+}

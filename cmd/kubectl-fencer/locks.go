@@ -114,18 +114,14 @@ func readLocks(ctx context.Context, c client.Client, f *lockFlags, ns, keyPrefix
 // etcd client makes it, and returns the first failure.
 func handshake(ctx context.Context, cfg clientv3.Config) error {
 	for _, ep := range cfg.Endpoints {
-		u, err := url.Parse(ep)
-		if err != nil {
-			return fmt.Errorf("etcd endpoint %q: %w", ep, err)
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "2379")
+		addr, name, ok := dialTarget(ep)
+		if !ok {
+			continue // not a TCP address: the client's own error stands
 		}
 		d := tls.Dialer{Config: cfg.TLS.Clone()}
-		d.Config.ServerName = u.Hostname() // as gRPC sets it: an IPv6 address without its brackets
+		d.Config.ServerName = name
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		conn, err := d.DialContext(hctx, "tcp", host)
+		conn, err := d.DialContext(hctx, "tcp", addr)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("the TLS handshake with %s: %w", ep, err)
@@ -133,6 +129,25 @@ func handshake(ctx context.Context, cfg clientv3.Config) error {
 		_ = conn.Close()
 	}
 	return nil
+}
+
+// dialTarget is the address the etcd client dials for endpoint ep, and the
+// name gRPC checks its certificate for: a URL's host as it is written (the
+// scheme only says whether to use TLS), or a bare host:port as it is; an
+// IPv6 address's name without its brackets. A unix socket is not one.
+func dialTarget(ep string) (addr, name string, ok bool) {
+	if !strings.Contains(ep, "://") {
+		host, _, err := net.SplitHostPort(ep)
+		if err != nil {
+			host = ep
+		}
+		return ep, host, true
+	}
+	u, err := url.Parse(ep)
+	if err != nil || strings.HasPrefix(u.Scheme, "unix") {
+		return "", "", false
+	}
+	return u.Host, u.Hostname(), true
 }
 
 // verifiedAs checks etcd's certificate chain against roots for name. The

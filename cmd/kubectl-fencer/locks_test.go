@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +99,8 @@ func forward(t *testing.T, addr, target string) string {
 }
 
 // The handshake that explains a timeout dials each endpoint as the etcd
-// client does: an IPv6 address in brackets, a trailing slash. (It took
+// client does: an IPv6 address in brackets, a trailing slash, a bare
+// host:port without a scheme. (It took
 // everything before the first ':' for the name, so https://[::1]:2379 was
 // checked for "[", and a sound endpoint was blamed.)
 func TestTheHandshakeReadsEndpointsAsTheClientDoes(t *testing.T) {
@@ -115,10 +117,26 @@ func TestTheHandshakeReadsEndpointsAsTheClientDoes(t *testing.T) {
 	defer srv.Close()
 	pool := x509.NewCertPool()
 	pool.AddCert(srv.Certificate())
-	for _, ep := range []string{srv.URL, srv.URL + "/"} {
+	for _, ep := range []string{srv.URL, srv.URL + "/", strings.TrimPrefix(srv.URL, "https://")} {
 		cfg := clientv3.Config{Endpoints: []string{ep}, TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}}
 		if err := handshake(context.Background(), cfg); err != nil {
 			t.Errorf("the handshake with %s, whose certificate names it: %v", ep, err)
+		}
+	}
+}
+
+func TestDialTarget(t *testing.T) {
+	for ep, want := range map[string][3]string{
+		"https://127.0.0.1:2379":         {"127.0.0.1:2379", "127.0.0.1", "true"},
+		"https://[::1]:2379/":            {"[::1]:2379", "::1", "true"},
+		"https://etcd-0.fencer.svc":      {"etcd-0.fencer.svc", "etcd-0.fencer.svc", "true"}, // no port: the dial fails as the client's does
+		"127.0.0.1:2379":                 {"127.0.0.1:2379", "127.0.0.1", "true"},
+		"fencer-etcd.fencer-system:2379": {"fencer-etcd.fencer-system:2379", "fencer-etcd.fencer-system", "true"},
+		"unix:///run/etcd.sock":          {"", "", "false"},
+	} {
+		addr, name, ok := dialTarget(ep)
+		if got := [3]string{addr, name, strconv.FormatBool(ok)}; got != want {
+			t.Errorf("dialTarget(%q) = %v, want %v", ep, got, want)
 		}
 	}
 }
