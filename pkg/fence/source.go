@@ -129,6 +129,10 @@ func TokenFromAnnotations(annotations map[string]string, lease string) (Token, e
 	return t, nil
 }
 
+// swapGrace is how long FileSource waits before it reads a missing
+// annotations file again.
+const swapGrace = 50 * time.Millisecond
+
 // FileSource reads a lease's token from a Downward API annotations file.
 type FileSource struct {
 	// Path is the file, e.g. /etc/fencer/annotations.
@@ -138,11 +142,23 @@ type FileSource struct {
 }
 
 // Token reads the file now.
-func (f FileSource) Token(context.Context) (Token, error) {
+func (f FileSource) Token(ctx context.Context) (Token, error) {
 	if f.Path == "" {
 		return Token{}, fmt.Errorf("%w: FileSource needs Path, the Downward API annotations file", ErrMisconfigured)
 	}
 	data, err := os.ReadFile(f.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The kubelet swaps the file's directory in one rename, but a path
+		// resolved across the swap can reach the old directory as it is
+		// removed: a missing file is looked for once more before it is
+		// called a misconfiguration.
+		select {
+		case <-ctx.Done():
+			return Token{}, ctx.Err()
+		case <-time.After(swapGrace):
+		}
+		data, err = os.ReadFile(f.Path)
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		// The kubelet writes a Downward API file before the container
 		// starts: a missing one is a path or a volume mount to fix.

@@ -85,6 +85,29 @@ func TestFileSource(t *testing.T) {
 	}
 }
 
+// A path resolved across the kubelet's swap of the volume's ..data
+// directory can find the file missing for an instant: FileSource looks
+// again once before it calls a missing file a misconfiguration (which ends
+// RunExclusive), and a file still missing then is one.
+func TestFileSourceLooksAgainForAMissingFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "annotations")
+	src := FileSource{Path: path, Lease: "report"}
+	done := make(chan error, 1)
+	time.AfterFunc(swapGrace/5, func() { done <- os.WriteFile(path, mustRead(t, "testdata/simple.annotations"), 0o644) })
+	tok, err := src.Token(ctx)
+	if werr := <-done; werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil || tok.Value != 354 {
+		t.Fatalf("a file that appeared within %s: %+v, %v; want token 354", swapGrace, tok, err)
+	}
+	missing := FileSource{Path: path + ".none", Lease: "report"}
+	if _, err := missing.Token(ctx); !errors.Is(err, ErrMisconfigured) {
+		t.Fatalf("a file that stays missing: %v, want ErrMisconfigured", err)
+	}
+}
+
 // A token annotation patched by hand into something that is no token
 // ("12x") reads as not holding: RunExclusive waits for the controller to
 // put it right, and, if its ctx ends first, says why it never started
