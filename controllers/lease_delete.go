@@ -113,29 +113,28 @@ func (r *LeaseReconciler) deletionGrace() time.Duration {
 // isCurrent asks the apiserver, not the cache, whether the Lease of name
 // is the object uid.
 func (r *LeaseReconciler) isCurrent(ctx context.Context, name types.NamespacedName, uid types.UID) (bool, error) {
-	now := &fencerv1.Lease{}
-	err := r.uncached().Get(ctx, name, now)
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, err
-	}
-	return now.UID == uid, nil
+	now, err := r.leaseNow(ctx, name)
+	return now != nil && now.UID == uid, err
 }
 
 // notBeingDeleted asks the apiserver, not the cache, whether this very
 // Lease object (its UID) is still there with no deletionTimestamp.
 func (r *LeaseReconciler) notBeingDeleted(ctx context.Context, lease *fencerv1.Lease) (bool, error) {
+	now, err := r.leaseNow(ctx, client.ObjectKeyFromObject(lease))
+	return now != nil && now.UID == lease.UID && now.DeletionTimestamp.IsZero(), err
+}
+
+// leaseNow is the Lease of name as the apiserver has it: nil when there is
+// none.
+func (r *LeaseReconciler) leaseNow(ctx context.Context, name types.NamespacedName) (*fencerv1.Lease, error) {
 	now := &fencerv1.Lease{}
-	err := r.uncached().Get(ctx, client.ObjectKeyFromObject(lease), now)
-	switch {
+	switch err := r.uncached().Get(ctx, name, now); {
 	case apierrors.IsNotFound(err):
-		return false, nil
+		return nil, nil
 	case err != nil:
-		return false, err
+		return nil, err
 	}
-	return now.UID == lease.UID && now.DeletionTimestamp.IsZero(), nil
+	return now, nil
 }
 
 // dropPredecessorGrant releases a grant that etcd holds for an earlier
