@@ -38,13 +38,19 @@ type decision struct {
 // label on one fences nothing.
 var ownKinds = map[string]bool{"leases": true, "idranges": true, "workloadleases": true}
 
+// errRefused ends `check` with exit status 1 once the decision is printed,
+// as `kubectl auth can-i` exits 1 for "no", so a script can gate on it.
+// main prints nothing more for it: the decision says why.
+var errRefused = errors.New("the fencing webhook refuses the write")
+
 func checkCmd(o *options) *cobra.Command {
 	var tok string
 	cmd := &cobra.Command{
 		Use:   "check (TYPE/NAME | TYPE NAME) [--token N] [--as USER]",
 		Short: "What the fencing webhook decides now for a write to an object: a server-side dry run, so the real webhook answers",
 		Long: "check sends the smallest write to the object, a patch of its fencer.io/token annotation (to --token, or to none),\n" +
-			"as a server-side dry run: the apiserver runs fencer's webhook and stores nothing. --as and --as-group send it as another user.",
+			"as a server-side dry run: the apiserver runs fencer's webhook and stores nothing. --as and --as-group send it as another user.\n" +
+			"It exits 0 when the write would be allowed, 1 when it would be refused (the decision is printed either way), and 1 with an error otherwise.",
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, err := o.namespace()
@@ -81,7 +87,13 @@ func checkCmd(o *options) *cobra.Command {
 			if err := d.from(err); err != nil {
 				return err
 			}
-			return o.print(d, func(w *tabwriter.Writer) { d.table(w) })
+			if err := o.print(d, func(w *tabwriter.Writer) { d.table(w) }); err != nil {
+				return err
+			}
+			if !d.Allowed {
+				return errRefused
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&tok, "token", "", "the fencing token the write sends (fencer.io/token); none when empty")

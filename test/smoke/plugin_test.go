@@ -79,13 +79,17 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 	}
 	apply("out.yaml", fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: out, namespace: plugin, labels: {fencer.io/lease: job}, annotations: {fencer.io/token: %q}}\ndata: {v: '1'}\n", strconv.FormatInt(token, 10)))
 
-	plugin := func(golden string, args ...string) {
+	// pluginExits runs the plugin and wants exit status code: check exits
+	// 1 for a refusal, after printing the decision and nothing on stderr.
+	pluginExits := func(code int, golden string, args ...string) {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(bin, "kubectl"), append([]string{"fencer", "--kubeconfig", kubeconfig, "-n", "plugin"}, args...)...)
 		cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
-		raw, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl fencer %v: %v\n%s", args, err, raw)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		raw, err := cmd.Output()
+		if got := cmd.ProcessState.ExitCode(); got != code || stderr.Len() > 0 {
+			t.Fatalf("kubectl fencer %v: exit status %d, want %d (%v)\nstdout:\n%s\nstderr:\n%s", args, got, code, err, raw, stderr.String())
 		}
 		got := normalize(string(raw), token)
 		if args[0] == "locks" {
@@ -106,14 +110,18 @@ func runPlugin(t *testing.T, root, bin, kubeconfig string, kubectl func(...strin
 			t.Errorf("kubectl fencer %s:\n%s\nwant (%s):\n%s", strings.Join(args, " "), got, path, want)
 		}
 	}
+	plugin := func(golden string, args ...string) {
+		t.Helper()
+		pluginExits(0, golden, args...)
+	}
 	plugin("status.golden", "status")
 	plugin("status-job.golden", "status", "job")
 	plugin("status-job-json.golden", "status", "job", "-o", "json")
 	plugin("status-none-json.golden", "status", "-n", "kube-public", "-o", "json") // no Leases there: [], not null
 	plugin("history.golden", "history", "job")
 	plugin("check-allowed.golden", "check", "cm/out", "--token", strconv.FormatInt(token, 10))
-	plugin("check-stale.golden", "check", "configmap", "out", "--token", strconv.FormatInt(token-1, 10))
-	plugin("check-none.golden", "check", "cm/out")
+	pluginExits(1, "check-stale.golden", "check", "configmap", "out", "--token", strconv.FormatInt(token-1, 10))
+	pluginExits(1, "check-none.golden", "check", "cm/out")
 	plugin("ids-blocks.golden", "ids", "orders")
 	plugin("ids-slots.golden", "ids", "workers")
 
