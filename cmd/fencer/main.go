@@ -334,9 +334,14 @@ func webhookServer(o *options) ctrlwebhook.Server {
 	if o.webhookPort == 0 {
 		return nil
 	}
+	opts := ctrlwebhook.Options{Host: o.webhookHost, Port: o.webhookPort, CertDir: o.webhookCertDir}
+	if o.clientAuth != nil {
+		opts.TLSOpts = append(opts.TLSOpts, o.clientAuth.TLS)
+	}
 	return &webhook.CertGatedServer{
-		Server:  ctrlwebhook.NewServer(ctrlwebhook.Options{Host: o.webhookHost, Port: o.webhookPort, CertDir: o.webhookCertDir}),
-		CertDir: o.webhookCertDir,
+		Server:     ctrlwebhook.NewServer(opts),
+		CertDir:    o.webhookCertDir,
+		ClientAuth: o.clientAuth,
 	}
 }
 

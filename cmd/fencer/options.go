@@ -49,6 +49,10 @@ type options struct {
 	webhookSecret       string
 	webhookService      string
 	webhookConfigName   string
+	webhookClientCA     string
+	webhookClientNames  string
+	// clientAuth is read from webhookClientCA by validate.
+	clientAuth          *webhook.ClientAuth
 	kubeAPIQPS          float64
 	kubeAPIBurst        int
 	leaseWorkers        int
@@ -202,6 +206,9 @@ func (o *options) validate() error {
 	if o.leaseDeleteWebhook && o.webhookPort == 0 {
 		return errors.New("--lease-delete-webhook needs the webhook server; --webhook-port is 0")
 	}
+	if err := o.loadClientAuth(); err != nil {
+		return err
+	}
 	for flag, list := range map[string]string{"namespaces": o.namespaces, "lease-finalizer-namespaces": o.finalizerNamespaces} {
 		if err := namespaceList(flag, list); err != nil {
 			return err
@@ -213,6 +220,27 @@ func (o *options) validate() error {
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
 	}
+	return nil
+}
+
+// loadClientAuth reads --webhook-client-ca-file, so a missing or empty
+// file stops the manager at start rather than at the first review.
+func (o *options) loadClientAuth() error {
+	names := etcdstore.SplitList(o.webhookClientNames)
+	if o.webhookClientCA == "" {
+		if len(names) > 0 {
+			return errors.New("--webhook-client-names needs --webhook-client-ca-file: without a CA no client certificate is read")
+		}
+		return nil
+	}
+	if o.webhookPort == 0 {
+		return errors.New("--webhook-client-ca-file needs the webhook server; --webhook-port is 0")
+	}
+	auth, err := webhook.LoadClientAuth(o.webhookClientCA, names)
+	if err != nil {
+		return err
+	}
+	o.clientAuth = auth
 	return nil
 }
 
@@ -269,6 +297,8 @@ func (o *options) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.webhookConfigName, "webhook-config-name", webhook.DefaultConfigName, "Name of this install's Mutating- and ValidatingWebhookConfiguration, into which --webhook-cert-rotation injects the CA. Each install in a cluster has its own.")
 	fs.StringVar(&o.webhookService, "webhook-service", "fencer-webhook", "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.exemptUsers, "exempt-users", strings.Join(webhook.DefaultExemptUsers, ","), "Comma-separated usernames whose writes to fenced objects pass without a token: the lifecycle controllers (namespace deletion, garbage collection). Every other write that cannot carry a token (DELETE, /status, /scale) is refused unless it comes from a bindIdentity Lease's holder pod.")
+	fs.StringVar(&o.webhookClientCA, "webhook-client-ca-file", "", "PEM file of the CA that signs the apiserver's client certificate for webhooks (its --admission-control-config-file gives it one). When set, every webhook path answers 403 to a caller without a certificate from this CA, so a pod that reaches the port cannot post a forged review. Read at start.")
+	fs.StringVar(&o.webhookClientNames, "webhook-client-names", "", "Comma-separated common names or DNS names the webhook's client certificate must carry, for a CA that also signs other clients' certificates; empty accepts any certificate from --webhook-client-ca-file.")
 	fs.StringVar(&o.exemptGroups, "exempt-groups", "", "Comma-separated groups whose members are exempt like --exempt-users.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "Sustained requests per second the manager may send the Kubernetes API (client-side limit). A first grant costs two writes (pod annotation, status; a third, the finalizer, where the webhook lease-finalizer.fencer.io did not set it at create), so this bounds how fast many Leases are granted at once.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 100, "Requests the manager may send the Kubernetes API in a burst above --kube-api-qps.")

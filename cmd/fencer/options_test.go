@@ -59,6 +59,10 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-workers=0"}, "--lease-workers must be at least 1, got 0"},
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-finalizer-namespaces=kube-system,Bad_NS"}, `--lease-finalizer-namespaces: "Bad_NS" is not a namespace name`},
 		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=0", "--lease-delete-webhook"}, "--lease-delete-webhook needs the webhook server; --webhook-port is 0"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-client-names=kube-apiserver"}, "--webhook-client-names needs --webhook-client-ca-file"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=0", "--webhook-client-ca-file=ca.crt"}, "--webhook-client-ca-file needs the webhook server; --webhook-port is 0"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-client-ca-file=/no/such/ca.crt"}, "--webhook-client-ca-file: open /no/such/ca.crt: no such file or directory"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-client-ca-file=options_test.go"}, "--webhook-client-ca-file options_test.go holds no PEM certificate"},
 	}
 	for _, tc := range cases {
 		_, err := parseFlagsQuiet(tc.args)

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,9 +16,22 @@ import (
 // not yet mounted, cert-manager or the rotator still at work) stays up and
 // not Ready, instead of crash-looping. Readiness comes from the inner
 // server's StartedChecker.
+//
+// With ClientAuth set, every path it serves answers only callers that
+// present a client certificate ClientAuth accepts; the inner server must
+// have been built with ClientAuth.TLS among its TLSOpts.
 type CertGatedServer struct {
 	ctrlwebhook.Server
-	CertDir string
+	CertDir    string
+	ClientAuth *ClientAuth
+}
+
+// Register serves hook at path, behind ClientAuth when it is set.
+func (s *CertGatedServer) Register(path string, hook http.Handler) {
+	if s.ClientAuth != nil {
+		hook = s.ClientAuth.Wrap(hook)
+	}
+	s.Server.Register(path, hook)
 }
 
 // Start waits for tls.crt and tls.key in CertDir, then serves.

@@ -8,8 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/fencer-io/fencer/internal/identity"
 )
 
 // docCommands returns the commands in docs/install.md's ```sh blocks, with
@@ -104,6 +107,18 @@ func TestInstallDocCommands(t *testing.T) {
 			}
 			run(c)
 			installed = true
+		case strings.HasPrefix(c, "kubectl -n fencer-system create configmap apiserver-webhook-ca "):
+			// The CA of the apiserver's webhook client certificate: the page's
+			// file name, written to a temporary directory.
+			ca, err := identity.NewCA("webhook-client-ca", time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "webhook-client-ca.crt")
+			if err := os.WriteFile(file, ca.CertPEM, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			run(strings.Replace(c, "=webhook-client-ca.crt", "="+file, 1))
 		case c == "kubectl apply -k config/default" || c == "kubectl apply -k config/lease-delete-webhook":
 			uninstall()
 			run(c)

@@ -178,7 +178,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller}", "exempt neither"},
 		// A group that cannot hold the lifecycle controllers.
 		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={team-admins}", "exempt neither"},
-		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={system:authenticated}", "exempt neither"},
+		{"webhook.exemptUsers={ci-bot},webhook.exemptGroups={system:authenticated}", "webhook.exemptGroups names system:authenticated"},
+		// A group every workload is in: the fence would hold against no one.
+		{"webhook.exemptGroups={system:serviceaccounts:kube-system,system:authenticated}", "webhook.exemptGroups names system:authenticated"},
+		{"webhook.exemptGroups={ system:serviceaccounts}", "webhook.exemptGroups names system:serviceaccounts:"},
+		{"webhook.exemptGroups={system:unauthenticated}", "webhook.exemptGroups names system:unauthenticated"},
+		// The webhook's client CA ConfigMap must be a name.
+		{"webhook.clientCA.configMap=Bad_CA", "configMap"},
 		// A leading zero: sprig's int reads 08 as octal (0), YAML as 8.
 		{"podDisruptionBudget.minAvailable=08", "minAvailable"},
 		{"podDisruptionBudget.minAvailable=099%", "minAvailable"},

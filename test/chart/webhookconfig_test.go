@@ -220,3 +220,44 @@ func TestLeaseFinalizerWebhook(t *testing.T) {
 		t.Error("with leaseDeletion.webhook the chart still renders lease-finalizer.fencer.io")
 	}
 }
+
+// webhook.clientCA mounts the ConfigMap and passes the manager the CA and
+// names, so the webhook answers only the apiserver's certificate; unset,
+// neither the flags nor the volume are rendered.
+func TestWebhookClientCA(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		flags  []string
+		volume string
+	}{
+		{nil, nil, ""},
+		{[]string{"--set", "webhook.clientCA.configMap=apiserver-webhook-ca"}, []string{"--webhook-client-ca-file=/etc/fencer/webhook-client-ca/ca.crt"}, "apiserver-webhook-ca"},
+		{[]string{"--set", "webhook.clientCA.configMap=ca", "--set", "webhook.clientCA.key=bundle.pem", "--set", "webhook.clientCA.names={kube-apiserver,apiserver-proxy}"},
+			[]string{"--webhook-client-ca-file=/etc/fencer/webhook-client-ca/bundle.pem", "--webhook-client-names=kube-apiserver,apiserver-proxy"}, "ca"},
+	} {
+		var dep appsv1.Deployment
+		one(t, render(t, tc.args...), "Deployment", &dep)
+		var got []string
+		for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--webhook-client-") {
+				got = append(got, a)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.flags) {
+			t.Errorf("%v: flags %v, want %v", tc.args, got, tc.flags)
+		}
+		var volume string
+		for _, v := range dep.Spec.Template.Spec.Volumes {
+			if v.Name == "webhook-client-ca" && v.ConfigMap != nil {
+				volume = v.ConfigMap.Name
+			}
+		}
+		mounted := false
+		for _, m := range dep.Spec.Template.Spec.Containers[0].VolumeMounts {
+			mounted = mounted || (m.Name == "webhook-client-ca" && m.MountPath == "/etc/fencer/webhook-client-ca" && m.ReadOnly)
+		}
+		if volume != tc.volume || mounted != (tc.volume != "") {
+			t.Errorf("%v: volume from ConfigMap %q (mounted %v), want %q", tc.args, volume, mounted, tc.volume)
+		}
+	}
+}
