@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +61,31 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease), lease.UID); err != nil || !res.IsZero() {
 		return res, err
 	}
-	return dropFinalizer(ctx, apiClientOf(r.Client, r.APIReader), lease, fencerv1.LeaseFinalizer)
+	c := apiClientOf(r.Client, r.APIReader)
+	if err := r.showReleasedAtDeletion(ctx, lease); err != nil {
+		return c.requeueIfStale(ctx, lease, err)
+	}
+	return dropFinalizer(ctx, c, lease, fencerv1.LeaseFinalizer)
+}
+
+// showReleasedAtDeletion writes that the grant of a Lease being deleted is
+// released, when the deletion waits on a finalizer other than fencer's (a
+// tool's, or foregroundDeletion's dependents). The Lease then outlives the
+// release, and a pod reading its status (tokenDelivery: LeaseStatus,
+// fence.LeaseSource, fence.StatusHeld) would go on seeing a holder and a
+// token that etcd no longer has, for as long as the deletion waits. A Lease
+// whose only finalizer is fencer's is gone at the next write: no status
+// write for it.
+func (r *LeaseReconciler) showReleasedAtDeletion(ctx context.Context, lease *fencerv1.Lease) error {
+	waits := slices.ContainsFunc(lease.Finalizers, func(f string) bool { return f != fencerv1.LeaseFinalizer })
+	if !waits || (lease.Status.Holder == "" && lease.Status.Token == 0 && lease.Status.OpenTenure() == nil) {
+		return nil
+	}
+	before := lease.Status.DeepCopy()
+	showEnded(lease, nil, nil, r.Clock.Now(), fencerv1.TenureDeleted)
+	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonDeleting, fmt.Sprintf(
+		"the Lease is being deleted and its grant is released; its deletion waits on the finalizers %v", lease.Finalizers))
+	return writeStatus(ctx, r.Client, lease, before)
 }
 
 // deletionPending is grantNext's answer when etcd refused the grant because

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -82,5 +83,55 @@ func TestWorkloadLeaseSetsItsMembersTokenDelivery(t *testing.T) {
 	create(t, wl)
 	if got := memberLeases(t, ns, wl, "web-0")["web-0"].Spec.TokenDelivery; got != fencerv1.DeliveryLeaseStatus {
 		t.Fatalf("web-0's tokenDelivery %q, want LeaseStatus", got)
+	}
+}
+
+// A Lease whose deletion waits on a finalizer other than fencer's (a
+// tool's) outlives the release of its grant: its status must say so, or a
+// pod reading it (tokenDelivery LeaseStatus) would go on holding a token
+// etcd no longer has for as long as the deletion waits.
+func TestALeaseWhoseDeletionWaitsShowsItsGrantReleased(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	w0 := readyPod(t, ns, "w-0", "w")
+	l := newLease(ns, "job", "w", 15)
+	l.Spec.TokenDelivery = fencerv1.DeliveryLeaseStatus
+	l.Finalizers = []string{"example.com/keep"}
+	create(t, l)
+	st := heldBy(t, ns, "job")
+	src := fence.LeaseSource{Client: k8s, Namespace: ns, Lease: "job", Pod: "w-0", UID: w0.UID}
+	if tok, err := src.Token(ctx); err != nil || tok.Value != st.Token {
+		t.Fatalf("LeaseSource for w-0 while held: %+v, %v; want token %d", tok, err, st.Token)
+	}
+	if err := k8s.Delete(ctx, &fencerv1.Lease{ObjectMeta: metaOf(ns, "job")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the status of the Lease being deleted to show its grant released", func() error {
+		got := getLease(t, ns, "job")
+		if got.DeletionTimestamp.IsZero() {
+			return fmt.Errorf("not being deleted yet")
+		}
+		if etcdToken(t, ns, "job") != 0 {
+			return fmt.Errorf("etcd still has the grant")
+		}
+		if got.Status.Holder != "" || got.Status.Token != 0 || got.Status.OpenTenure() != nil || heldReason(got) != fencerv1.ReasonDeleting {
+			return fmt.Errorf("status holder %q token %d, open tenure %+v, Held %s", got.Status.Holder, got.Status.Token, got.Status.OpenTenure(), heldReason(got))
+		}
+		if last := got.Status.LastTenure(); last == nil || last.Token != st.Token || last.EndReason != fencerv1.TenureDeleted {
+			return fmt.Errorf("last tenure %+v, want token %d ended Deleted", last, st.Token)
+		}
+		return nil
+	})
+	if tok, err := src.Token(ctx); err == nil {
+		t.Fatalf("LeaseSource for w-0 reads token %+v from a Lease whose grant is released", tok)
+	}
+	got := getLease(t, ns, "job")
+	if slices.Contains(got.Finalizers, fencerv1.LeaseFinalizer) {
+		t.Errorf("fencer's finalizer stays on the released Lease: %v", got.Finalizers)
+	}
+	got.Finalizers = nil
+	if err := k8s.Update(ctx, got); err != nil {
+		t.Fatal(err)
 	}
 }
