@@ -75,9 +75,9 @@ for one that queued, from when its turn came.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&f.all, "all-namespaces", "A", false, "List the locks of every namespace")
-	cmd.Flags().StringVar(&f.secret, "viewer-secret", "fencer-etcd-viewer", "The lock viewer's credentials Secret (the chart's <release>-etcd-viewer)")
+	cmd.Flags().StringVar(&f.secret, "viewer-secret", "fencer-etcd-viewer", "The lock viewer's credentials Secret (the chart's <fullname>-etcd-viewer)")
 	cmd.Flags().StringVar(&f.secretNS, "fencer-namespace", "fencer-system", "The namespace fencer's manager runs in, which holds the viewer Secret")
-	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "etcd client URLs to use instead of the Secret's, e.g. https://127.0.0.1:2379 through `kubectl port-forward`")
+	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "etcd client URLs to use instead of the Secret's, e.g. https://127.0.0.1:2379 through kubectl port-forward")
 	cmd.Flags().StringVar(&f.serverName, "etcd-server-name", "", "The name to verify etcd's certificate for, when --etcd-endpoints reaches it by another (a port-forward: the Service's name, e.g. fencer-etcd.fencer-system.svc)")
 	return cmd
 }

@@ -90,7 +90,7 @@ var (
 	// EtcdOperationSeconds measures the latency of fencer's etcd operations.
 	EtcdOperationSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "fencer_etcd_operation_duration_seconds",
-		Help:    "Latency of fencer's etcd operations. Label op: get, grant, release, ttl, claim, slot, slots. Label result: ok, error.",
+		Help:    "Latency of fencer's etcd operations. Label op: get, grant, release, release_deleted (the Lease deletion webhook's release), ttl, claim, slot, slots. Label result: ok, error.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"op", "result"})
 )
