@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -37,46 +38,84 @@ type appliedMembers struct {
 }
 
 // applyMembers creates or updates the Lease of each member in want, and
-// deletes the WorkloadLease's Leases of members no longer there.
+// deletes the WorkloadLease's Leases of members no longer there. A member
+// whose Lease cannot be written (a quota on Leases, another admission
+// policy, a conflict) does not hold up the others, nor the deletion of
+// the members gone: its error is returned with theirs, after them.
 func (r *WorkloadLeaseReconciler) applyMembers(ctx context.Context, wl *fencerv1.WorkloadLease, want []member, out *outcome) (appliedMembers, error) {
 	var a appliedMembers
+	var errs []error
 	wanted := map[string]bool{}
 	for _, m := range want {
 		wanted[m.name] = true
-		if len(m.name) > maxLeaseName {
-			a.taken = append(a.taken, m.name+" (over 63 characters)")
-			continue
-		}
-		var l fencerv1.Lease
-		err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: m.name}, &l)
-		switch {
-		case apierrors.IsNotFound(err):
-			created, err := r.createMember(ctx, wl, m, out)
-			if err != nil {
-				return a, err
-			}
-			if created {
-				a.members++
-			} else { // a Lease the cache had not seen yet: look again
-				a.taken = append(a.taken, m.name)
-				out.result.RequeueAfter = time.Second
-			}
-			continue
-		case err != nil:
-			return a, err
-		case !metav1.IsControlledBy(&l, wl):
-			a.taken = append(a.taken, m.name)
-			continue
-		}
-		a.members++
-		if l.Status.OpenTenure() != nil {
-			a.held++
-		}
-		if err := r.updateMember(ctx, wl, &l, m, out); err != nil {
-			return a, err
+		if err := r.applyMember(ctx, wl, m, &a, out); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return a, r.deleteGone(ctx, wl, wanted)
+	errs = append(errs, r.deleteGone(ctx, wl, wanted))
+	return a, errors.Join(errs...)
+}
+
+// applyMember creates, adopts or updates m's Lease, counting it in a.
+func (r *WorkloadLeaseReconciler) applyMember(ctx context.Context, wl *fencerv1.WorkloadLease, m member, a *appliedMembers, out *outcome) error {
+	if len(m.name) > maxLeaseName {
+		a.taken = append(a.taken, m.name+" (over 63 characters)")
+		return nil
+	}
+	var l fencerv1.Lease
+	err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: m.name}, &l)
+	switch {
+	case apierrors.IsNotFound(err):
+		created, err := r.createMember(ctx, wl, m, out)
+		if err != nil {
+			return err
+		}
+		if created {
+			a.members++
+		} else { // a Lease the cache had not seen yet: look again
+			a.taken = append(a.taken, m.name)
+			out.result.RequeueAfter = time.Second
+		}
+		return nil
+	case err != nil:
+		return err
+	case !metav1.IsControlledBy(&l, wl):
+		adopted, err := r.adopt(ctx, wl, &l, out)
+		if err != nil || !adopted {
+			if err == nil {
+				a.taken = append(a.taken, m.name)
+			}
+			return err
+		}
+	}
+	a.members++
+	if l.Status.OpenTenure() != nil {
+		a.held++
+	}
+	return r.updateMember(ctx, wl, &l, m, out)
+}
+
+// adopt takes back l, a Lease of a member's name that no one controls and
+// whose label still names wl: an edit dropped its controller reference
+// (kubectl replace -f or edit of a manifest without ownerReferences), or
+// wl was deleted with --cascade=orphan and created again. Left alone, the
+// Lease would keep its edited selector, and the member's token would stay
+// with whatever pod it selects, past the member's scale-down and wl's
+// deletion. A Lease controlled by something else, or without the label, is
+// someone else's: the name is taken. updateMember then sets its spec back.
+func (r *WorkloadLeaseReconciler) adopt(ctx context.Context, wl *fencerv1.WorkloadLease, l *fencerv1.Lease, out *outcome) (bool, error) {
+	if metav1.GetControllerOf(l) != nil || l.Labels[memberOfLabel] != wl.Name || !l.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	if err := controllerutil.SetControllerReference(wl, l, r.Scheme()); err != nil {
+		return false, err
+	}
+	if err := r.Update(ctx, l); err != nil {
+		return false, fmt.Errorf("adopting Lease %s: %w", l.Name, err)
+	}
+	out.event(corev1.EventTypeWarning, fencerv1.ReasonMemberLeaseReverted,
+		"Lease %s had lost its controller reference to this WorkloadLease; adopted again, and its spec set back (edit the WorkloadLease instead)", l.Name)
+	return true, nil
 }
 
 // memberSpec sets the fields of a member Lease that its WorkloadLease owns.

@@ -125,7 +125,10 @@ func tooMany(kind, name, field string, n int64) error {
 // indexes are an Indexed Job's members: a Lease per completion index,
 // named <job>-<index>, selecting that index's pods of every Job of that
 // name: a Job re-created under it (kubectl replace --force) leaves pods
-// that may still run, and its own index pods wait for them.
+// that may still run, and its own index pods wait for them. A Job with a
+// manual selector has no name label on its pods: its members select that
+// index's pods by the Job's selector, which a Job re-created with the same
+// selector shares in the same way.
 func indexes(job *batchv1.Job) ([]member, error) {
 	if job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
 		return nil, &noMembers{fencerv1.ReasonNotIndexed, fmt.Sprintf("Job %s is not Indexed (spec.completionMode): its pods are not members to tell apart", job.Name)}
@@ -140,11 +143,26 @@ func indexes(job *batchv1.Job) ([]member, error) {
 	out := make([]member, 0, max(completions, 0))
 	for i := range completions {
 		idx := strconv.Itoa(int(i))
-		out = append(out, member{name: job.Name + "-" + idx, selector: metav1.LabelSelector{MatchLabels: map[string]string{
-			jobName: job.Name, jobCompletionIndex: idx,
-		}}})
+		sel := metav1.LabelSelector{MatchLabels: map[string]string{jobName: job.Name}}
+		if manualSelector(job) {
+			// The apiserver labels the pods of a Job with manualSelector
+			// with nothing of its own: its selector is what they carry.
+			sel = metav1.LabelSelector{MatchLabels: maps.Clone(job.Spec.Selector.MatchLabels), MatchExpressions: slices.Clone(job.Spec.Selector.MatchExpressions)}
+			if sel.MatchLabels == nil {
+				sel.MatchLabels = map[string]string{}
+			}
+		}
+		sel.MatchLabels[jobCompletionIndex] = idx
+		out = append(out, member{name: job.Name + "-" + idx, selector: sel})
 	}
 	return out, nil
+}
+
+// manualSelector: the Job's user chose its selector (spec.manualSelector),
+// so its pods carry neither batch.kubernetes.io/job-name nor the Job's
+// controller-uid, only the template's labels and the completion index.
+func manualSelector(job *batchv1.Job) bool {
+	return job.Spec.ManualSelector != nil && *job.Spec.ManualSelector && job.Spec.Selector != nil
 }
 
 // newestRun is a CronJob's one member: a Lease named as the CronJob that

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -56,6 +57,27 @@ func TestIndexesOfAnIndexedJobOnly(t *testing.T) {
 	}
 	if got := ms[2].selector.MatchLabels; got[jobName] != "shard" || got[jobCompletionIndex] != "2" || got[jobControllerUID] != "" {
 		t.Fatalf("shard-2's selector %v: index 2 of every Job named shard (a re-created Job's pods wait for the old one's)", got)
+	}
+}
+
+// A Job with a manual selector: the apiserver puts no job-name label on its
+// pods, so its members select by the Job's own selector and the index,
+// without changing the Job's selector.
+func TestIndexesOfAJobWithAManualSelector(t *testing.T) {
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "manual"},
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"batch"}}}}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "manual", UID: "u1"}, Spec: batchv1.JobSpec{
+		Completions: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion), ManualSelector: ptr.To(true), Selector: sel}}
+	ms, err := indexes(job)
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("members %+v, %v", ms, err)
+	}
+	want := metav1.LabelSelector{MatchLabels: map[string]string{"app": "manual", jobCompletionIndex: "1"}, MatchExpressions: sel.MatchExpressions}
+	if !equality.Semantic.DeepEqual(ms[1].selector, want) {
+		t.Fatalf("manual-1's selector %+v, want %+v", ms[1].selector, want)
+	}
+	if len(job.Spec.Selector.MatchLabels) != 1 {
+		t.Fatalf("the Job's own selector was changed: %v", job.Spec.Selector.MatchLabels)
 	}
 }
 
@@ -154,5 +176,42 @@ func TestDeleteGoneDeletesOnlyTheLeaseItSaw(t *testing.T) {
 	}
 	if err := r.Get(context.Background(), client.ObjectKeyFromObject(seen), &fencerv1.Lease{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the gone member's own Lease after deleteGone: %v, want it deleted", err)
+	}
+}
+
+// One member whose Lease cannot be created (a ResourceQuota on Leases,
+// another admission policy) holds up neither the other members nor the
+// deletion of the members gone; its error is still returned.
+func TestOneFailingMemberDoesNotHoldUpTheOthers(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "wl-uid"}}
+	gone := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "web-5", Namespace: "ns", UID: "gone-uid",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "fencer.io/v1alpha1", Kind: "WorkloadLease", Name: "web", UID: "wl-uid", Controller: ptr.To(true)}}}}
+	quota := apierrors.NewForbidden(schema.GroupResource{Group: "fencer.io", Resource: "leases"}, "web-0", errors.New("exceeded quota: leases"))
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(gone).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if obj.GetName() == "web-0" {
+				return quota
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}).Build()
+	r := &WorkloadLeaseReconciler{Client: c}
+	want := []member{{name: "web-0"}, {name: "web-1"}}
+	a, err := r.applyMembers(context.Background(), wl, want, &outcome{})
+	if !errors.Is(err, quota) {
+		t.Fatalf("applyMembers: %v, want web-0's quota error", err)
+	}
+	if a.members != 1 {
+		t.Errorf("%d members applied, want web-1", a.members)
+	}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "web-1"}, &fencerv1.Lease{}); err != nil {
+		t.Errorf("web-1 after web-0 failed: %v, want it created", err)
+	}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(gone), &fencerv1.Lease{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the gone member's Lease: %v, want it deleted", err)
 	}
 }

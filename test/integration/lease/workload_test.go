@@ -685,3 +685,94 @@ func olderRefused(t *testing.T, ns, lease string, older, newer int64) {
 		t.Fatalf("a write under the newer run's token %d: %v", newer, err)
 	}
 }
+
+// An edit that drops a member Lease's controller reference along with its
+// selector (kubectl replace -f of a manifest without ownerReferences) is
+// set back too: the WorkloadLease adopts the Lease its label still names
+// it on, the intruder's tenure ends and the member's pod is granted a
+// greater token. A Lease of a member's name without the label stays
+// someone else's (NameTaken).
+func TestAMemberLeaseThatLostItsControllerIsAdopted(t *testing.T) {
+	startController(t, "c1")
+	ns := namespace(t)
+	create(t, statefulSet(ns, "web", 1))
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "web-0")
+	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
+	first := heldBy(t, ns, "web-0")
+	readyPod(t, ns, "intruder", "intruder")
+	editMember(t, ns, "web-0", func(l *fencerv1.Lease) {
+		l.OwnerReferences = nil
+		l.Spec.HolderSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "intruder"}}
+		l.Spec.SoleCandidate = false
+	})
+	eventually(t, 60*time.Second, "web-0 adopted again, selecting web-0 alone, and granted to it anew", func() error {
+		l := getLease(t, ns, "web-0")
+		if !metav1.IsControlledBy(l, getWorkloadLease(t, ns, "web")) || !l.Spec.SoleCandidate || l.Spec.HolderSelector.MatchLabels["statefulset.kubernetes.io/pod-name"] != "web-0" {
+			return fmt.Errorf("controller %v, soleCandidate %v, selector %v", metav1.GetControllerOf(l), l.Spec.SoleCandidate, l.Spec.HolderSelector.MatchLabels)
+		}
+		if l.Status.Holder != "web-0" || l.Status.Token <= first.Token {
+			return fmt.Errorf("held by %q with token %d (first grant %d)", l.Status.Holder, l.Status.Token, first.Token)
+		}
+		return nil
+	})
+
+	// Without the label, the Lease is not the WorkloadLease's to take.
+	editMember(t, ns, "web-0", func(l *fencerv1.Lease) {
+		l.OwnerReferences = nil
+		delete(l.Labels, "fencer.io/workloadlease")
+	})
+	eventually(t, 30*time.Second, "the WorkloadLease Ready=False/NameTaken", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Reason != fencerv1.ReasonNameTaken {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	if l := getLease(t, ns, "web-0"); metav1.GetControllerOf(l) != nil {
+		t.Fatalf("a Lease without the WorkloadLease's label was adopted: %v", metav1.GetControllerOf(l))
+	}
+}
+
+func getWorkloadLease(t *testing.T, ns, name string) *fencerv1.WorkloadLease {
+	t.Helper()
+	wl := &fencerv1.WorkloadLease{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, wl); err != nil {
+		t.Fatal(err)
+	}
+	return wl
+}
+
+// An Indexed Job with a manual selector: the apiserver labels its pods
+// with nothing of its own (no batch.kubernetes.io/job-name), so its
+// members select by the Job's selector and the completion index, and the
+// index's pod is granted.
+func TestAnIndexedJobWithAManualSelectorIsLeased(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	sel := map[string]string{"app": "manual"}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "manual", Namespace: ns}, Spec: batchv1.JobSpec{
+		Completions: ptr.To[int32](2), Parallelism: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion),
+		ManualSelector: ptr.To(true), Selector: &metav1.LabelSelector{MatchLabels: sel},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}}}
+	create(t, job)
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(job), job); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := job.Spec.Template.Labels["batch.kubernetes.io/job-name"]; ok {
+		t.Fatalf("the apiserver labelled a manual-selector Job's template: %v", job.Spec.Template.Labels)
+	}
+	wl := workloadLease(ns, "manual", fencerv1.WorkloadJob, "manual", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "manual-0", "manual-1")
+	// As the Job controller makes them: the template's labels and the index.
+	memberPod(t, ns, "manual-0-x", map[string]string{"app": "manual", "batch.kubernetes.io/job-completion-index": "0"}, false)
+	memberPod(t, ns, "manual-1-x", map[string]string{"app": "manual", "batch.kubernetes.io/job-completion-index": "1"}, false)
+	for i, lease := range []string{"manual-0", "manual-1"} {
+		if st := heldBy(t, ns, lease); st.Holder != fmt.Sprintf("manual-%d-x", i) {
+			t.Fatalf("%s held by %s, want the pod of index %d", lease, st.Holder, i)
+		}
+	}
+}
