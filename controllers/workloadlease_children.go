@@ -30,11 +30,12 @@ const (
 const maxLeaseName = 63
 
 // appliedMembers is what applyMembers found: how many members have their
-// Lease and how many of those are held, and the members whose Lease name
-// is another Lease's or too long.
+// Lease and how many of those are held, the members whose Lease name is
+// another Lease's or too long, and those whose Lease is being deleted.
 type appliedMembers struct {
 	members, held int32
 	taken         []string
+	deleting      []string
 }
 
 // applyMembers creates or updates the Lease of each member in want, and
@@ -87,6 +88,13 @@ func (r *WorkloadLeaseReconciler) applyMember(ctx context.Context, wl *fencerv1.
 			}
 			return err
 		}
+	}
+	if !l.DeletionTimestamp.IsZero() {
+		// Its grant is released (or being released): not the member's
+		// Lease any more. Its deletion ends in a Lease event, which brings
+		// the WorkloadLease back here to create the member's new one.
+		a.deleting = append(a.deleting, fmt.Sprintf("%s (waiting on %v)", l.Name, l.Finalizers))
+		return nil
 	}
 	a.members++
 	if l.Status.OpenTenure() != nil {

@@ -108,6 +108,9 @@ func (r *WorkloadLeaseReconciler) reconcileMembers(ctx context.Context, wl *fenc
 		msg := fmt.Sprintf("Leases %v exist and are not this WorkloadLease's: those members have no Lease of their own; rename or delete them", applied.taken)
 		setWorkloadReady(wl, metav1.ConditionFalse, fencerv1.ReasonNameTaken, msg)
 		out.event(corev1.EventTypeWarning, fencerv1.ReasonNameTaken, "%s", msg)
+	case len(applied.deleting) > 0:
+		setWorkloadReady(wl, metav1.ConditionFalse, fencerv1.ReasonMemberLeaseDeleting, fmt.Sprintf(
+			"the Leases %v of members are being deleted, and their grants released: each member gets a new Lease once its old one is gone", applied.deleting))
 	default:
 		setWorkloadReady(wl, metav1.ConditionTrue, fencerv1.ReasonMembersLeased, fmt.Sprintf("%d members of %s %s have their Lease", len(want), wl.Spec.Workload.Kind, wl.Spec.Workload.Name))
 	}

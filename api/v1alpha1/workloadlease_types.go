@@ -146,6 +146,10 @@ const (
 	// ReasonNameTaken: a member's Lease name is taken by a Lease the
 	// WorkloadLease does not own; that member gets none.
 	ReasonNameTaken = "NameTaken"
+	// ReasonMemberLeaseDeleting: a member's Lease is being deleted and its
+	// deletion waits on a finalizer; the member gets a new Lease once it is
+	// gone.
+	ReasonMemberLeaseDeleting = "MemberLeaseDeleting"
 	// ReasonMemberLeaseReverted (an Event): a field of a member's Lease
 	// that the WorkloadLease owns was edited, and set back.
 	ReasonMemberLeaseReverted = "MemberLeaseReverted"

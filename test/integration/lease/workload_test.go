@@ -776,3 +776,63 @@ func TestAnIndexedJobWithAManualSelectorIsLeased(t *testing.T) {
 		}
 	}
 }
+
+// A member Lease whose deletion waits on another finalizer (a tool's)
+// after a scale-down is not the member's Lease when the StatefulSet scales
+// up again: the WorkloadLease says so (Ready=False/MemberLeaseDeleting),
+// the old Lease shows its grant released, and once it is gone the member
+// gets a new Lease and a greater token.
+func TestAMemberLeaseStuckInDeletionIsNotCountedAsLeased(t *testing.T) {
+	startController(t, "c1")
+	ctx := context.Background()
+	ns := namespace(t)
+	sts := statefulSet(ns, "web", 1)
+	create(t, sts)
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "web-0")
+	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
+	first := heldBy(t, ns, "web-0")
+	editMember(t, ns, "web-0", func(l *fencerv1.Lease) { l.Finalizers = append(l.Finalizers, "example.com/keep") })
+	scale := func(n int32) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
+				return err
+			}
+			sts.Spec.Replicas = ptr.To(n)
+			return k8s.Update(ctx, sts)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scale(0)
+	eventually(t, 30*time.Second, "web-0 being deleted, its grant released", func() error {
+		l := getLease(t, ns, "web-0")
+		if l.DeletionTimestamp.IsZero() || l.Status.Holder != "" || l.Status.Token != 0 {
+			return fmt.Errorf("deletionTimestamp %v, holder %q, token %d", l.DeletionTimestamp, l.Status.Holder, l.Status.Token)
+		}
+		return nil
+	})
+	scale(1)
+	eventually(t, 30*time.Second, "the WorkloadLease Ready=False/MemberLeaseDeleting", func() error {
+		if c := readyCondition(t, ns, "web"); c == nil || c.Reason != fencerv1.ReasonMemberLeaseDeleting || !strings.Contains(c.Message, "example.com/keep") {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	editMember(t, ns, "web-0", func(l *fencerv1.Lease) { l.Finalizers = nil })
+	eventually(t, 60*time.Second, "a new web-0 held by web-0 with a greater token, and the WorkloadLease Ready", func() error {
+		l := &fencerv1.Lease{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web-0"}, l); err != nil {
+			return err // gone, not yet created again
+		}
+		if !l.DeletionTimestamp.IsZero() || l.Status.Holder != "web-0" || l.Status.Token <= first.Token {
+			return fmt.Errorf("deletionTimestamp %v, holder %q, token %d (first %d)", l.DeletionTimestamp, l.Status.Holder, l.Status.Token, first.Token)
+		}
+		if c := readyCondition(t, ns, "web"); c == nil || c.Reason != fencerv1.ReasonMembersLeased {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+}
