@@ -485,6 +485,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	tool(t, "kubectl", "create", "-f", tlsSecret, asManager)
 	tool(t, "kubectl", "delete", "-f", tlsSecret)
 	checkIgnoredLabelWarning(t, asManager)
+	checkManagerPodPolicy(t, asManager)
 
 	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
@@ -502,6 +503,49 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {
 		t.Fatal("the webhook configuration survived uninstall")
+	}
+}
+
+// checkManagerPodPolicy: as the manager, fencer's own annotations of a pod
+// can be put and removed, and nothing else of it changed: not an image,
+// not a label, not another annotation. The policy may take a moment to
+// load.
+func checkManagerPodPolicy(t *testing.T, asManager string) {
+	t.Helper()
+	pod := filepath.Join(t.TempDir(), "pod.yaml")
+	if err := os.WriteFile(pod, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: policy-probe, namespace: default, labels: {app: a}, annotations: {team: a}}\nspec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tool(t, "kubectl", "create", "-f", pod)
+	defer tool(t, "kubectl", "delete", "-f", pod, "--wait=false")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := toolErr("kubectl", "label", "pod", "policy-probe", "-n", "default", "app=intruder", "--overwrite", asManager)
+		if err != nil && strings.Contains(err.Error(), "not its labels, owners or finalizers") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the manager relabelled a pod: %v", err)
+		}
+		time.Sleep(time.Second)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"set", "image", "pod/policy-probe", "c=registry.example/evil:1"}, "not its spec"},
+		{[]string{"annotate", "pod", "policy-probe", "team=b", "--overwrite"}, "only fencer's own annotations of a pod (lease.fencer.io/"},
+		{[]string{"annotate", "pod", "policy-probe", "team-"}, "only fencer's own annotations of a pod (lease.fencer.io/"},
+		{[]string{"annotate", "pod", "policy-probe", "lease.fencer.io/job=7", "leaseid.fencer.io/job=1a", "idrange.fencer.io/ids=block=1-10"}, ""},
+		{[]string{"annotate", "pod", "policy-probe", "lease.fencer.io/job-", "leaseid.fencer.io/job-"}, ""},
+	} {
+		_, err := toolErr("kubectl", append(append(c.args, "-n", "default"), asManager)...)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("as the manager, kubectl %v: %v, want it allowed", c.args, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("as the manager, kubectl %v: %v, want it refused with %q", c.args, err, c.want)
+		}
 	}
 }
 

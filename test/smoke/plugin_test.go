@@ -210,6 +210,8 @@ func holdLocks(t *testing.T, kubectl func(...string) string) (release func()) {
 
 var (
 	timestamps = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	ttlField   = regexp.MustCompile(`("ttlSeconds": )(\d+)`)
+	keptTTL    = regexp.MustCompile(`("ttlSeconds": )ttl(\d+)`)
 	ages       = regexp.MustCompile(`\b-?\d+(d|h\d+m|m\d+s|s)\b`)
 	blocks     = regexp.MustCompile(`\b\d+-\d+\b`)
 	slotRows   = regexp.MustCompile(`(?m)^(w-\d\s+\w+\s+)\d+(\s+)\d+$`)
@@ -227,6 +229,9 @@ func normalize(s string, token int64) string {
 	s = blocks.ReplaceAllString(s, "<block>")
 	s = slotRows.ReplaceAllString(s, "${1}<slot>${2}<token>")
 	s = bigNumbers.ReplaceAllString(s, "$1$2<n>")
+	// A token may equal the Lease's TTL (a revision as low as 10, when
+	// this subtest runs alone): keep the TTL out of the token's way.
+	s = ttlField.ReplaceAllString(s, "${1}ttl${2}")
 	for _, tok := range []int64{token, token - 1} {
 		name := "<token>"
 		if tok != token {
@@ -235,6 +240,7 @@ func normalize(s string, token int64) string {
 		s = regexp.MustCompile(`(^|[^\w.-])`+strconv.FormatInt(tok, 10)+`($|[^\w.-])`).ReplaceAllString(s, "${1}"+name+"${2}")
 		s = regexp.MustCompile(`(^|[^\w.-])`+strconv.FormatInt(tok, 10)+`($|[^\w.-])`).ReplaceAllString(s, "${1}"+name+"${2}")
 	}
+	s = keptTTL.ReplaceAllString(s, "${1}${2}")
 	s = ages.ReplaceAllString(s, "<age>")
 	// Past the expireTime the status last recorded, the grant lives on
 	// renewals: which of the two shows depends on when the test runs.
