@@ -37,6 +37,10 @@ const (
 // cluster would cost the manager far more memory than it saves.
 const identityResync = 10 * time.Minute
 
+// namespaceRecheck is how soon a namespace that should have an identity
+// but does not exist (yet) is looked at again.
+const namespaceRecheck = 5 * time.Second
+
 // IdentityReconciler gives every namespace that has a Lease or an IDRange,
 // and each one named by --identity-namespaces, an etcd identity
 // (docs/install.md): an etcd user and role limited to that
@@ -69,17 +73,30 @@ type IdentityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;update;delete,resourceNames=fencer-etcd-client
 
+// The namespace's UID is part of its etcd user's name (identity.NamespaceUser).
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+
 // Reconcile brings one namespace's etcd identity in line; the request's
 // Namespace names it.
 func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	ns := req.Namespace
-	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("namespace", ns, "etcdUser", identity.NamespaceUser(r.Prefix, ns)))
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("namespace", ns, "etcdRole", identity.NamespaceRole(r.Prefix, ns)))
 	used, direct, err := r.fencerObjects(ctx, ns)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if !used {
 		return ctrl.Result{}, r.remove(ctx, ns)
+	}
+	uid, err := r.namespaceUID(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if uid == "" {
+		// Gone, or not created yet (an --identity-namespaces entry): no
+		// identity without the object; look again, as no event of a
+		// namespace wakes this controller.
+		return ctrl.Result{RequeueAfter: namespaceRecheck}, r.remove(ctx, ns)
 	}
 	// Without auth every certificate of the CA opens all of etcd: issue
 	// none until it is on.
@@ -91,10 +108,10 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		ctrl.LoggerFrom(ctx).Info("etcd auth is off, so a namespace identity would open all of etcd; issuing none until it is on (--etcd-enable-auth, or `etcdctl auth enable`)")
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
-	if err := identity.EnsureNamespace(ctx, r.Etcd, r.Prefix, ns, direct); err != nil {
+	if err := identity.EnsureNamespace(ctx, r.Etcd, r.Prefix, ns, uid, direct); err != nil {
 		return ctrl.Result{}, err
 	}
-	renewAt, err := r.ensureSecret(ctx, ns)
+	renewAt, err := r.ensureSecret(ctx, ns, uid)
 	if err != nil {
 		return requeueOnConflict(err)
 	}
@@ -122,16 +139,30 @@ func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used
 	return len(leases.Items)+len(ranges.Items) > 0 || slices.Contains(r.Always, ns), direct, nil
 }
 
-func (r *IdentityReconciler) want(ns string) identity.Request {
-	return identity.Request{CommonName: identity.NamespaceUser(r.Prefix, ns)}
+// namespaceUID is the UID of namespace ns as the apiserver has it now, ""
+// when it is gone: its identity goes with it. A namespace being deleted
+// keeps its identity while its pods, which may still hold locks and
+// grants, shut down.
+func (r *IdentityReconciler) namespaceUID(ctx context.Context, ns string) (types.UID, error) {
+	var n corev1.Namespace
+	if err := r.Reader.Get(ctx, types.NamespacedName{Name: ns}, &n); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	return n.UID, nil
+}
+
+func (r *IdentityReconciler) want(ns string, uid types.UID) identity.Request {
+	return identity.Request{CommonName: identity.NamespaceUser(r.Prefix, ns, uid)}
 }
 
 // ensureSecret issues the namespace's certificate when the Secret is
-// missing, stale or about to expire, and returns when to renew it next.
-func (r *IdentityReconciler) ensureSecret(ctx context.Context, ns string) (time.Time, error) {
+// missing, stale (for another user: a namespace of the same name before,
+// or a release before the UID was part of the user) or about to expire,
+// and returns when to renew it next.
+func (r *IdentityReconciler) ensureSecret(ctx context.Context, ns string, uid types.UID) (time.Time, error) {
 	key := types.NamespacedName{Namespace: ns, Name: r.SecretName}
 	extra := map[string][]byte{credEndpoints: []byte(strings.Join(r.Endpoints, ",")), credPrefix: []byte(r.Prefix)}
-	renewAt, issued, err := identity.EnsureCertSecret(ctx, r.Reader, r.Client, r.CA, key, r.want(ns), extra, r.Clock.Now())
+	renewAt, issued, err := identity.EnsureCertSecret(ctx, r.Reader, r.Client, r.CA, key, r.want(ns, uid), extra, r.Clock.Now())
 	if err == nil && issued {
 		ctrl.LoggerFrom(ctx).Info("issued the namespace's etcd credentials", "secret", r.SecretName, "renewAt", renewAt)
 	}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/authpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -28,9 +30,19 @@ func ManagerUser(prefix string) string { return installName(prefix) + ":manager"
 // the root role take snapshots, so it holds the root role too.
 func BackupUser(prefix string) string { return installName(prefix) + ":backup" }
 
+// NamespaceRole is the etcd role of the workloads of namespace ns: the keys
+// they may use.
+func NamespaceRole(prefix, ns string) string { return installName(prefix) + ":ns:" + ns }
+
 // NamespaceUser is the etcd user (and certificate CommonName) of the
-// workloads of namespace ns; its role has the same name.
-func NamespaceUser(prefix, ns string) string { return installName(prefix) + ":ns:" + ns }
+// workloads of namespace ns, the object with UID uid. The UID is part of
+// the name because etcd cannot revoke a certificate: a certificate issued
+// for a namespace since deleted (valid for up to CertLifetime, and perhaps
+// leaked) must not open the keys of a new namespace created under the same
+// name, as it would if the name alone made the user.
+func NamespaceUser(prefix, ns string, uid types.UID) string {
+	return NamespaceRole(prefix, ns) + ":" + string(uid)
+}
 
 // installName keeps the users of two installs sharing one etcd (with
 // different prefixes) apart: /fencer gives "fencer", /a/b gives "a/b".
@@ -118,10 +130,38 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, root ...string) error
 	return nil
 }
 
-// EnsureNamespace makes the etcd user and role of namespace ns hold exactly
-// NamespacePermissions: missing grants are added, stray ones revoked.
-func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string, directLeases []string) error {
-	return ensureRoleUser(ctx, cli, NamespaceUser(prefix, ns), NamespacePermissions(prefix, ns, directLeases))
+// EnsureNamespace makes the etcd role of namespace ns hold exactly
+// NamespacePermissions (missing grants are added, stray ones revoked), and
+// the user of the namespace object uid hold that role. The user of another
+// namespace object of that name (deleted while no manager removed its
+// identity) is deleted. The user named like the role, which releases
+// before the UID was part of the name issued, keeps the role until the
+// identity is removed, so pods holding its certificate keep working
+// through an upgrade.
+func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string, uid types.UID, directLeases []string) error {
+	if uid == "" {
+		return fmt.Errorf("the etcd identity of namespace %s needs the namespace's UID", ns)
+	}
+	role := NamespaceRole(prefix, ns)
+	if err := ensureRole(ctx, cli, role, NamespacePermissions(prefix, ns, directLeases)); err != nil {
+		return err
+	}
+	user := NamespaceUser(prefix, ns, uid)
+	if err := grantUser(ctx, cli, user, role); err != nil {
+		return err
+	}
+	users, err := namespaceUsers(ctx, cli, prefix, ns)
+	if err != nil {
+		return err
+	}
+	for _, u := range users {
+		if u != user && u != role {
+			if err := deleteUser(ctx, cli, u); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // ViewerUser is the etcd user that reads the install's keyed locks and
@@ -144,9 +184,14 @@ func EnsureViewer(ctx context.Context, cli *clientv3.Client, prefix string) erro
 // ensureRoleUser makes the user name hold the role name, and the role
 // exactly perms.
 func ensureRoleUser(ctx context.Context, cli *clientv3.Client, name string, perms []Permission) error {
-	if err := ensureUser(ctx, cli, name); err != nil {
+	if err := ensureRole(ctx, cli, name, perms); err != nil {
 		return err
 	}
+	return grantUser(ctx, cli, name, name)
+}
+
+// ensureRole makes the role name hold exactly perms.
+func ensureRole(ctx context.Context, cli *clientv3.Client, name string, perms []Permission) error {
 	if _, err := cli.RoleAdd(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleAlreadyExist) {
 		return fmt.Errorf("adding etcd role %s: %w", name, err)
 	}
@@ -154,26 +199,63 @@ func ensureRoleUser(ctx context.Context, cli *clientv3.Client, name string, perm
 	if err != nil {
 		return fmt.Errorf("reading etcd role %s: %w", name, err)
 	}
-	if err := syncPermissions(ctx, cli, name, role.Perm, perms); err != nil {
+	return syncPermissions(ctx, cli, name, role.Perm, perms)
+}
+
+// grantUser makes the user name exist and hold role.
+func grantUser(ctx context.Context, cli *clientv3.Client, name, role string) error {
+	if err := ensureUser(ctx, cli, name); err != nil {
 		return err
 	}
-	if _, err := cli.UserGrantRole(ctx, name, name); err != nil {
-		return fmt.Errorf("granting etcd role %s: %w", name, err)
+	if _, err := cli.UserGrantRole(ctx, name, role); err != nil {
+		return fmt.Errorf("granting etcd role %s to %s: %w", role, name, err)
 	}
 	return nil
 }
 
-// RemoveNamespace deletes the etcd user and role of namespace ns, so a
-// certificate issued for it no longer opens anything. Absent is fine.
-func RemoveNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string) error {
-	name := NamespaceUser(prefix, ns)
+func deleteUser(ctx context.Context, cli *clientv3.Client, name string) error {
 	if _, err := cli.UserDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrUserNotFound) {
 		return fmt.Errorf("deleting etcd user %s: %w", name, err)
 	}
-	if _, err := cli.RoleDelete(ctx, name); err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {
-		return fmt.Errorf("deleting etcd role %s: %w", name, err)
+	return nil
+}
+
+// RemoveNamespace deletes every etcd user of namespace ns, whatever its
+// namespace object, and its role, so a certificate issued for it no longer
+// opens anything. Absent is fine.
+func RemoveNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string) error {
+	users, err := namespaceUsers(ctx, cli, prefix, ns)
+	if err != nil {
+		return err
+	}
+	for _, u := range users {
+		if err := deleteUser(ctx, cli, u); err != nil {
+			return err
+		}
+	}
+	role := NamespaceRole(prefix, ns)
+	if _, err := cli.RoleDelete(ctx, role); err != nil && !errors.Is(err, rpctypes.ErrRoleNotFound) {
+		return fmt.Errorf("deleting etcd role %s: %w", role, err)
 	}
 	return nil
+}
+
+// namespaceUsers lists the etcd users of namespace ns: one per namespace
+// object (NamespaceUser), and the one named like the role that earlier
+// releases issued.
+func namespaceUsers(ctx context.Context, cli *clientv3.Client, prefix, ns string) ([]string, error) {
+	resp, err := cli.UserList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing etcd users: %w", err)
+	}
+	role := NamespaceRole(prefix, ns)
+	var out []string
+	for _, u := range resp.Users {
+		if u == role || strings.HasPrefix(u, role+":") {
+			out = append(out, u)
+		}
+	}
+	return out, nil
 }
 
 func syncPermissions(ctx context.Context, cli *clientv3.Client, role string, have []*authpb.Permission, want []Permission) error {
@@ -226,9 +308,11 @@ func Namespaces(ctx context.Context, cli *clientv3.Client, prefix string) ([]str
 		return nil, fmt.Errorf("listing etcd users: %w", err)
 	}
 	var out []string
-	marker := NamespaceUser(prefix, "")
+	marker := NamespaceRole(prefix, "")
 	for _, u := range resp.Users {
-		if ns, ok := strings.CutPrefix(u, marker); ok && ns != "" {
+		rest, ok := strings.CutPrefix(u, marker)
+		// <namespace>, or <namespace>:<uid>: a namespace name has no ':'.
+		if ns, _, _ := strings.Cut(rest, ":"); ok && ns != "" && !slices.Contains(out, ns) {
 			out = append(out, ns)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -29,12 +30,12 @@ func isolated(t *testing.T) (etcd *testenv.SecureEtcd, mgr, a *clientv3.Client, 
 	etcd = testenv.StartSecureEtcd(t, prefix)
 	mgr = etcd.Client(t, "manager")
 	for _, ns := range []string{"a", "b"} {
-		if err := identity.EnsureNamespace(ctx, mgr, prefix, ns, []string{"direct"}); err != nil {
+		if err := identity.EnsureNamespace(ctx, mgr, prefix, ns, uidOf(ns), []string{"direct"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Twice: the second run must find everything in place.
-	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", []string{"direct"}); err != nil {
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), []string{"direct"}); err != nil {
 		t.Fatalf("EnsureNamespace is not idempotent: %v", err)
 	}
 	g, err := mgr.Grant(ctx, 60)
@@ -55,7 +56,7 @@ func isolated(t *testing.T) (etcd *testenv.SecureEtcd, mgr, a *clientv3.Client, 
 		mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, ns, "ids"), "1")
 	}
 	mustPut(t, mgr, etcdkeys.IDRangeNextKey(prefix, "a", "ids"), "1")
-	if err := etcd.PKI.Issue("a", identity.Request{CommonName: identity.NamespaceUser(prefix, "a")}); err != nil {
+	if err := etcd.PKI.Issue("a", identity.Request{CommonName: identity.NamespaceUser(prefix, "a", uidOf("a"))}); err != nil {
 		t.Fatal(err)
 	}
 	return etcd, mgr, etcd.Client(t, "a"), g.ID, resp.Header.Revision
@@ -167,7 +168,7 @@ func TestNamespaceIdentityCannotAdministerEtcd(t *testing.T) {
 	ctx := context.Background()
 	_, err := a.UserAddWithOptions(ctx, "evil", "", &clientv3.UserAddOptions{NoPassword: true})
 	denied(t, "add a user", err)
-	_, err = a.RoleGrantPermission(ctx, identity.NamespaceUser(prefix, "a"), prefix+"/", clientv3.GetPrefixRangeEnd(prefix+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	_, err = a.RoleGrantPermission(ctx, identity.NamespaceRole(prefix, "a"), prefix+"/", clientv3.GetPrefixRangeEnd(prefix+"/"), clientv3.PermissionType(clientv3.PermReadWrite))
 	denied(t, "widen its own role", err)
 	_, err = a.AuthDisable(ctx)
 	denied(t, "turn auth off", err)
@@ -197,7 +198,7 @@ func TestDirectLeaseKeyIsTheOnlyWritableLeaseKey(t *testing.T) {
 	_, err = a.Put(ctx, etcdkeys.LeaseKey(prefix, "a", "directx"), "{}")
 	denied(t, "write a key that only starts with the Direct Lease's name", err)
 
-	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", nil); err != nil {
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), nil); err != nil {
 		t.Fatal(err)
 	}
 	a = etcd.Client(t, "a") // etcd checks permissions per request; a new client rules out caching
@@ -217,6 +218,74 @@ func TestRemovedNamespaceIdentityOpensNothing(t *testing.T) {
 	_, err := a.Get(ctx, etcdkeys.LeaseKey(prefix, "a", "l"))
 	if err == nil {
 		t.Fatal("a removed namespace's certificate still reads its lease key")
+	}
+}
+
+// etcd cannot revoke a certificate, so a namespace's user names its UID: a
+// certificate of a namespace since deleted (valid for up to 90 days, perhaps
+// leaked) opens nothing of a new namespace of the same name, nor does one
+// of a user an earlier release named like the role, once the identity was
+// removed. That earlier user keeps working until then, through an upgrade.
+func TestAnIdentityOfANamespaceGoneOpensNothingOfItsSuccessor(t *testing.T) {
+	etcd, mgr, a, _, _ := isolated(t)
+	ctx := context.Background()
+	key := etcdkeys.DataPrefix(prefix, "a") + "x"
+	_, err := a.Put(ctx, key, "1")
+	allowed(t, "namespace a's certificate writes its data key", err)
+
+	// A release before the UID was part of the name: its user holds the role.
+	legacy := identity.NamespaceRole(prefix, "a")
+	if _, err := mgr.UserAddWithOptions(ctx, legacy, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.UserGrantRole(ctx, legacy, legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.PKI.Issue("legacy", identity.Request{CommonName: legacy}); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = etcd.Client(t, "legacy").Get(ctx, key)
+	allowed(t, "the earlier release's certificate, before the identity is removed", err)
+
+	// The namespace is deleted (its identity removed) and created again:
+	// a new object, a new UID.
+	if err := identity.RemoveNamespace(ctx, mgr, prefix, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", "uid-a-again", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.PKI.Issue("a-again", identity.Request{CommonName: identity.NamespaceUser(prefix, "a", "uid-a-again")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = etcd.Client(t, "a-again").Put(ctx, key, "2")
+	allowed(t, "the new namespace's certificate", err)
+	for _, old := range []string{"a", "legacy"} {
+		if _, err := etcd.Client(t, old).Put(ctx, key, "stale"); err == nil {
+			t.Errorf("the %s certificate of the namespace gone writes its successor's data key", old)
+		}
+	}
+
+	// A user of an earlier namespace object left behind (removed while no
+	// manager ran) goes at the next EnsureNamespace.
+	if _, err := mgr.UserAddWithOptions(ctx, identity.NamespaceUser(prefix, "a", "uid-left"), "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.UserGrantRole(ctx, identity.NamespaceUser(prefix, "a", "uid-left"), legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", "uid-a-again", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.UserGet(ctx, identity.NamespaceUser(prefix, "a", "uid-left")); !errors.Is(err, rpctypes.ErrUserNotFound) {
+		t.Errorf("the user of an earlier namespace object: %v, want it deleted", err)
+	}
+	namespaces, err := identity.Namespaces(ctx, mgr, prefix)
+	if err != nil || len(namespaces) != 2 {
+		t.Errorf("Namespaces: %v, %v; want a and b once each", namespaces, err)
 	}
 }
 
@@ -282,3 +351,5 @@ func TestNamespaceIdentityCannotSpeakThePeerProtocol(t *testing.T) {
 		t.Fatal("namespace a's certificate was accepted on the peer port")
 	}
 }
+
+func uidOf(ns string) types.UID { return types.UID("uid-" + ns) }

@@ -21,7 +21,7 @@ var ErrBadPrefix = errors.New("not a fencer etcd prefix")
 // CheckPrefix refuses a key prefix no fencer install can have: the
 // manager's --etcd-prefix starts with '/', does not end with '/', and holds
 // no ':', which separates the parts of fencer's etcd user names
-// (<prefix>:manager, <prefix>:ns:<namespace>). An SDK client given another
+// (<prefix>:manager, <prefix>:ns:<namespace>:<uid>). An SDK client given another
 // prefix would read and write keys no install uses: with etcd auth off,
 // silently, with IDs that overlap the controller's blocks.
 func CheckPrefix(prefix string) error {

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
@@ -35,10 +36,10 @@ func startLockEtcd(t testing.TB) *lockEtcd {
 	e := testenv.StartSecureEtcd(t, prefix)
 	mgr := e.Client(t, "manager")
 	for _, ns := range []string{"a", "b"} {
-		if err := identity.EnsureNamespace(context.Background(), mgr, prefix, ns, nil); err != nil {
+		if err := identity.EnsureNamespace(context.Background(), mgr, prefix, ns, types.UID("uid-"+ns), nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.PKI.Issue(ns, identity.Request{CommonName: identity.NamespaceUser(prefix, ns)}); err != nil {
+		if err := e.PKI.Issue(ns, identity.Request{CommonName: identity.NamespaceUser(prefix, ns, types.UID("uid-"+ns))}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -474,7 +474,7 @@ func TestHoldOutlastsARoleNotYetGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond) // the first renewals are refused
-	if err := identity.EnsureNamespace(ctx, e.mgr, prefix, "a", []string{"job"}); err != nil {
+	if err := identity.EnsureNamespace(ctx, e.mgr, prefix, "a", "uid-a", []string{"job"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second)

@@ -39,10 +39,10 @@ func lockSamples() int {
 func TestKeyedLocksAgainstMutex(t *testing.T) {
 	e := testenv.StartSecureEtcd(t, lockPrefix)
 	mgr := e.Client(t, "manager")
-	if err := identity.EnsureNamespace(context.Background(), mgr, lockPrefix, lockNS, nil); err != nil {
+	if err := identity.EnsureNamespace(context.Background(), mgr, lockPrefix, lockNS, "bench", nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.PKI.Issue(lockNS, identity.Request{CommonName: identity.NamespaceUser(lockPrefix, lockNS)}); err != nil {
+	if err := e.PKI.Issue(lockNS, identity.Request{CommonName: identity.NamespaceUser(lockPrefix, lockNS, "bench")}); err != nil {
 		t.Fatal(err)
 	}
 	connect := func() *clientv3.Client {

@@ -48,6 +48,9 @@ const Namespace = "faults"
 // systemNamespace holds the managers' service account and election Lease.
 const systemNamespace = "fencer-system"
 
+// workloadUID names the workers' etcd user (identity.NamespaceUser).
+const workloadUID = "faults-uid"
+
 // Leases the workers compete for: alpha is held by the oldest Ready worker
 // of all; beta, among the "b" workers, binds writes to its holder's
 // identity. TTLs are short so that faults move them often.
@@ -198,10 +201,12 @@ func (h *Harness) startEtcd(ctx context.Context) error {
 	}
 	// The workers' namespace identity, as the manager's identity controller
 	// gives it: its lease keys read-only, its IDRanges and data keys.
-	if err := identity.EnsureNamespace(ctx, h.etcd, h.Prefix(), Namespace, nil); err != nil {
+	// No identity controller runs here (the managers have no
+	// --etcd-pki-secret), so any namespace UID names the user.
+	if err := identity.EnsureNamespace(ctx, h.etcd, h.Prefix(), Namespace, workloadUID, nil); err != nil {
 		return err
 	}
-	return h.pki.Issue("workload", identity.Request{CommonName: identity.NamespaceUser(h.Prefix(), Namespace)})
+	return h.pki.Issue("workload", identity.Request{CommonName: identity.NamespaceUser(h.Prefix(), Namespace, workloadUID)})
 }
 
 // workerCredentials writes what the kubelet would mount from the

@@ -2,6 +2,8 @@ package lease
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -51,12 +53,22 @@ func TestNamespaceGetsItsOwnEtcdIdentity(t *testing.T) {
 	readyPod(t, a, "w-0", "w")
 	readyPod(t, b, "w-0", "w")
 
-	access, err := fence.LoadEtcdAccess(mountCredentials(t, a))
+	dir := mountCredentials(t, a)
+	access, err := fence.LoadEtcdAccess(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if access.Prefix != prefix {
 		t.Errorf("prefix %q, want %q", access.Prefix, prefix)
+	}
+	// The user names the namespace object, not its name alone: a namespace
+	// created again under the name gets another user (install.md).
+	var nsA corev1.Namespace
+	if err := k8s.Get(ctx, client.ObjectKey{Name: a}, &nsA); err != nil {
+		t.Fatal(err)
+	}
+	if cn := certCommonName(t, filepath.Join(dir, "tls.crt")); cn != identity.NamespaceUser(prefix, a, nsA.UID) {
+		t.Errorf("the certificate's CommonName (etcd user) is %q, want %q", cn, identity.NamespaceUser(prefix, a, nsA.UID))
 	}
 	cli, err := clientv3.New(access.Config)
 	if err != nil {
@@ -126,7 +138,7 @@ func TestNamespaceGetsItsOwnEtcdIdentity(t *testing.T) {
 func TestOrphanedIdentityIsRemoved(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
-	if err := identity.EnsureNamespace(ctx, fx.EtcdCli, prefix, ns, nil); err != nil {
+	if err := identity.EnsureNamespace(ctx, fx.EtcdCli, prefix, ns, "uid-orphaned", nil); err != nil {
 		t.Fatal(err)
 	}
 	startController(t, "c1")
@@ -142,4 +154,21 @@ func TestOrphanedIdentityIsRemoved(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func certCommonName(t *testing.T, path string) string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(raw)
+	if block == nil {
+		t.Fatalf("%s holds no PEM block", path)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert.Subject.CommonName
 }
