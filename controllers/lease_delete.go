@@ -61,9 +61,23 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 	if res, err := r.releaseAll(ctx, client.ObjectKeyFromObject(lease), lease.UID); err != nil || !res.IsZero() {
 		return res, err
 	}
+	return r.afterRelease(ctx, lease)
+}
+
+// afterRelease shows the grant released, when the Lease outlives the
+// release, or else drops fencer's finalizer. Never both in one pass: a
+// status write retried onto a fresher copy of the Lease (writeStatus) makes
+// this pass's copy look current, and an update of it would undo whatever
+// else changed meanwhile (a label, an annotation). The status write wakes
+// the next pass, which drops the finalizer from the Lease as it is then.
+func (r *LeaseReconciler) afterRelease(ctx context.Context, lease *fencerv1.Lease) (ctrl.Result, error) {
 	c := apiClientOf(r.Client, r.APIReader)
-	if err := r.showReleasedAtDeletion(ctx, lease); err != nil {
+	wrote, err := r.showReleasedAtDeletion(ctx, lease)
+	switch {
+	case err != nil:
 		return c.requeueIfStale(ctx, lease, err)
+	case wrote:
+		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
 	}
 	return dropFinalizer(ctx, c, lease, fencerv1.LeaseFinalizer)
 }
@@ -76,16 +90,25 @@ func (r *LeaseReconciler) finalize(ctx context.Context, lease *fencerv1.Lease) (
 // token that etcd no longer has, for as long as the deletion waits. A Lease
 // whose only finalizer is fencer's is gone at the next write: no status
 // write for it.
-func (r *LeaseReconciler) showReleasedAtDeletion(ctx context.Context, lease *fencerv1.Lease) error {
+func (r *LeaseReconciler) showReleasedAtDeletion(ctx context.Context, lease *fencerv1.Lease) (wrote bool, err error) {
 	waits := slices.ContainsFunc(lease.Finalizers, func(f string) bool { return f != fencerv1.LeaseFinalizer })
 	if !waits || (lease.Status.Holder == "" && lease.Status.Token == 0 && lease.Status.OpenTenure() == nil) {
-		return nil
+		return false, nil
 	}
 	before := lease.Status.DeepCopy()
 	showEnded(lease, nil, nil, r.Clock.Now(), fencerv1.TenureDeleted)
 	setHeld(lease, metav1.ConditionFalse, fencerv1.ReasonDeleting, fmt.Sprintf(
-		"the Lease is being deleted and its grant is released; its deletion waits on the finalizers %v", lease.Finalizers))
-	return writeStatus(ctx, r.Client, lease, before)
+		"the Lease is being deleted and its grant is released; its deletion waits on the finalizers %s", finalizerList(lease.Finalizers)))
+	return true, writeStatus(ctx, r.Client, lease, before)
+}
+
+// finalizerList names at most five finalizers: a condition message is
+// bounded, and a Lease may carry any number.
+func finalizerList(fs []string) string {
+	if len(fs) <= 5 {
+		return fmt.Sprint(fs)
+	}
+	return fmt.Sprintf("%v and %d more", fs[:5], len(fs)-5)
 }
 
 // deletionPending is grantNext's answer when etcd refused the grant because

@@ -2,13 +2,21 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 )
@@ -132,5 +140,67 @@ func TestTheFinalizePassReleasesAPredecessorsGrant(t *testing.T) {
 	}
 	if g, err := store.GetGrant(ctx, "ns", "l"); err != nil || g != nil {
 		t.Fatalf("etcd holds %+v (%v) after the finalize of the Lease of the name: want the predecessor's grant released", g, err)
+	}
+}
+
+// A Lease whose deletion waits on another finalizer: its status is written
+// (grant released) in one pass and fencer's finalizer dropped in the next,
+// from the Lease as it is then. Both in one pass, the update dropping the
+// finalizer undid a label edited meanwhile: the status write, retried onto
+// the fresh Lease, made the pass's stale copy look current.
+func TestTheFinalizerGoesAfterTheReleasedStatusFromAFreshLease(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := fencerv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	l := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns", UID: "u1",
+		Labels: map[string]string{"team": "a"}, DeletionTimestamp: &now,
+		Finalizers: []string{fencerv1.LeaseFinalizer, "example.com/keep"}},
+		Status: fencerv1.LeaseStatus{Holder: "w-0", HolderUID: "p1", Token: 42,
+			History: []fencerv1.Tenure{{Holder: "w-0", HolderUID: "p1", Token: 42, Start: metav1.NowMicro()}}}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(l).WithStatusSubresource(&fencerv1.Lease{}).WithInterceptorFuncs(interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, cl client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			cur := &fencerv1.Lease{}
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+				return err
+			}
+			if cur.ResourceVersion != obj.GetResourceVersion() { // as the apiserver
+				return apierrors.NewConflict(schema.GroupResource{Group: "fencer.io", Resource: "leases"}, obj.GetName(), errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+			}
+			return cl.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	}).Build()
+	ctx := context.Background()
+	stale := &fencerv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(l), stale); err != nil {
+		t.Fatal(err)
+	}
+	edit := stale.DeepCopy()
+	edit.Labels["team"] = "b"
+	if err := c.Update(ctx, edit); err != nil {
+		t.Fatal(err)
+	}
+	r := &LeaseReconciler{Client: c, Clock: clocktesting.NewFakeClock(time.Now())}
+	res, err := r.afterRelease(ctx, stale)
+	if err != nil || res.RequeueAfter == 0 {
+		t.Fatalf("the pass that writes the status: %+v, %v; want a requeue", res, err)
+	}
+	got := &fencerv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(l), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Holder != "" || got.Status.Token != 0 || got.Labels["team"] != "b" || !slices.Contains(got.Finalizers, fencerv1.LeaseFinalizer) {
+		t.Fatalf("after the first pass: holder %q token %d labels %v finalizers %v; want the status released, the label edit kept, fencer's finalizer still there",
+			got.Status.Holder, got.Status.Token, got.Labels, got.Finalizers)
+	}
+	if _, err := r.afterRelease(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(l), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Labels["team"] != "b" || slices.Contains(got.Finalizers, fencerv1.LeaseFinalizer) {
+		t.Fatalf("after the second pass: labels %v finalizers %v; want the label edit kept and fencer's finalizer gone", got.Labels, got.Finalizers)
 	}
 }

@@ -93,7 +93,7 @@ func (r *WorkloadLeaseReconciler) applyMember(ctx context.Context, wl *fencerv1.
 		// Its grant is released (or being released): not the member's
 		// Lease any more. Its deletion ends in a Lease event, which brings
 		// the WorkloadLease back here to create the member's new one.
-		a.deleting = append(a.deleting, fmt.Sprintf("%s (waiting on %v)", l.Name, l.Finalizers))
+		a.deleting = append(a.deleting, fmt.Sprintf("%s (waiting on %s)", l.Name, finalizerList(l.Finalizers)))
 		return nil
 	}
 	a.members++

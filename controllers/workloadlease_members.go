@@ -127,8 +127,8 @@ func tooMany(kind, name, field string, n int64) error {
 // name: a Job re-created under it (kubectl replace --force) leaves pods
 // that may still run, and its own index pods wait for them. A Job with a
 // manual selector has no name label on its pods: its members select that
-// index's pods by the Job's selector, which a Job re-created with the same
-// selector shares in the same way.
+// index's pods by the Job's selector and its template's labels, which a Job
+// re-created with the same ones shares in the same way.
 func indexes(job *batchv1.Job) ([]member, error) {
 	if job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
 		return nil, &noMembers{fencerv1.ReasonNotIndexed, fmt.Sprintf("Job %s is not Indexed (spec.completionMode): its pods are not members to tell apart", job.Name)}
@@ -146,11 +146,15 @@ func indexes(job *batchv1.Job) ([]member, error) {
 		sel := metav1.LabelSelector{MatchLabels: map[string]string{jobName: job.Name}}
 		if manualSelector(job) {
 			// The apiserver labels the pods of a Job with manualSelector
-			// with nothing of its own: its selector is what they carry.
-			sel = metav1.LabelSelector{MatchLabels: maps.Clone(job.Spec.Selector.MatchLabels), MatchExpressions: slices.Clone(job.Spec.Selector.MatchExpressions)}
+			// with nothing of its own: they carry the template's labels,
+			// which its selector must match. Both together, so that a
+			// broad selector (even an empty one, which the API accepts)
+			// does not take in other Jobs' pods of the same index.
+			sel = metav1.LabelSelector{MatchLabels: maps.Clone(job.Spec.Template.Labels), MatchExpressions: slices.Clone(job.Spec.Selector.MatchExpressions)}
 			if sel.MatchLabels == nil {
 				sel.MatchLabels = map[string]string{}
 			}
+			maps.Copy(sel.MatchLabels, job.Spec.Selector.MatchLabels)
 		}
 		sel.MatchLabels[jobCompletionIndex] = idx
 		out = append(out, member{name: job.Name + "-" + idx, selector: sel})

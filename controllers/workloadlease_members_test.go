@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,17 +68,24 @@ func TestIndexesOfAJobWithAManualSelector(t *testing.T) {
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "manual"},
 		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"batch"}}}}
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "manual", UID: "u1"}, Spec: batchv1.JobSpec{
-		Completions: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion), ManualSelector: ptr.To(true), Selector: sel}}
+		Completions: ptr.To[int32](2), CompletionMode: ptr.To(batchv1.IndexedCompletion), ManualSelector: ptr.To(true), Selector: sel,
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "manual", "tier": "batch", "run": "r7"}}}}}
 	ms, err := indexes(job)
 	if err != nil || len(ms) != 2 {
 		t.Fatalf("members %+v, %v", ms, err)
 	}
-	want := metav1.LabelSelector{MatchLabels: map[string]string{"app": "manual", jobCompletionIndex: "1"}, MatchExpressions: sel.MatchExpressions}
+	want := metav1.LabelSelector{MatchLabels: map[string]string{"app": "manual", "tier": "batch", "run": "r7", jobCompletionIndex: "1"}, MatchExpressions: sel.MatchExpressions}
 	if !equality.Semantic.DeepEqual(ms[1].selector, want) {
 		t.Fatalf("manual-1's selector %+v, want %+v", ms[1].selector, want)
 	}
-	if len(job.Spec.Selector.MatchLabels) != 1 {
-		t.Fatalf("the Job's own selector was changed: %v", job.Spec.Selector.MatchLabels)
+	if len(job.Spec.Selector.MatchLabels) != 1 || len(job.Spec.Template.Labels) != 3 {
+		t.Fatalf("the Job's own selector or template was changed: %v, %v", job.Spec.Selector.MatchLabels, job.Spec.Template.Labels)
+	}
+	// An empty selector, which the API accepts: the template's labels
+	// still keep other Jobs' pods of the same index out.
+	job.Spec.Selector = &metav1.LabelSelector{}
+	if ms, err = indexes(job); err != nil || ms[0].selector.MatchLabels["run"] != "r7" || ms[0].selector.MatchLabels[jobCompletionIndex] != "0" {
+		t.Fatalf("with an empty selector: %+v, %v; want the template's labels and the index", ms, err)
 	}
 }
 
