@@ -111,6 +111,12 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := identity.EnsureNamespace(ctx, r.Etcd, r.Prefix, ns, uid, direct); err != nil {
 		return ctrl.Result{}, err
 	}
+	// The namespace may have been deleted and created again since its UID
+	// was read: then the users just made right are the old object's, and
+	// the Secret must not get its certificate. Start over, at once.
+	if now, err := r.namespaceUID(ctx, ns); err != nil || now != uid {
+		return ctrl.Result{RequeueAfter: time.Millisecond}, err
+	}
 	renewAt, err := r.ensureSecret(ctx, ns, uid)
 	if err != nil {
 		return requeueOnConflict(err)
@@ -123,8 +129,11 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 // Always, and the names of its Direct Leases, whose holders renew their
 // grants themselves.
 func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used bool, direct []string, err error) {
+	// From the apiserver, not the cache: a cache behind it may still list
+	// a deleted namespace's Leases while the namespace read next is its
+	// successor, which would get the old Direct Leases' keys to write.
 	var leases fencerv1.LeaseList
-	if err := r.List(ctx, &leases, client.InNamespace(ns)); err != nil {
+	if err := r.Reader.List(ctx, &leases, client.InNamespace(ns)); err != nil {
 		return false, nil, err
 	}
 	for _, l := range leases.Items {
@@ -133,7 +142,7 @@ func (r *IdentityReconciler) fencerObjects(ctx context.Context, ns string) (used
 		}
 	}
 	var ranges fencerv1.IDRangeList
-	if err := r.List(ctx, &ranges, client.InNamespace(ns), client.Limit(1)); err != nil {
+	if err := r.Reader.List(ctx, &ranges, client.InNamespace(ns), client.Limit(1)); err != nil {
 		return false, nil, err
 	}
 	return len(leases.Items)+len(ranges.Items) > 0 || slices.Contains(r.Always, ns), direct, nil

@@ -136,8 +136,11 @@ func EnableAuth(ctx context.Context, cli *clientv3.Client, root ...string) error
 // namespace object of that name (deleted while no manager removed its
 // identity) is deleted. The user named like the role, which releases
 // before the UID was part of the name issued, keeps the role until the
-// identity is removed, so pods holding its certificate keep working
-// through an upgrade.
+// identity is removed or a user of another namespace object is found, so
+// pods holding its certificate keep working through an upgrade. The caller
+// must have read uid from the apiserver just before, and read it again
+// after: a uid read before the namespace was created again would delete
+// the new object's user (IdentityReconciler looks again).
 func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns string, uid types.UID, directLeases []string) error {
 	if uid == "" {
 		return fmt.Errorf("the etcd identity of namespace %s needs the namespace's UID", ns)
@@ -154,8 +157,12 @@ func EnsureNamespace(ctx context.Context, cli *clientv3.Client, prefix, ns strin
 	if err != nil {
 		return err
 	}
+	// A user of another namespace object proves that the name was taken by
+	// another object since the upgrade: the earlier release's user may be
+	// that object's, so it goes too.
+	others := slices.ContainsFunc(users, func(u string) bool { return u != user && u != role })
 	for _, u := range users {
-		if u != user && u != role {
+		if u != user && (u != role || others) {
 			if err := deleteUser(ctx, cli, u); err != nil {
 				return err
 			}

@@ -353,3 +353,36 @@ func TestNamespaceIdentityCannotSpeakThePeerProtocol(t *testing.T) {
 }
 
 func uidOf(ns string) types.UID { return types.UID("uid-" + ns) }
+
+// The earlier release's user goes as soon as a user of another namespace
+// object is found: the name was taken by another object since the upgrade,
+// so that user's certificates may be a deleted namespace's, even when no
+// manager saw the namespace without fencer objects (RemoveNamespace).
+func TestTheEarlierUserGoesWhenTheNamespaceWasCreatedAgain(t *testing.T) {
+	etcd, mgr, _, _, _ := isolated(t)
+	ctx := context.Background()
+	legacy := identity.NamespaceRole(prefix, "a")
+	if _, err := mgr.UserAddWithOptions(ctx, legacy, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.UserGrantRole(ctx, legacy, legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.PKI.Issue("legacy", identity.Request{CommonName: legacy}); err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), nil); err != nil { // the upgrade
+		t.Fatal(err)
+	}
+	key := etcdkeys.DataPrefix(prefix, "a") + "k"
+	_, err := etcd.Client(t, "legacy").Put(ctx, key, "1")
+	allowed(t, "the earlier release's certificate after the upgrade", err)
+	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", "uid-a-again", nil); err != nil { // created again, unseen
+		t.Fatal(err)
+	}
+	for _, old := range []string{"legacy", "a"} {
+		if _, err := etcd.Client(t, old).Put(ctx, key, "stale"); err == nil {
+			t.Errorf("the %s certificate writes the data key of the namespace created again", old)
+		}
+	}
+}
