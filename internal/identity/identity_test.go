@@ -233,17 +233,7 @@ func TestAnIdentityOfANamespaceGoneOpensNothingOfItsSuccessor(t *testing.T) {
 	_, err := a.Put(ctx, key, "1")
 	allowed(t, "namespace a's certificate writes its data key", err)
 
-	// A release before the UID was part of the name: its user holds the role.
-	legacy := identity.NamespaceRole(prefix, "a")
-	if _, err := mgr.UserAddWithOptions(ctx, legacy, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mgr.UserGrantRole(ctx, legacy, legacy); err != nil {
-		t.Fatal(err)
-	}
-	if err := etcd.PKI.Issue("legacy", identity.Request{CommonName: legacy}); err != nil {
-		t.Fatal(err)
-	}
+	legacy := earlierReleasesUser(t, etcd, mgr, "a")
 	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -361,16 +351,7 @@ func uidOf(ns string) types.UID { return types.UID("uid-" + ns) }
 func TestTheEarlierUserGoesWhenTheNamespaceWasCreatedAgain(t *testing.T) {
 	etcd, mgr, _, _, _ := isolated(t)
 	ctx := context.Background()
-	legacy := identity.NamespaceRole(prefix, "a")
-	if _, err := mgr.UserAddWithOptions(ctx, legacy, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mgr.UserGrantRole(ctx, legacy, legacy); err != nil {
-		t.Fatal(err)
-	}
-	if err := etcd.PKI.Issue("legacy", identity.Request{CommonName: legacy}); err != nil {
-		t.Fatal(err)
-	}
+	earlierReleasesUser(t, etcd, mgr, "a")
 	if err := identity.EnsureNamespace(ctx, mgr, prefix, "a", uidOf("a"), nil); err != nil { // the upgrade
 		t.Fatal(err)
 	}
@@ -385,4 +366,23 @@ func TestTheEarlierUserGoesWhenTheNamespaceWasCreatedAgain(t *testing.T) {
 			t.Errorf("the %s certificate writes the data key of the namespace created again", old)
 		}
 	}
+}
+
+// earlierReleasesUser makes namespace ns's user as releases before the UID
+// was part of its name did (named like the role, holding it), and issues
+// its certificate as "legacy".
+func earlierReleasesUser(t *testing.T, etcd *testenv.SecureEtcd, mgr *clientv3.Client, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	legacy := identity.NamespaceRole(prefix, ns)
+	if _, err := mgr.UserAddWithOptions(ctx, legacy, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mgr.UserGrantRole(ctx, legacy, legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcd.PKI.Issue("legacy", identity.Request{CommonName: legacy}); err != nil {
+		t.Fatal(err)
+	}
+	return legacy
 }

@@ -283,13 +283,7 @@ func TestMembersFollowTheWorkloadLeaseWhileTheStatefulSetIsGone(t *testing.T) {
 	startController(t, "c1")
 	ctx := context.Background()
 	ns := namespace(t)
-	sts := statefulSet(ns, "web", 1)
-	create(t, sts)
-	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "web-0")
-	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
-	first := heldBy(t, ns, "web-0")
+	sts, wl, first := heldWebMember(t, ns)
 	selector := getLease(t, ns, "web-0").Spec.HolderSelector
 	// envtest runs no garbage collector: the pod stays, as with an orphan
 	// deletion.
@@ -695,12 +689,7 @@ func olderRefused(t *testing.T, ns, lease string, older, newer int64) {
 func TestAMemberLeaseThatLostItsControllerIsAdopted(t *testing.T) {
 	startController(t, "c1")
 	ns := namespace(t)
-	create(t, statefulSet(ns, "web", 1))
-	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "web-0")
-	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
-	first := heldBy(t, ns, "web-0")
+	_, _, first := heldWebMember(t, ns)
 	readyPod(t, ns, "intruder", "intruder")
 	editMember(t, ns, "web-0", func(l *fencerv1.Lease) {
 		l.OwnerReferences = nil
@@ -786,13 +775,7 @@ func TestAMemberLeaseStuckInDeletionIsNotCountedAsLeased(t *testing.T) {
 	startController(t, "c1")
 	ctx := context.Background()
 	ns := namespace(t)
-	sts := statefulSet(ns, "web", 1)
-	create(t, sts)
-	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
-	create(t, wl)
-	memberLeases(t, ns, wl, "web-0")
-	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
-	first := heldBy(t, ns, "web-0")
+	sts, _, first := heldWebMember(t, ns)
 	editMember(t, ns, "web-0", func(l *fencerv1.Lease) { l.Finalizers = append(l.Finalizers, "example.com/keep") })
 	scale := func(n int32) {
 		t.Helper()
@@ -835,4 +818,17 @@ func TestAMemberLeaseStuckInDeletionIsNotCountedAsLeased(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// heldWebMember creates StatefulSet web (1 replica), its WorkloadLease and
+// the pod web-0, and returns them with member web-0's first grant.
+func heldWebMember(t *testing.T, ns string) (*appsv1.StatefulSet, *fencerv1.WorkloadLease, fencerv1.LeaseStatus) {
+	t.Helper()
+	sts := statefulSet(ns, "web", 1)
+	create(t, sts)
+	wl := workloadLease(ns, "web", fencerv1.WorkloadStatefulSet, "web", fencerv1.RenewalPodReady)
+	create(t, wl)
+	memberLeases(t, ns, wl, "web-0")
+	memberPod(t, ns, "web-0", map[string]string{"app": "web", "statefulset.kubernetes.io/pod-name": "web-0"}, false)
+	return sts, wl, heldBy(t, ns, "web-0")
 }
