@@ -82,11 +82,12 @@ func (r *WorkloadLeaseReconciler) applyMember(ctx context.Context, wl *fencerv1.
 		return err
 	case !metav1.IsControlledBy(&l, wl):
 		adopted, err := r.adopt(ctx, wl, &l, out)
-		if err != nil || !adopted {
-			if err == nil {
-				a.taken = append(a.taken, m.name)
-			}
+		if err != nil {
 			return err
+		}
+		if !adopted {
+			a.taken = append(a.taken, m.name)
+			return nil
 		}
 	}
 	if !l.DeletionTimestamp.IsZero() {

@@ -255,14 +255,21 @@ func namespaceUsers(ctx context.Context, cli *clientv3.Client, prefix, ns string
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd users: %w", err)
 	}
-	role := NamespaceRole(prefix, ns)
 	var out []string
 	for _, u := range resp.Users {
-		if u == role || strings.HasPrefix(u, role+":") {
+		if of, ok := userNamespace(prefix, u); ok && of == ns {
 			out = append(out, u)
 		}
 	}
 	return out, nil
+}
+
+// userNamespace is the namespace whose etcd user u is: <prefix>:ns:<ns>,
+// or <prefix>:ns:<ns>:<uid>. A namespace name has no ':'.
+func userNamespace(prefix, u string) (string, bool) {
+	rest, ok := strings.CutPrefix(u, NamespaceRole(prefix, ""))
+	ns, _, _ := strings.Cut(rest, ":")
+	return ns, ok && ns != ""
 }
 
 func syncPermissions(ctx context.Context, cli *clientv3.Client, role string, have []*authpb.Permission, want []Permission) error {
@@ -315,11 +322,8 @@ func Namespaces(ctx context.Context, cli *clientv3.Client, prefix string) ([]str
 		return nil, fmt.Errorf("listing etcd users: %w", err)
 	}
 	var out []string
-	marker := NamespaceRole(prefix, "")
 	for _, u := range resp.Users {
-		rest, ok := strings.CutPrefix(u, marker)
-		// <namespace>, or <namespace>:<uid>: a namespace name has no ':'.
-		if ns, _, _ := strings.Cut(rest, ":"); ok && ns != "" && !slices.Contains(out, ns) {
+		if ns, ok := userNamespace(prefix, u); ok && !slices.Contains(out, ns) {
 			out = append(out, ns)
 		}
 	}
