@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -65,6 +66,9 @@ type IdentityReconciler struct {
 	Clock  clock.Clock
 
 	wake waker[fencerv1.Lease, *fencerv1.Lease]
+	// missingLogged holds the --identity-namespaces entries already
+	// reported missing (reportMissing).
+	missingLogged sync.Map
 }
 
 // Secrets can be created anywhere (create cannot be narrowed to a name), but
@@ -96,6 +100,7 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		// Gone, or not created yet (an --identity-namespaces entry): no
 		// identity without the object; look again, as no event of a
 		// namespace wakes this controller.
+		r.reportMissing(ctx, ns)
 		return ctrl.Result{RequeueAfter: namespaceRecheck}, r.remove(ctx, ns)
 	}
 	// Without auth every certificate of the CA opens all of etcd: issue
@@ -123,6 +128,19 @@ func (r *IdentityReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	wait := min(renewAt.Sub(r.Clock.Now()), identityResync)
 	return ctrl.Result{RequeueAfter: max(wait, time.Second)}, nil
+}
+
+// reportMissing logs, once per process, that a namespace named by
+// --identity-namespaces does not exist: a misspelt entry is otherwise
+// looked for every 5 s without a word. A namespace that has fencer objects
+// but is gone is being deleted; its identity goes with it, unlogged.
+func (r *IdentityReconciler) reportMissing(ctx context.Context, ns string) {
+	if !slices.Contains(r.Always, ns) {
+		return
+	}
+	if _, logged := r.missingLogged.LoadOrStore(ns, true); !logged {
+		ctrl.LoggerFrom(ctx).Info("the namespace named by --identity-namespaces does not exist; it gets its identity once it is created (looked for every 5s)")
+	}
 }
 
 // fencerObjects reports whether ns has a Lease or an IDRange, or is one of
