@@ -146,7 +146,7 @@ endif
 		$(if $(filter real,$(NODE)),STORY_IMAGE=$(STORY_IMAGE)) $(BIN)/story-$(STORY) demo
 
 .PHONY: test-real-node
-test-real-node: tools build image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, the four stories as pods, workload members cut off by a real partition (kubelet frozen, pod force-deleted) and refused by every fence, and a teardown that leaves nothing behind.
+test-real-node: tools build image ## Root only: a real node (kubelet, kube-proxy, CoreDNS; containerd, runc, CNI from Debian) next to kwok: helm install and helm test of the chart, workers reading tokens, an IDRange consumer restarted, the five stories as pods, workload members cut off by a real partition (kubelet frozen, pod force-deleted) and refused by every fence, and a teardown that leaves nothing behind.
 	FENCER_BIN=$(BIN) go test $(GO_TEST_FLAGS) -v -timeout 15m ./test/realnode/...
 
 .PHONY: test-db

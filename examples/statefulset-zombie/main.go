@@ -50,8 +50,9 @@ func headKey(prefix string) string {
 // primary is ledger-0's program: it appends to the ledger and moves its
 // head, once a second (ENTRIES times, then it only serves). Plain, it puts
 // the head; fenced, it writes it in a transaction that holds only under
-// its token, which it reads once, when it starts, as the token of this pod
-// (its UID), never of a successor.
+// its token, which it reads as the token of this pod (its UID), never of
+// a successor: when it starts, and after a refusal only once this pod
+// holds a greater one.
 func primary(ctx context.Context, mode string, entries []string) error {
 	limit := -1
 	if len(entries) > 0 {
@@ -66,7 +67,7 @@ func primary(ctx context.Context, mode string, entries []string) error {
 		return err
 	}
 	me, key := story.Pod(), headKey(env.Prefix)
-	uid, err := story.PodUID(ctx, env.K8s)
+	uid, err := story.PodUID()
 	if err != nil {
 		return err
 	}
@@ -75,9 +76,10 @@ func primary(ctx context.Context, mode string, entries []string) error {
 		_, err := env.Etcd.Put(ctx, key, value)
 		return err
 	}
+	var tok fence.Token
 	if mode == "fenced" {
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		tok, err := story.WaitToken(wctx, env.K8s, member)
+		tok, err = story.WaitToken(wctx, env.K8s, member)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%s did not hold Lease %s within 60 s (kubectl get flease %s): %w", me, member, member, err)
@@ -89,6 +91,8 @@ func primary(ctx context.Context, mode string, entries []string) error {
 		}
 	}
 	for written := 0; written != limit; written++ {
+		// A new tenure starts from the head as etcd has it now: nothing
+		// computed under an older token is carried over.
 		head, err := readHead(ctx, env.Etcd, key)
 		if err != nil {
 			return err
@@ -103,8 +107,17 @@ func primary(ctx context.Context, mode string, entries []string) error {
 		switch {
 		case errors.As(err, &fenced):
 			story.Say(who, "head write REFUSED: %v", err)
-			<-ctx.Done()
-			return nil
+			// This pod may hold the Lease again, under a greater token:
+			// a member that was NotReady past its TTL is granted anew
+			// once Ready. A pod replaced under its name never is: its
+			// UID is not its successor's, so it never reads the
+			// successor's token.
+			if tok, err = newerToken(ctx, env.K8s, tok); err != nil {
+				return nil // ctx ended: the pod is stopping
+			}
+			story.Say(who, "holds Lease %s again, token %d", member, tok.Value)
+			written--
+			continue
 		case err != nil:
 			return err
 		}
@@ -113,6 +126,22 @@ func primary(ctx context.Context, mode string, entries []string) error {
 	story.Say(who, "serving reads")
 	<-ctx.Done()
 	return nil
+}
+
+// newerToken waits until this pod holds the member's Lease under a token
+// greater than old, until ctx ends.
+func newerToken(ctx context.Context, k client.Client, old fence.Token) (fence.Token, error) {
+	for {
+		t, err := story.WaitToken(ctx, k, member)
+		if err != nil || t.Value > old.Value {
+			return t, err
+		}
+		select {
+		case <-ctx.Done():
+			return fence.Token{}, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func readHead(ctx context.Context, etcd *clientv3.Client, key string) (string, error) {

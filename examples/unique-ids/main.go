@@ -134,7 +134,7 @@ func generators(ctx context.Context, env *story.Env, mode string) (next, next, e
 		return nil, nil, err
 	}
 	story.Say(story.Pod(), "order IDs: blocks of IDRange order-ids; event IDs: snowflake on slot %d (token %d) of IDRange event-workers", slot, token)
-	uid, err := story.PodUID(ctx, k)
+	uid, err := story.PodUID()
 	if err != nil {
 		return nil, nil, err
 	}

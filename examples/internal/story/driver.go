@@ -11,6 +11,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Actor is a process the driver started, standing in for one pod.
@@ -40,9 +44,15 @@ func Start(role, pod string, args ...string) (*Actor, error) {
 // StartLocal runs this binary again in role as a local process standing
 // in for pod, even on the real node: for a pod on a kwok node, which runs
 // no process of its own.
+// It is given the pod's name and UID, as the Downward API gives a
+// container: the pod as it is now, so start it only once its pod exists.
 func StartLocal(role, pod string, args ...string) (*Actor, error) {
+	uid, err := podUID(pod)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(os.Args[0], append([]string{role}, args...)...)
-	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "STORY_T0="+strconv.FormatInt(t0.UnixNano(), 10))
+	cmd.Env = append(os.Environ(), "POD_NAME="+pod, "POD_UID="+string(uid), "STORY_T0="+strconv.FormatInt(t0.UnixNano(), 10))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -61,6 +71,21 @@ func StartLocal(role, pod string, args ...string) (*Actor, error) {
 		_ = cmd.Wait()
 	}()
 	return a, nil
+}
+
+// podUID reads the UID of the pod named pod in the story's namespace.
+func podUID(pod string) (types.UID, error) {
+	k, err := Kube()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := &corev1.Pod{}
+	if err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: pod}, p); err != nil {
+		return "", fmt.Errorf("reading pod %s, whose UID its stand-in process gets as POD_UID: %w", pod, err)
+	}
+	return p.UID, nil
 }
 
 // line prints one timeline line of the actor and remembers it.

@@ -151,24 +151,23 @@ func secretToDir(ctx context.Context, k client.Client) (string, error) {
 // Pod is the pod this actor stands in for.
 func Pod() string { return os.Getenv("POD_NAME") }
 
-// PodUID is that pod's UID: from the Downward API (POD_UID) in a real
-// container; a process standing in for a simulated pod reads it from the
-// API, once, as the pod is when the actor starts.
-func PodUID(ctx context.Context, k client.Client) (types.UID, error) {
-	if uid := os.Getenv("POD_UID"); uid != "" {
-		return types.UID(uid), nil
+// PodUID is that pod's UID, from the Downward API (POD_UID; the driver
+// sets it for a process standing in for a simulated pod). It is never
+// looked up by the pod's name: after a pod is replaced under its name
+// (a StatefulSet's), that lookup would give the old pod's process its
+// successor's UID, and so its successor's token.
+func PodUID() (types.UID, error) {
+	uid := os.Getenv("POD_UID")
+	if uid == "" {
+		return "", errors.New("POD_UID is not set: give the container the env POD_UID from the Downward API (fieldRef metadata.uid), so it reads only its own pod's token")
 	}
-	pod := &corev1.Pod{}
-	if err := k.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: Pod()}, pod); err != nil {
-		return "", fmt.Errorf("reading pod %s for its UID: %w", Pod(), err)
-	}
-	return pod.UID, nil
+	return types.UID(uid), nil
 }
 
 // WaitToken waits until this pod (by its UID) holds lease, reading its
 // token through the API, until ctx ends.
 func WaitToken(ctx context.Context, k client.Client, lease string) (fence.Token, error) {
-	uid, err := PodUID(ctx, k)
+	uid, err := PodUID()
 	if err != nil {
 		return fence.Token{}, err
 	}
