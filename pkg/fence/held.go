@@ -8,6 +8,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -207,6 +208,10 @@ func (s StatusHeld) read(ctx context.Context, t Token) (time.Duration, error) {
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: t.Lease}, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Deleted: its grant was released with it.
+			return 0, fmt.Errorf("lease %s/%s does not exist (%w): %w", s.Namespace, t.Lease, err, ErrLeaseLost)
+		}
 		return 0, err
 	}
 	if lease.Status.Token != t.Value || lease.Status.HolderUID != s.PodUID {
