@@ -34,15 +34,18 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 }
 
 // removeReleased is the part of publish that needs no status write: it
-// removes the Lease's annotations from the pods other than g's
-// holder whose token etcd had released by revision rev, the revision this
-// pass read the grant at. It leaves the holder's as they are, and a token
-// above rev too: that grant came after the read, and a pass that did not
-// see it (a replica deposed without knowing it yet) must not take it from
-// its holder. The next pass whose status write succeeds removes the rest.
+// removes the Lease's annotations from every pod whose token etcd had
+// released by revision rev, the revision this pass read the grant at,
+// g's holder included (an earlier grant of its own, when it was granted
+// again). It leaves g's own token on its holder, and a token above rev:
+// that grant came after the read, and a pass that did not see it (a
+// replica deposed without knowing it yet) must not take it from its
+// holder. It never adds g's token: that waits for the status write, and
+// the next pass whose status write succeeds publishes it.
 func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) error {
 	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
-		if tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey]); holds(lease, g, pod) || (err == nil && tok > rev) {
+		tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey])
+		if err == nil && (tok > rev || (holds(lease, g, pod) && tok == g.Token)) {
 			return annotationsOf(pod, tokenKey, idKey)
 		}
 		return nil

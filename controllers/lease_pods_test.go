@@ -21,26 +21,43 @@ import (
 // found the key empty a moment before the new leader granted) must not
 // strip the new holder's annotation, whatever grant it saw.
 func TestRemoveReleasedSparesTokensGrantedAfterTheRead(t *testing.T) {
+	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "kept-holder", HolderUID: "uid-kept-holder"}}
+	checkRemoveReleased(t, g, 50, map[string]string{"ex-holder": "40", "new-holder": "60", "copied": "50", "kept-holder": "45"},
+		map[string]string{"ex-holder": "", "copied": "", "new-holder": "60", "kept-holder": "45"})
+}
+
+// A holder granted again (its grant expired while the manager was cut off
+// from etcd, and it was still the pod to elect) must not keep its earlier,
+// released token while the new grant's status write is refused: it would
+// report a token it does not hold for as long as the refusal lasts.
+func TestRemoveReleasedTakesAReleasedTokenFromTheNewHolderToo(t *testing.T) {
+	g := &etcdstore.Grant{Token: 60, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
+	checkRemoveReleased(t, g, 50, map[string]string{"w-0": "40"}, map[string]string{"w-0": ""})
+}
+
+// checkRemoveReleased runs removeReleased of g, read at rev, over pods
+// named with their token annotations, and checks each pod's token after
+// it ("" for none, and then no lease ID either).
+func checkRemoveReleased(t *testing.T, g *etcdstore.Grant, rev int64, tokens, want map[string]string) {
+	t.Helper()
 	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
 	const idKey = fencerv1.HolderLeaseIDAnnotationPrefix + "job"
-	pod := func(name, tok string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
-			Annotations: map[string]string{key: tok, idKey: "99"}}}
-	}
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).
-		WithObjects(pod("ex-holder", "40"), pod("new-holder", "60"), pod("copied", "50"), pod("kept-holder", "45")).
-		WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
+	b := fake.NewClientBuilder().WithScheme(scheme).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues)
+	for name, tok := range tokens {
+		b = b.WithObjects(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+			Annotations: map[string]string{key: tok, idKey: "99"}}})
+	}
+	c := b.Build()
 	r := &LeaseReconciler{Client: c}
 	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
-	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "kept-holder", HolderUID: "uid-kept-holder"}}
-	if err := r.removeReleased(context.Background(), lease, nil, g, 50); err != nil {
+	if err := r.removeReleased(context.Background(), lease, nil, g, rev); err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]string{"ex-holder": "", "copied": "", "new-holder": "60", "kept-holder": "45"} {
+	for name, want := range want {
 		var got corev1.Pod
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: name}, &got); err != nil {
 			t.Fatal(err)
