@@ -487,6 +487,21 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	checkIgnoredLabelWarning(t, asManager)
 	checkManagerPodPolicy(t, asManager)
 
+	// What an installed release cannot change: each upgrade is refused
+	// before it changes anything, naming the value.
+	for set, want := range map[string]string{
+		"etcd.bundled.replicas=3": "etcd.bundled.replicas cannot change on an installed etcd (1 members now, 3 asked)",
+		"etcd.prefix=/other":      "etcd.prefix cannot change on an installed release (/fencer now, /other asked)",
+	} {
+		if out, err := toolErr("helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", set); err == nil || !strings.Contains(out+err.Error(), want) {
+			t.Errorf("helm upgrade --set %s: %v %s; want it refused with %q", set, err, out, want)
+		}
+	}
+	// A second release in the namespace would share the manager's
+	// leader-election Lease.
+	if out, err := toolErr("helm", "install", "second", chartDir(), "--namespace", "fencer-system"); err == nil || !strings.Contains(err.Error(), `namespace fencer-system already holds fencer's release "fencer"`) {
+		t.Errorf("a second release in fencer-system: %v %s; want it refused", err, out)
+	}
 	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "fencer-system", Name: "fencer"}, &dep); err != nil {
