@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,15 +43,28 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 // that grant came after the read, and a pass that did not see it (a
 // replica deposed without knowing it yet) must not take it from its
 // holder. It never adds g's token: that waits for the status write, and
-// the next pass whose status write succeeds publishes it.
+// the next pass whose status write succeeds publishes it. Each removal
+// holds only if the pod still carries what this pass's copy of it shows
+// (removeUnchanged): a copy from before this holder's new token arrived
+// must not take that token away.
 func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) error {
-	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
+	tokenKey := fencerv1.HolderTokenAnnotationPrefix + lease.Name
+	idKey := fencerv1.HolderLeaseIDAnnotationPrefix + lease.Name
+	annotated, err := r.annotatedFor(ctx, lease.Namespace, lease.Name)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, pod := range union(pods, annotated) {
 		tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey])
 		if err == nil && (tok > rev || (holds(lease, g, pod) && tok == g.Token)) {
-			return annotationsOf(pod, tokenKey, idKey)
+			continue
 		}
-		return nil
-	})
+		if err := removeUnchanged(ctx, r.Client, pod, tokenKey, idKey); err != nil {
+			errs = append(errs, fmt.Errorf("removing a released token from pod %s: %w", pod.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // holds reports whether pod is g's holder and gets its token by annotation.
@@ -69,17 +84,6 @@ func (r *LeaseReconciler) annotateFor(ctx context.Context, lease *fencerv1.Lease
 	return annotateEach(ctx, r.Client, union(pods, annotated), func(pod *corev1.Pod) map[string]string {
 		return want(pod, tokenKey, idKey)
 	}, tokenKey, idKey)
-}
-
-// annotationsOf is the pod's own values of keys, those it carries.
-func annotationsOf(pod *corev1.Pod, keys ...string) map[string]string {
-	have := map[string]string{}
-	for _, k := range keys {
-		if v, ok := pod.Annotations[k]; ok {
-			have[k] = v
-		}
-	}
-	return have
 }
 
 // unpublish removes a Lease's annotations from every pod that carries

@@ -35,6 +35,34 @@ func TestRemoveReleasedTakesAReleasedTokenFromTheNewHolderToo(t *testing.T) {
 	checkRemoveReleased(t, g, 50, map[string]string{"w-0": "40"}, map[string]string{"w-0": ""})
 }
 
+// A pass whose copy of the holder predates its new token (the cache had
+// not yet seen the patch that published it) must not remove that token:
+// each removal holds only if the pod still carries what the copy shows.
+func TestRemoveReleasedLeavesATokenItsCopyDidNotShow(t *testing.T) {
+	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	live := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "ns", UID: "uid-w-0", Annotations: map[string]string{key: "55"}}}
+	stale := live.DeepCopy()
+	stale.Annotations[key] = "40"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
+	r := &LeaseReconciler{Client: c}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
+	g := &etcdstore.Grant{Token: 55, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
+	if err := r.removeReleased(context.Background(), lease, []corev1.Pod{*stale}, g, 56); err == nil {
+		t.Error("a removal whose copy was stale reported no error")
+	}
+	var got corev1.Pod
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(live), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations[key] != "55" {
+		t.Fatalf("the holder's live token was removed on a stale copy: annotations now %v", got.Annotations)
+	}
+}
+
 // checkRemoveReleased runs removeReleased of g, read at rev, over pods
 // named with their token annotations, and checks each pod's token after
 // it ("" for none, and then no lease ID either).

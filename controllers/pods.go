@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -91,6 +92,40 @@ func patchAnnotations(ctx context.Context, c client.Client, pod *corev1.Pod, wan
 		return nil
 	}
 	return err
+}
+
+// removeUnchanged removes keys from the pod's annotations only where they
+// still hold the values this copy of the pod shows, with a JSON patch that
+// tests each value (and the pod's UID) before it removes it. A copy from a
+// cache behind the apiserver may show an older token where the pod now
+// carries a live one: then the test fails, nothing is removed, and the
+// error says so; a pass with a fresher copy decides.
+func removeUnchanged(ctx context.Context, c client.Client, pod *corev1.Pod, keys ...string) error {
+	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": pod.UID}}
+	for _, k := range keys {
+		if v, ok := pod.Annotations[k]; ok {
+			path := "/metadata/annotations/" + jsonPointerEscape(k)
+			ops = append(ops, map[string]any{"op": "test", "path": path, "value": v}, map[string]any{"op": "remove", "path": path})
+		}
+	}
+	if len(ops) == 1 {
+		return nil
+	}
+	data, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	err = c.Patch(ctx, pod, client.RawPatch(types.JSONPatchType, data))
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// jsonPointerEscape escapes a map key for a JSON Pointer (RFC 6901): an
+// annotation key's '/' would otherwise split the path.
+func jsonPointerEscape(k string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
 }
 
 // podReplaced says whether err is the apiserver's refusal of a patch that
