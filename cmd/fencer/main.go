@@ -90,6 +90,10 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	defer etcd.Close()
+	// A leader over the endpoints of two etcd clusters would grant in both.
+	if err := etcdstore.OneCluster(ctx, etcd, o.etcd.RequestTimeout); err != nil {
+		return err
+	}
 
 	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
 	cacheOpts := controllers.CacheOptions(etcdstore.SplitList(o.namespaces))
@@ -273,6 +277,9 @@ func setupEtcdAccess(mgr ctrl.Manager, etcd *clientv3.Client, ca *identity.CA, o
 		if err := mgr.Add(maint); err != nil {
 			return err
 		}
+	}
+	if err := mgr.Add(&etcdstore.ClusterGuard{Cli: etcd, Every: 10 * time.Second, Timeout: o.etcdProbeTimeout}); err != nil {
+		return err
 	}
 	// A single replica (no leader election) has no standby to hand over to.
 	if o.etcdStepDown > 0 && o.leaderElect {

@@ -202,3 +202,24 @@ func TestBadFlagsExitWithAMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusesEndpointsOfTwoEtcdClusters: a manager given the endpoints of
+// two etcd clusters (members added by scaling the bundled etcd's
+// StatefulSet bootstrap a cluster of their own) would grant in both, so it
+// refuses to start, naming both.
+func TestRefusesEndpointsOfTwoEtcdClusters(t *testing.T) {
+	a, b := testenv.Etcd(t), testenv.Etcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, fencerBin, "--kubeconfig="+kubeconfig, "--metrics-bind-address=0", "--webhook-port=0",
+		"--health-probe-bind-address=0", "--leader-elect=false", "--etcd-endpoints="+a+","+b).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || ctx.Err() != nil {
+		t.Fatalf("fencer over two etcd clusters: want it to exit at start, got %v\n%s", err, out)
+	}
+	for _, want := range []string{"etcd endpoints belong to different clusters", a, b} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("its message does not name %q:\n%s", want, out)
+		}
+	}
+}
