@@ -490,8 +490,11 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	// What an installed release cannot change: each upgrade is refused
 	// before it changes anything, naming the value.
 	for set, want := range map[string]string{
-		"etcd.bundled.replicas=3": "etcd.bundled.replicas cannot change on an installed etcd (1 members now, 3 asked)",
-		"etcd.prefix=/other":      "etcd.prefix cannot change on an installed release (/fencer now, /other asked)",
+		"etcd.bundled.replicas=3":      "etcd.bundled.replicas cannot change on an installed etcd (1 members now, 3 asked)",
+		"etcd.prefix=/other":           "the etcd prefix cannot change on an installed release (/fencer now, /other asked",
+		"extraArgs={--etcd-prefix=/x}": "the etcd prefix cannot change on an installed release (/fencer now, /x asked",
+		"fullnameOverride=renamed":     "the release's etcd is the StatefulSet fencer-etcd, and these values name it renamed-etcd",
+		"nameOverride=other":           "the release's etcd is the StatefulSet fencer-etcd, and these values name it fencer-other-etcd",
 	} {
 		if out, err := toolErr("helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", set); err == nil || !strings.Contains(out+err.Error(), want) {
 			t.Errorf("helm upgrade --set %s: %v %s; want it refused with %q", set, err, out, want)
@@ -518,6 +521,31 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	if _, err := toolErr("kubectl", "get", "validatingwebhookconfiguration", "fencer-fencing"); err == nil {
 		t.Fatal("the webhook configuration survived uninstall")
+	}
+	checkKeptEtcdVolumes(t)
+}
+
+// checkKeptEtcdVolumes: an install that would come back on the kept
+// volume of one etcd member with three members is refused (the member
+// with data would keep its old cluster, the two others start a new one).
+// Helm keeps a StatefulSet's claims at uninstall; the test makes one if
+// this cluster's controllers made none.
+func checkKeptEtcdVolumes(t *testing.T) {
+	t.Helper()
+	if _, err := toolErr("kubectl", "get", "pvc", "data-fencer-etcd-0", "-n", "fencer-system"); err != nil {
+		claim := filepath.Join(t.TempDir(), "claim.yaml")
+		if err := os.WriteFile(claim, []byte("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data-fencer-etcd-0, namespace: fencer-system}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tool(t, "kubectl", "create", "-f", claim)
+		defer tool(t, "kubectl", "delete", "-f", claim, "--wait=false")
+	}
+	want := "the namespace keeps the volumes of 1 etcd members (PersistentVolumeClaims data-fencer-etcd-<n>"
+	if out, err := toolErr("helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "etcd.bundled.replicas=3"); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("helm install with 3 members over one member's kept volume: %v %s; want it refused with %q", err, out, want)
+		if err == nil {
+			tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
+		}
 	}
 }
 

@@ -74,6 +74,10 @@ func TestInstallDocCommands(t *testing.T) {
 	uninstall := func() {
 		if installed {
 			tool(t, "helm", "uninstall", "fencer", "-n", "fencer-system", "--wait")
+			// A new cluster has no etcd volumes of an earlier install, which
+			// the chart would refuse to come back on with another number of
+			// members.
+			tool(t, "kubectl", "-n", "fencer-system", "delete", "pvc", "-l", "app.kubernetes.io/instance=fencer,app.kubernetes.io/component=etcd", "--timeout=60s")
 			installed = false
 		}
 	}
