@@ -3,8 +3,6 @@ package fence
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -67,35 +65,14 @@ func TestADeletedObjectHoldsNothing(t *testing.T) {
 		})
 	}
 	t.Run("StatusHeld", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "annotations")
-		if err := os.WriteFile(path, []byte(`lease.fencer.io/report="9"`), 0o644); err != nil {
-			t.Fatal(err)
-		}
 		l := statusLease("w-0", "me", 9)
 		cli := fakeClient(l)
-		src := Verified{Source: FileSource{Path: path, Lease: "report"}, Check: StatusHeld{Client: cli, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
-		started, done := make(chan Token, 1), make(chan error, 1)
-		go func() {
-			done <- RunExclusive(ctx, src, "report", time.Hour, func(ctx context.Context, tok Token) error {
-				started <- tok
-				<-ctx.Done()
-				return ctx.Err()
-			})
-		}()
-		if tok := <-started; tok.Value != 9 {
-			t.Fatalf("ran with %+v", tok)
-		}
+		src := Verified{Source: FileSource{Path: annotationsFile(t, 9), Lease: "report"}, Check: StatusHeld{Client: cli, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+		done := runExclusive(t, src, 9)
 		if err := cli.Delete(ctx, l); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			if !errors.Is(err, ErrLeaseLost) {
-				t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
-			}
-		case <-time.After(5 * time.Second):
-			// Without the fix it ends only once no read confirmed the grant for 15 s.
-			t.Fatal("RunExclusive kept running 5 s after the Lease was deleted")
-		}
+		// Within 5 s: a read that only failed would count it lost after 15.
+		wantLost(t, done, 5*time.Second, "the Lease was deleted")
 	})
 }

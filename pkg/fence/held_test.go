@@ -89,24 +89,9 @@ func TestLeaseSourceGivesTheEtcdLeaseOnlyToADirectHolder(t *testing.T) {
 // controller cannot patch it) must not keep RunExclusive's work going once
 // the grant has ended: the status check cancels it.
 func TestRunExclusiveFollowsTheStatus(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "annotations")
-	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="9"`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	c := fakeClient(statusLease("w-0", "me", 9))
-	src := Verified{Source: FileSource{Path: path, Lease: "report"}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
-	started := make(chan Token, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, tok Token) error {
-			started <- tok
-			<-ctx.Done()
-			return ctx.Err()
-		})
-	}()
-	if tok := <-started; tok.Value != 9 {
-		t.Fatalf("ran with %+v", tok)
-	}
+	src := Verified{Source: FileSource{Path: annotationsFile(t, 9), Lease: "report"}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+	done := runExclusive(t, src, 9)
 	// The grant moves on; the annotation file does not change.
 	l := &fencerv1alpha1.Lease{}
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "report"}, l); err != nil {
@@ -116,14 +101,7 @@ func TestRunExclusiveFollowsTheStatus(t *testing.T) {
 	if err := c.Status().Update(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrLeaseLost) {
-			t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("RunExclusive kept running after the grant ended")
-	}
+	wantLost(t, done, 10*time.Second, "the grant ended")
 	if _, err := src.Token(context.Background()); !errors.Is(err, ErrNotHolder) {
 		t.Fatalf("Verified reads a token whose grant ended: %v", err)
 	}
@@ -135,21 +113,8 @@ func TestRunExclusiveFollowsTheStatus(t *testing.T) {
 func TestRunExclusiveFollowsTheGrantInEtcd(t *testing.T) {
 	cli := connect(t, startEtcd(t))
 	tok := grant(t, cli, "report", 60)
-	path := filepath.Join(t.TempDir(), "annotations")
-	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="`+strconv.FormatInt(tok.Value, 10)+`"`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	src := Verified{Source: FileSource{Path: path, Lease: "report"}, Check: EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}}
-	started := make(chan Token, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, tok Token) error {
-			started <- tok
-			<-ctx.Done()
-			return ctx.Err()
-		})
-	}()
-	<-started
+	src := Verified{Source: FileSource{Path: annotationsFile(t, tok.Value), Lease: "report"}, Check: EtcdHeld{Client: cli, Prefix: prefix, Namespace: "ns"}}
+	done := runExclusive(t, src, tok.Value)
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	tokens := Watch(watchCtx, src, "report", 20*time.Millisecond)
@@ -159,14 +124,7 @@ func TestRunExclusiveFollowsTheGrantInEtcd(t *testing.T) {
 	if _, err := cli.Delete(context.Background(), etcdkeys.LeaseKey(prefix, "ns", "report")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrLeaseLost) {
-			t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("RunExclusive kept running after the grant key was deleted")
-	}
+	wantLost(t, done, 10*time.Second, "the grant key was deleted")
 	select {
 	case lost := <-tokens:
 		if lost.Value != 0 {
@@ -174,6 +132,51 @@ func TestRunExclusiveFollowsTheGrantInEtcd(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Watch never reported the lost grant")
+	}
+}
+
+// annotationsFile writes a Downward API annotations file in which the pod
+// holds lease "report" under token and returns its path.
+func annotationsFile(t *testing.T, token int64) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "annotations")
+	if err := os.WriteFile(path, []byte(`lease.fencer.io/report="`+strconv.FormatInt(token, 10)+`"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runExclusive runs RunExclusive over src for lease "report" in the
+// background, its function waiting for its context to end; it waits until
+// the function has started with token want and returns where
+// RunExclusive's result arrives.
+func runExclusive(t *testing.T, src Source, want int64) <-chan error {
+	t.Helper()
+	started, done := make(chan Token, 1), make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, tok Token) error {
+			started <- tok
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	if tok := <-started; tok.Value != want {
+		t.Fatalf("ran with %+v, want token %d", tok, want)
+	}
+	return done
+}
+
+// wantLost waits up to within for RunExclusive's result on done, which must
+// wrap ErrLeaseLost, after what ended the grant.
+func wantLost(t *testing.T, done <-chan error, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("RunExclusive = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("RunExclusive kept running %s after %s", within, what)
 	}
 }
 
