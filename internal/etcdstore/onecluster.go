@@ -14,10 +14,11 @@ import (
 var ErrSplitCluster = errors.New("etcd endpoints belong to different clusters")
 
 // OneCluster checks that every endpoint of cli that answers belongs to one
-// etcd cluster. Members added to a running etcd by scaling its StatefulSet
-// (`kubectl scale`, or a chart without the upgrade check) start with the
-// member list of a new cluster: those without data bootstrap a second,
-// empty cluster beside the first. The client, given every member's
+// etcd cluster. A bundled etcd's StatefulSet rendered again with more
+// members (by a rendering that skips the chart's upgrade check: helm
+// template, a GitOps tool) gives every member the member list of a new
+// cluster: the members without data bootstrap a second, empty cluster
+// beside the first. The client, given every member's
 // address, would then spread its requests over both, and grants, claims
 // and locks made in one would be unknown to the other. An endpoint that
 // does not answer is Ping's to report, not a split.

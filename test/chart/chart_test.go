@@ -502,8 +502,11 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	// A second release in the namespace would share the manager's
 	// leader-election Lease.
-	if out, err := toolErr("helm", "install", "second", chartDir(), "--namespace", "fencer-system"); err == nil || !strings.Contains(err.Error(), `namespace fencer-system already holds fencer's release "fencer"`) {
-		t.Errorf("a second release in fencer-system: %v %s; want it refused", err, out)
+	for _, extra := range [][]string{nil, {"--set", "nameOverride=other"}} {
+		args := append([]string{"install", "second", chartDir(), "--namespace", "fencer-system"}, extra...)
+		if out, err := toolErr("helm", args...); err == nil || !strings.Contains(err.Error(), `namespace fencer-system already holds fencer's release "fencer"`) {
+			t.Errorf("a second release in fencer-system %v: %v %s; want it refused", extra, err, out)
+		}
 	}
 	tool(t, "helm", "upgrade", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "replicaCount=3")
 	var dep appsv1.Deployment
@@ -528,25 +531,36 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 // checkKeptEtcdVolumes: an install that would come back on the kept
 // volume of one etcd member with three members is refused (the member
 // with data would keep its old cluster, the two others start a new one).
-// Helm keeps a StatefulSet's claims at uninstall; the test makes one if
-// this cluster's controllers made none.
+// Helm keeps a StatefulSet's claims at uninstall; the test makes one, with
+// the labels the StatefulSet controller gives its claims, if this cluster's
+// controllers made none. An install under another release name over it is
+// refused too.
 func checkKeptEtcdVolumes(t *testing.T) {
 	t.Helper()
 	if _, err := toolErr("kubectl", "get", "pvc", "data-fencer-etcd-0", "-n", "fencer-system"); err != nil {
 		claim := filepath.Join(t.TempDir(), "claim.yaml")
-		if err := os.WriteFile(claim, []byte("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data-fencer-etcd-0, namespace: fencer-system}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n"), 0o644); err != nil {
+		if err := os.WriteFile(claim, []byte("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data-fencer-etcd-0, namespace: fencer-system, labels: {app.kubernetes.io/name: fencer, app.kubernetes.io/instance: fencer, app.kubernetes.io/component: etcd}}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		tool(t, "kubectl", "create", "-f", claim)
 		defer tool(t, "kubectl", "delete", "-f", claim, "--wait=false")
 	}
-	want := "the namespace keeps the volumes of 1 etcd members (PersistentVolumeClaims data-fencer-etcd-<n>"
-	if out, err := toolErr("helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "etcd.bundled.replicas=3"); err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("helm install with 3 members over one member's kept volume: %v %s; want it refused with %q", err, out, want)
-		if err == nil {
-			tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
+	for _, c := range []struct {
+		set, want string
+	}{
+		{"etcd.bundled.replicas=3", "the namespace keeps the volumes of etcd members [0] (PersistentVolumeClaims data-fencer-etcd-<n>"},
+		{"fullnameOverride=renamed", "the namespace keeps the etcd volume data-fencer-etcd-0 of this release under another name"},
+	} {
+		if out, err := toolErr("helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--set", c.set); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("helm install --set %s over one member's kept volume: %v %s; want it refused with %q", c.set, err, out, c.want)
+			if err == nil {
+				tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system")
+			}
 		}
 	}
+	// An etcd on emptyDir never uses the claims: nothing to refuse.
+	tool(t, "helm", "install", "fencer", chartDir(), "--namespace", "fencer-system", "--set", "etcd.bundled.replicas=3", "--set", "etcd.bundled.storage.persistent=false")
+	tool(t, "helm", "uninstall", "fencer", "--namespace", "fencer-system", "--wait")
 }
 
 // checkManagerPodPolicy: as the manager, fencer's own annotations of a pod
