@@ -24,7 +24,7 @@ var ErrSplitCluster = errors.New("etcd endpoints belong to different clusters")
 // does not answer is Ping's to report, not a split.
 //
 // Each endpoint's Status dials it afresh (a handshake each), so this runs
-// at start and every few watchdog probes, not per request; each may take
+// at start and every 10 s (ClusterGuard), not per request; each may take
 // up to timeout, so a member that does not answer leaves the others their
 // time; zero means DefaultRequestTimeout.
 func OneCluster(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
@@ -45,7 +45,7 @@ func OneCluster(ctx context.Context, cli *clientv3.Client, timeout time.Duration
 			continue
 		}
 		if id := st.Header.ClusterId; id != firstID {
-			return fmt.Errorf("%w: %s answers for cluster %x and %s for cluster %x. A member added by scaling the etcd StatefulSet starts a cluster of its own; scale it back and restore a snapshot into the members you want (docs/operations.md, \"Changing the number of etcd members\")", ErrSplitCluster, first, firstID, ep, id)
+			return fmt.Errorf("%w: %s answers for cluster %x and %s for cluster %x. The members of a bundled etcd rendered with another member count than it was installed with start a cluster of their own: render it with its installed count again, and move to another count by a snapshot restored into every member (docs/operations.md, \"Changing the number of etcd members\")", ErrSplitCluster, first, firstID, ep, id)
 		}
 	}
 	return nil
