@@ -8,7 +8,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -208,11 +207,7 @@ func (s StatusHeld) read(ctx context.Context, t Token) (time.Duration, error) {
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: t.Lease}, lease); err != nil {
-		if apierrors.IsNotFound(err) {
-			// Deleted: its grant was released with it.
-			return 0, fmt.Errorf("lease %s/%s does not exist (%w): %w", s.Namespace, t.Lease, err, ErrLeaseLost)
-		}
-		return 0, err
+		return 0, gone(err, ErrLeaseLost, "lease", s.Namespace, t.Lease)
 	}
 	if lease.Status.Token != t.Value || lease.Status.HolderUID != s.PodUID {
 		return 0, fmt.Errorf("lease %s/%s is held by %s (uid %s) under token %d, not by this pod under token %d: %w",

@@ -204,7 +204,7 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 	}
 	pod := &corev1.Pod{}
 	if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Pod}, pod); err != nil {
-		return Token{}, gone(err, "pod", p.Namespace, p.Pod)
+		return Token{}, gone(err, ErrNotHolder, "pod", p.Namespace, p.Pod)
 	}
 	if pod.UID != p.UID {
 		return Token{}, fmt.Errorf("pod %s/%s is now uid %s, not this pod (uid %s): %w", p.Namespace, p.Pod, pod.UID, p.UID, ErrNotHolder)
@@ -212,14 +212,15 @@ func (p PodSource) Token(ctx context.Context) (Token, error) {
 	return TokenFromAnnotations(pod.Annotations, p.Lease)
 }
 
-// gone is err, a read of the object kind ns/name, wrapped in ErrNotHolder
-// when the object does not exist: a pod deleted (force-deleted while its
-// node was cut off) holds nothing, and neither does anyone hold a Lease
-// deleted (a workload scaled down, kubectl delete), whose grant went with
-// it. Any other error may pass and is returned as it is.
-func gone(err error, kind, ns, name string) error {
+// gone is err, a read of the object kind ns/name, wrapped in lost
+// (ErrNotHolder for a source, ErrLeaseLost for a check) when the object
+// does not exist: a pod deleted (force-deleted while its node was cut off)
+// holds nothing, and neither does anyone hold a Lease deleted (a workload
+// scaled down, kubectl delete), whose grant went with it. Any other error
+// may pass and is returned as it is.
+func gone(err error, lost error, kind, ns, name string) error {
 	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("%s %s/%s does not exist (%w): %w", kind, ns, name, err, ErrNotHolder)
+		return fmt.Errorf("%s %s/%s does not exist (%w): %w", kind, ns, name, err, lost)
 	}
 	return err
 }
@@ -296,7 +297,7 @@ func (l LeaseSource) Token(ctx context.Context) (Token, error) {
 	}
 	lease := &fencerv1alpha1.Lease{}
 	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: l.Lease}, lease); err != nil {
-		return Token{}, gone(err, "lease", l.Namespace, l.Lease)
+		return Token{}, gone(err, ErrNotHolder, "lease", l.Namespace, l.Lease)
 	}
 	if lease.Status.Holder != l.Pod || lease.Status.HolderUID != l.UID || lease.Status.Token == 0 {
 		return Token{}, fmt.Errorf("lease %s/%s is held by %q (uid %s): %w", l.Namespace, l.Lease, lease.Status.Holder, lease.Status.HolderUID, ErrNotHolder)
