@@ -22,8 +22,22 @@ import (
 // and the SDK's etcd transactions check tokens against etcd), but pods and
 // the SDK's sources read their token there, and a pod must not report a
 // token it does not hold.
-func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant) error {
+//
+// A pod carrying a token above both rev, the revision this pass read the
+// grant at, and g's own token keeps it: that grant came after this pass
+// (another replica's, while this one was paused or deposed without knowing
+// it yet), and a pass that did not see it must neither take it away nor
+// overwrite it with an older token. Removals hold only if the pod still
+// carries what this pass's copy of it shows (annotateEach).
+func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) error {
+	newest := rev
+	if g != nil {
+		newest = max(newest, g.Token)
+	}
 	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
+		if grantedLater(pod, tokenKey, newest) {
+			return pickAnnotations(pod, tokenKey, idKey)
+		}
 		want := map[string]string{}
 		if holds(lease, g, pod) {
 			want[tokenKey] = fencerv1.FormatToken(g.Token)
@@ -56,8 +70,7 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 	}
 	var errs []error
 	for _, pod := range union(pods, annotated) {
-		tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey])
-		if err == nil && (tok > rev || (holds(lease, g, pod) && tok == g.Token)) {
+		if grantedLater(pod, tokenKey, rev) || (holds(lease, g, pod) && pod.Annotations[tokenKey] == fencerv1.FormatToken(g.Token)) {
 			continue
 		}
 		if err := removeUnchanged(ctx, r.Client, pod, tokenKey, idKey); err != nil {
@@ -65,6 +78,25 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// grantedLater says whether pod carries a token above newest, the newest
+// token a pass knows of: one granted after that pass read etcd.
+func grantedLater(pod *corev1.Pod, tokenKey string, newest int64) bool {
+	tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey])
+	return err == nil && tok > newest
+}
+
+// pickAnnotations is pod's present values of keys, for a pod a pass leaves
+// as it is.
+func pickAnnotations(pod *corev1.Pod, keys ...string) map[string]string {
+	out := map[string]string{}
+	for _, k := range keys {
+		if v, ok := pod.Annotations[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // holds reports whether pod is g's holder and gets its token by annotation.
@@ -135,6 +167,6 @@ func union(lists ...[]corev1.Pod) []*corev1.Pod {
 // removals and the new holder's token go out together after the status
 // write, so a handover waits for no extra round trip.
 func (r *LeaseReconciler) publishAfterStatus(out *outcome, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) {
-	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g) }
+	out.afterStatus = func(ctx context.Context) error { return r.publish(ctx, lease, pods, g, rev) }
 	out.statusRefused = func(ctx context.Context) { _ = r.removeReleased(ctx, lease, pods, g, rev) }
 }

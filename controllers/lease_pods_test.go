@@ -63,10 +63,78 @@ func TestRemoveReleasedLeavesATokenItsCopyDidNotShow(t *testing.T) {
 	}
 }
 
+// A pass that publishes a grant after its status write (a replica paused
+// between its read and its write, whose status write still went through
+// before the new leader's) must neither take a later grant's token from
+// its holder nor overwrite it with an older one: it removes only tokens
+// etcd had released by its read, and sets only its own grant's.
+func TestPublishSparesATokenGrantedAfterTheRead(t *testing.T) {
+	g := &etcdstore.Grant{Token: 45, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
+	tokens := map[string]string{"ex-holder": "40", "new-holder": "60", "holder": "45"}
+	want := map[string]string{"ex-holder": "", "new-holder": "60", "holder": "45"}
+	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+		return r.publish(context.Background(), lease, nil, g, 50)
+	})
+	// The holder itself, granted again by another replica since.
+	checkPass(t, map[string]string{"holder": "70"}, map[string]string{"holder": "70"}, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+		return r.publish(context.Background(), lease, nil, g, 50)
+	})
+}
+
+// A grant this pass made itself is above the revision it read: publishing
+// it must still set it, and take every older token away.
+func TestPublishSetsAGrantMadeAfterTheRead(t *testing.T) {
+	g := &etcdstore.Grant{Token: 55, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
+	tokens := map[string]string{"ex-holder": "45", "holder": "30"}
+	want := map[string]string{"ex-holder": "", "holder": "55"}
+	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+		return r.publish(context.Background(), lease, nil, g, 50)
+	})
+}
+
+// publish's removals hold only if the pod still carries what the pass's
+// copy of it shows: a copy from before another grant's token reached the
+// pod must not remove that token.
+func TestPublishLeavesATokenItsCopyDidNotShow(t *testing.T) {
+	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	live := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-1", Namespace: "ns", UID: "uid-w-1", Annotations: map[string]string{key: "60"}}}
+	stale := live.DeepCopy()
+	stale.Annotations[key] = "40"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
+	r := &LeaseReconciler{Client: c}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
+	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
+	if err := r.publish(context.Background(), lease, []corev1.Pod{*stale}, g, 50); err == nil {
+		t.Error("a removal whose copy was stale reported no error")
+	}
+	var got corev1.Pod
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(live), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations[key] != "60" {
+		t.Fatalf("another grant's live token was removed on a stale copy: annotations now %v", got.Annotations)
+	}
+}
+
 // checkRemoveReleased runs removeReleased of g, read at rev, over pods
 // named with their token annotations, and checks each pod's token after
 // it ("" for none, and then no lease ID either).
 func checkRemoveReleased(t *testing.T, g *etcdstore.Grant, rev int64, tokens, want map[string]string) {
+	t.Helper()
+	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+		return r.removeReleased(context.Background(), lease, nil, g, rev)
+	})
+}
+
+// checkPass runs pass over pods named with their token annotations (each
+// with the etcd lease ID 99 too, and the UID "uid-<name>") of a Lease
+// renewed Direct, and checks each pod's
+// token after it ("" for none, and then no lease ID either).
+func checkPass(t *testing.T, tokens, want map[string]string, pass func(*LeaseReconciler, *fencerv1.Lease) error) {
 	t.Helper()
 	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
 	const idKey = fencerv1.HolderLeaseIDAnnotationPrefix + "job"
@@ -81,8 +149,8 @@ func checkRemoveReleased(t *testing.T, g *etcdstore.Grant, rev int64, tokens, wa
 	}
 	c := b.Build()
 	r := &LeaseReconciler{Client: c}
-	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
-	if err := r.removeReleased(context.Background(), lease, nil, g, rev); err != nil {
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}, Spec: fencerv1.LeaseSpec{Renewal: fencerv1.RenewalDirect}}
+	if err := pass(r, lease); err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range want {

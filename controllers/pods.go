@@ -147,11 +147,14 @@ func podReplaced(err error) bool {
 const podPatchesAtOnce = 8
 
 // annotateEach gives each pod the annotations want(pod) among keys, with one
-// merge patch for each pod whose annotations differ, trying every pod: one
+// patch for each pod whose annotations differ, trying every pod: one
 // that cannot be patched keeps no other from its annotation. The patches go
 // out together (up to podPatchesAtOnce): on a handover the old holder's
 // removal and the new holder's token are independent writes, and the new
-// holder should not wait for the old one's round trip.
+// holder should not wait for the old one's round trip. A pod that is to
+// carry none of keys loses them only where it still carries what this copy
+// of it shows (removeUnchanged): a copy older than a token published since
+// must not take that token away.
 func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want func(*corev1.Pod) map[string]string, keys ...string) error {
 	type change struct {
 		pod  *corev1.Pod
@@ -170,11 +173,20 @@ func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if err := patchAnnotations(ctx, c, ch.pod, ch.want, keys...); err != nil {
+			if err := annotateOne(ctx, c, ch.pod, ch.want, keys...); err != nil {
 				errs[i] = fmt.Errorf("annotating pod %s: %w", ch.pod.Name, err)
 			}
 		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// annotateOne is annotateEach's patch of one pod: a conditional removal
+// when it is to carry none of keys, else a merge patch.
+func annotateOne(ctx context.Context, c client.Client, pod *corev1.Pod, want map[string]string, keys ...string) error {
+	if len(want) == 0 {
+		return removeUnchanged(ctx, c, pod, keys...)
+	}
+	return patchAnnotations(ctx, c, pod, want, keys...)
 }
