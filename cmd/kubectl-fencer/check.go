@@ -31,6 +31,9 @@ type decision struct {
 	// OwnKind: a Lease, IDRange or WorkloadLease, which fencer's webhooks
 	// never judge, whatever its labels.
 	OwnKind bool `json:"fencersOwnKind,omitempty"`
+	// ClusterScoped: the fencing webhooks take namespaced objects only,
+	// so a fencer.io/lease label on this one fences nothing.
+	ClusterScoped bool `json:"clusterScoped,omitempty"`
 }
 
 // ownKinds are the resources of fencer's own kinds. The fencing webhooks
@@ -73,8 +76,9 @@ func checkCmd(o *options) *cobra.Command {
 			d := decision{Object: strings.ToLower(info.Mapping.GroupVersionKind.Kind) + "/" + obj.GetName(), Offered: tok}
 			res := info.Mapping.Resource
 			d.OwnKind = res.Group == fencerv1.GroupVersion.Group && ownKinds[res.Resource]
+			d.ClusterScoped = !info.Namespaced()
 			// An empty label names no Lease and fences nothing (webhook.md).
-			if lease := obj.GetLabels()[fencerv1.LeaseLabel]; lease != "" && !d.OwnKind {
+			if lease := obj.GetLabels()[fencerv1.LeaseLabel]; lease != "" && !d.OwnKind && !d.ClusterScoped {
 				d.Lease = obj.GetNamespace() + "/" + lease
 			}
 			// The smallest write: the token annotation alone (null: none).
@@ -138,6 +142,8 @@ func (d decision) table(w *tabwriter.Writer) {
 	switch {
 	case d.OwnKind:
 		fmt.Fprintln(w, "Fenced by:\t- (fencer's own kind: never fenced, whatever its labels)")
+	case d.ClusterScoped:
+		fmt.Fprintln(w, "Fenced by:\t- (cluster-scoped: fencer fences namespaced objects only, whatever their labels)")
 	case d.Lease == "":
 		fmt.Fprintln(w, "Fenced by:\t- (no fencer.io/lease label)")
 	default:
@@ -146,6 +152,11 @@ func (d decision) table(w *tabwriter.Writer) {
 	fmt.Fprintf(w, "Offered token:\t%s\n", orDash(d.Offered))
 	if d.Allowed {
 		fmt.Fprintln(w, "Decision:\tALLOWED")
+		if d.Lease != "" && d.Offered == "" {
+			// fencer refuses a write to a fenced object that sends no
+			// token, but for an exempt user: it never saw this one.
+			fmt.Fprintln(w, "Note:\ta write with no token passed: fencer's webhooks do not see this namespace (the chart's namespaces or webhook.excludeNamespaces), or the user is exempt (--exempt-users, --exempt-groups)")
+		}
 		return
 	}
 	fmt.Fprintf(w, "Decision:\tREFUSED (%s)\n", d.Reason)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"text/tabwriter"
 
 	"sigs.k8s.io/yaml"
 )
@@ -58,5 +59,37 @@ func TestOwnKindsAreFencersCRDs(t *testing.T) {
 	// copy is held equal to this one by test/chart.
 	if n := strings.Count(string(webhooks), want); n != 2 {
 		t.Errorf("config/webhook/manifests.yaml has %d matchConditions with %q, want 2", n, want)
+	}
+}
+
+// A fencer.io/lease label fences nothing on a cluster-scoped object (the
+// webhooks take namespaced ones only), and a labelled object's write that
+// passed with no token was never judged by fencer (or came from an exempt
+// user): check says so instead of naming the Lease as its fence.
+func TestCheckSaysWhatTheFenceNeverJudges(t *testing.T) {
+	for _, c := range []struct {
+		d    decision
+		want string
+	}{
+		{decision{Object: "clusterrole/x", ClusterScoped: true, Allowed: true}, "- (cluster-scoped: fencer fences namespaced objects only"},
+		{decision{Object: "configmap/x", Lease: "team-a/job", Allowed: true}, "a write with no token passed: fencer's webhooks do not see this namespace"},
+	} {
+		var b strings.Builder
+		w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		c.d.table(w)
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("%+v printed\n%s\nwant a line containing %q", c.d, b.String(), c.want)
+		}
+	}
+	// A token sent and accepted needs no note.
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	decision{Object: "configmap/x", Lease: "team-a/job", Offered: "7", Allowed: true}.table(w)
+	_ = w.Flush()
+	if strings.Contains(b.String(), "Note:") {
+		t.Errorf("an accepted token printed a note:\n%s", b.String())
 	}
 }
