@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -145,6 +146,12 @@ func (a *etcdAccess) validate() error {
 			return fmt.Errorf("--etcd-workload-endpoints (the URLs the workloads' etcd clients dial): %w", err)
 		}
 	}
+	if a.pkiSecret != "" {
+		// The workloads' credentials are certificates: their clients use TLS.
+		if err := etcdstore.CheckTLSEndpoints(etcdstore.SplitList(a.workloadEndpoints)); err != nil {
+			return fmt.Errorf("--etcd-workload-endpoints (the workloads' clients use TLS with --etcd-pki-secret): %w", err)
+		}
+	}
 	if a.credentialsSecret == "" {
 		return errors.New("--etcd-credentials-secret must not be empty")
 	}
@@ -169,6 +176,13 @@ func (o *options) validate() error {
 	o.etcdAccess.certFile = o.etcd.CertFile
 	if err := o.etcdAccess.validate(); err != nil {
 		return err
+	}
+	if o.etcdAccess.pkiSecret != "" {
+		// The manager's own identity is issued from the CA: a client
+		// certificate, sent only over TLS.
+		if err := etcdstore.CheckTLSEndpoints(o.etcd.Endpoints); err != nil {
+			return fmt.Errorf("--etcd-endpoints (the manager uses TLS with --etcd-pki-secret): %w", err)
+		}
 	}
 	if (o.etcdAccess.pkiSecret != "" || o.etcdAccess.serverSecret != "") && o.webhookNamespace == "" {
 		return errors.New("--etcd-pki-secret needs --webhook-namespace (not running in a pod, so it cannot be guessed)")
@@ -219,6 +233,48 @@ func (o *options) validate() error {
 	}
 	if o.etcdProbeTimeout <= 0 {
 		return fmt.Errorf("--etcd-probe-timeout must be positive, got %s", o.etcdProbeTimeout)
+	}
+	if err := o.checkPorts(); err != nil {
+		return err
+	}
+	return checkExemptGroups(o.exemptGroups)
+}
+
+// checkPorts refuses two of the manager's servers on one port: the second
+// could not listen, and the manager would stop at start-up with a bind
+// error that names neither flag.
+func (o *options) checkPorts() error {
+	addrs := []struct{ flag, addr string }{
+		{"--webhook-port", fmt.Sprintf(":%d", o.webhookPort)},
+		{"--metrics-bind-address", o.metricsAddr},
+		{"--health-probe-bind-address", o.probeAddr},
+	}
+	if o.webhookPort == 0 {
+		addrs = addrs[1:]
+	}
+	seen := map[string]string{}
+	for _, a := range addrs {
+		_, port, err := net.SplitHostPort(a.addr)
+		if a.addr == "0" || err != nil || port == "0" {
+			continue // off, or left to the server to report
+		}
+		if other, ok := seen[port]; ok {
+			return fmt.Errorf("%s and %s both use port %s: give each server a port of its own", other, a.flag, port)
+		}
+		seen[port] = a.flag
+	}
+	return nil
+}
+
+// checkExemptGroups refuses a group that holds every workload: its
+// members' writes would pass without a token, and the fence would hold
+// against almost no one.
+func checkExemptGroups(list string) error {
+	for _, g := range etcdstore.SplitList(list) {
+		switch g {
+		case "system:authenticated", "system:unauthenticated", "system:serviceaccounts":
+			return fmt.Errorf("--exempt-groups names %s: every write by its members (a workload's service account among them) would pass without a token; exempt the lifecycle controllers by name with --exempt-users, or the group system:serviceaccounts:kube-system", g)
+		}
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-io/fencer/internal/etcdstore"
 	"github.com/fencer-io/fencer/internal/lockview"
 )
 
@@ -188,6 +189,9 @@ func viewerConfig(s *corev1.Secret, f *lockFlags) (clientv3.Config, error) {
 	}
 	if endpoints == "" {
 		return clientv3.Config{}, fmt.Errorf("the lock viewer's Secret %s/%s has no endpoints; pass --etcd-endpoints", s.Namespace, s.Name)
+	}
+	if err := etcdstore.CheckTLSEndpoints(strings.Split(endpoints, ",")); err != nil {
+		return clientv3.Config{}, fmt.Errorf("the lock viewer's etcd endpoints: %w (pass --etcd-endpoints)", err)
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{pair}}
 	if f.serverName != "" {

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/fencer-io/fencer/internal/identity"
 	"github.com/fencer-io/fencer/test/support/testenv"
 )
 
@@ -139,4 +140,29 @@ func TestDialTarget(t *testing.T) {
 			t.Errorf("dialTarget(%q) = %v, want %v", ep, got, want)
 		}
 	}
+}
+
+// A viewer Secret's certificate sent to an http:// endpoint would go
+// nowhere: the etcd client sends such an endpoint plain text. It is
+// refused, with the fix.
+func TestTheViewerRefusesAnHTTPEndpoint(t *testing.T) {
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "fencer-system", Name: "viewer"}, Data: viewerTestData(t)}
+	_, err := viewerConfig(secret, &lockFlags{endpoints: "http://127.0.0.1:2379"})
+	if err == nil || !strings.Contains(err.Error(), `"http://127.0.0.1:2379" is http://`) {
+		t.Fatalf("viewerConfig with an http:// endpoint: %v", err)
+	}
+}
+
+// viewerTestData is a viewer Secret's ca.crt, tls.crt and tls.key.
+func viewerTestData(t *testing.T) map[string][]byte {
+	t.Helper()
+	ca, err := identity.NewCA("test-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(identity.Request{CommonName: "fencer:viewer"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": pair.CertPEM, "tls.key": pair.KeyPEM}
 }

@@ -90,7 +90,18 @@ func CheckEndpoint(e string) error {
 	return nil
 }
 
-// Validate reports the first setting that cannot work, naming the flag.
+// CheckTLSEndpoints refuses an http:// URL among endpoints of a client
+// that is to use TLS: the etcd client sends an http:// endpoint plain
+// text, silently dropping the CA check and the client certificate.
+func CheckTLSEndpoints(endpoints []string) error {
+	for _, e := range endpoints {
+		if rest, ok := strings.CutPrefix(e, "http://"); ok {
+			return fmt.Errorf("%q is http://, but TLS is set up: the etcd client would send it plain text, without the CA check or the client certificate; write https://%s", e, rest)
+		}
+	}
+	return nil
+}
+
 func (c *Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("--etcd-endpoints is required: give the etcd client URLs, e.g. http://127.0.0.1:2379")
@@ -102,6 +113,11 @@ func (c *Config) Validate() error {
 	}
 	if err := etcdkeys.CheckPrefix(c.Prefix); err != nil {
 		return fmt.Errorf("--etcd-prefix: %w", err)
+	}
+	if c.TLS != nil || c.CAFile != "" || c.CertFile != "" {
+		if err := CheckTLSEndpoints(c.Endpoints); err != nil {
+			return fmt.Errorf("--etcd-endpoints: %w", err)
+		}
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")

@@ -66,6 +66,13 @@ func LoadEtcdAccess(dir string) (EtcdAccess, error) {
 	if endpoints == "" {
 		return EtcdAccess{}, errors.New("fencer etcd credentials: the endpoints file is empty")
 	}
+	for _, e := range eps {
+		// The etcd client would send an http:// endpoint plain text,
+		// without the CA check or the certificate.
+		if strings.HasPrefix(e, "http://") {
+			return EtcdAccess{}, fmt.Errorf("fencer etcd credentials: endpoint %q is http://, but these credentials are for TLS; fencer's --etcd-workload-endpoints must be https://", e)
+		}
+	}
 	return EtcdAccess{
 		Prefix: prefix,
 		Config: clientv3.Config{

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +87,20 @@ func TestTheClientPairIsReadThroughOneResolutionOfDotData(t *testing.T) {
 	}
 	if got := commonName(); got != "new" {
 		t.Fatalf("after the swap of ..data: %q, want the renewed pair, read whole", got)
+	}
+}
+
+// The etcd client sends an http:// endpoint plain text, dropping the CA
+// check and the client certificate without a word: credentials that name
+// one are refused, with the fix.
+func TestCredentialsRefuseAnHTTPEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	writePair(t, dir, "ns:pods")
+	if err := os.WriteFile(filepath.Join(dir, "endpoints"), []byte("https://etcd-0:2379,http://etcd-1:2379"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadEtcdAccess(dir)
+	if err == nil || !strings.Contains(err.Error(), `endpoint "http://etcd-1:2379" is http://, but these credentials are for TLS`) {
+		t.Fatalf("LoadEtcdAccess with an http:// endpoint: %v", err)
 	}
 }

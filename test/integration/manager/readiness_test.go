@@ -190,7 +190,7 @@ func TestBadFlagsExitWithAMessage(t *testing.T) {
 	}{
 		{[]string{}, "fencer: --etcd-endpoints is required"},
 		{[]string{"--etcd-endpoints=127.0.0.1:2379"}, `fencer: --etcd-endpoints: "127.0.0.1:2379" must start with http:// or https://`},
-		{[]string{"--etcd-endpoints=http://e:1", "--etcd-ca-file=/nonexistent/ca.pem"}, "etcd client TLS"},
+		{[]string{"--etcd-endpoints=https://e:1", "--etcd-ca-file=/nonexistent/ca.pem"}, "etcd client TLS"},
 	} {
 		out, err := exec.Command(fencerBin, tc.args...).CombinedOutput()
 		var exit *exec.ExitError
