@@ -118,6 +118,9 @@ func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.ID
 	var out outcome
 	out.result.RequeueAfter = repairInterval
 	rng.Status.ObservedGeneration = rng.Generation
+	if v, ok := rng.Annotations[fencerv1.DeleteNextAnnotation]; ok && v != "true" {
+		out.event(corev1.EventTypeWarning, fencerv1.ReasonIgnoredAnnotation, "%s is %q; only \"true\" has the next-ID key deleted with the IDRange, so it will be kept", fencerv1.DeleteNextAnnotation, v)
+	}
 	if rng.Spec.Min < 0 {
 		// A negative slot has no key the store can list back, so every pass
 		// would lease another; a negative block no pod can parse.

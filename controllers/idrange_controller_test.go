@@ -43,6 +43,31 @@ func TestNegativeMinAllocatesNothing(t *testing.T) {
 	}
 }
 
+// fencer.io/delete-next-on-delete takes "true" alone; any other value ("True",
+// "yes") keeps the next-ID key when the IDRange goes, which fails safe
+// (IDs are never reissued) but drops what the user asked: a Warning says
+// so while the IDRange lives. (Its spec.min is negative so that the pass
+// stops before it needs a client or etcd.)
+func TestAnIgnoredDeleteNextValueIsWarnedOf(t *testing.T) {
+	for value, warned := range map[string]bool{"True": true, "yes": true, "": true, "true": false} {
+		rng := &fencerv1.IDRange{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", Annotations: map[string]string{fencerv1.DeleteNextAnnotation: value}},
+			Spec:       fencerv1.IDRangeSpec{Mode: fencerv1.ModeBlocks, Min: -1, Max: 10},
+		}
+		out, err := (&IDRangeReconciler{}).reconcileRange(context.Background(), rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := false
+		for _, e := range out.events {
+			got = got || e.reason == fencerv1.ReasonIgnoredAnnotation
+		}
+		if got != warned {
+			t.Errorf("%s=%q: events %+v; want an %s Warning: %v", fencerv1.DeleteNextAnnotation, value, out.events, fencerv1.ReasonIgnoredAnnotation, warned)
+		}
+	}
+}
+
 // A finalize that works from a cache behind the API server may be handed an
 // IDRange whose finalizer an earlier pass already removed, after a new
 // IDRange took its name. It must release nothing: the slots and the next

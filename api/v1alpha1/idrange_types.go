@@ -109,6 +109,11 @@ const ReasonNextRegressed = "NextRegressed"
 // is claimed or leased.
 const ReasonInvalidRange = "InvalidRange"
 
+// ReasonIgnoredAnnotation: the IDRange carries fencer.io/delete-next-on-delete
+// with a value other than "true", which fencer ignores: its next-ID key
+// stays in etcd when the IDRange is deleted. A Warning Event says so.
+const ReasonIgnoredAnnotation = "IgnoredAnnotation"
+
 // IDRange hands out unique ID blocks (mode Blocks) or leased worker-ID slots
 // (mode Slots) to the pods its podSelector matches.
 //
