@@ -190,6 +190,19 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"podDisruptionBudget.minAvailable=099%", "minAvailable"},
 		// A namespace served but never sent to the webhooks.
 		{"namespaces={team-a,kube-system}", `namespace "kube-system" is in namespaces and in webhook.excludeNamespaces`},
+		// What the manager would refuse at start, crash-looping after an
+		// install that reported success.
+		{"logLevel=warn", "logLevel"},
+		{"logLevel=0", "logLevel"},
+		{"leaderElection.leaseDuration=2s", "leaderElection: leaseDuration (2s) must be more than renewDeadline (3s)"},
+		{"leaderElection.leaseDuration=1m,leaderElection.renewDeadline=1m", "leaseDuration (1m) must be more than renewDeadline (1m)"},
+		{"leaderElection.retryPeriod=2500ms", "renewDeadline more than 1.2 times retryPeriod (2500ms)"},
+		{"webhook.port=8443", "metrics.port and webhook.port are both port 8443"},
+		{"metrics.port=8081", "metrics.port and the probes' port are both port 8081"},
+		{"etcd.endpoints={https://etcd:2379},etcd.enableAuth=true", "etcd.enableAuth needs an identity with the root role"},
+		// TLS set up, and an endpoint the etcd client would send plain text.
+		{"etcd.endpoints={https://etcd-0:2379,http://etcd-1:2379},etcd.tlsSecret=tls", "etcd.endpoints names http://etcd-1:2379, but etcd.tlsSecret"},
+		{"etcd.endpoints={http://etcd:2379},etcd.pkiSecret=ca", "Write https://etcd:2379"},
 	} {
 		_, err := renderGo("--set", c.set)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -248,6 +261,15 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	// identity alone (without it, the lifecycle controllers write as it).
 	render(t, "--set", "webhook.exemptUsers={system:serviceaccount:kube-system:namespace-controller,system:serviceaccount:kube-system:generic-garbage-collector}")
 	render(t, "--set", "webhook.exemptUsers={system:kube-controller-manager,ci-bot}")
+	// Log levels and leader-election durations the manager takes.
+	render(t, "--set", "logLevel=debug")
+	render(t, "--set", "logLevel=3")
+	render(t, "--set", "leaderElection.leaseDuration=3001ms", "--set", "leaderElection.retryPeriod=2499ms")
+	render(t, "--set", "leaderElection.leaseDuration=1m30s", "--set", "leaderElection.renewDeadline=1m29.5s", "--set", "leaderElection.retryPeriod=1m")
+	render(t, "--set", "webhook.port=8444")
+	// Plain etcd without TLS; auth with an identity.
+	render(t, "--set", "etcd.endpoints={http://etcd:2379}")
+	render(t, "--set", "etcd.endpoints={https://etcd:2379}", "--set", "etcd.enableAuth=true", "--set", "etcd.tlsSecret=tls")
 }
 
 // A values file's number is a float64: a large minAvailable must still

@@ -109,3 +109,15 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "fencer.serviceAccount
 
 {{- define "fencer.webhookService" -}}{{ include "fencer.fullname" . }}-webhook{{- end -}}
 {{- define "fencer.webhookSecret" -}}{{ include "fencer.fullname" . }}-webhook-cert{{- end -}}
+
+{{- /* fencer.durationMs is a Go duration of the chart's values (the
+schema's pattern: numbers with ms, s, m or h, e.g. 1m30s) in
+milliseconds, for comparing durations at render time. */ -}}
+{{- define "fencer.durationMs" -}}
+{{- $ms := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|s|m|h)" (toString .) -1 -}}
+{{- $unit := regexFind "(ms|s|m|h)$" . -}}
+{{- $ms = addf $ms (mulf (float64 (trimSuffix $unit .)) (get (dict "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0) $unit)) -}}
+{{- end -}}
+{{- $ms -}}
+{{- end -}}
