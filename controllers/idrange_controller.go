@@ -49,6 +49,8 @@ type IDRangeReconciler struct {
 	handed    handedBlocks
 	own       ownBlocks
 	names     rangeNames
+	// stale tells a copy of an IDRange the cache may be behind on.
+	stale staleCopies
 }
 
 // NewIDRangeReconciler wires a reconciler; a lost slot keepalive wakes it.
@@ -116,6 +118,13 @@ func (r *IDRangeReconciler) forget(rng types.UID) {
 // its status to match.
 func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.IDRange) (outcome, error) {
 	var out outcome
+	if behind, err := r.stale.behindInTerm(ctx, r.Elector, r.APIReader, &fencerv1.IDRangeList{}, rng); err != nil || behind {
+		// A max the last leader saw raised covers slots it leased above
+		// the older one: releasing them as out of range would free them
+		// while their generators run.
+		out.result.RequeueAfter = staleRetry
+		return out, err
+	}
 	out.result.RequeueAfter = repairInterval
 	rng.Status.ObservedGeneration = rng.Generation
 	if v, ok := rng.Annotations[fencerv1.DeleteNextAnnotation]; ok && v != "true" {

@@ -147,12 +147,15 @@ func TestAnInvalidSelectorKeepsTheSlotsPodsHold(t *testing.T) {
 	}
 	kept, gone, outside := slot(1, "p"), slot(2, "q"), slot(900, "p2")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Labels: map[string]string{"app": "x"}}}
-	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod).Build()
-	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
-	r.APIReader = api
 	rng := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", UID: "u", Generation: 2},
 		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: 0, Max: 15, SlotTTLSeconds: ptr.To[int32](10),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "bad value!"}}}}
+	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod, rng).Build()
+	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
+	r.APIReader = api
+	if err := api.Get(ctx, client.ObjectKeyFromObject(rng), rng); err != nil {
+		t.Fatal(err)
+	}
 	out, err := r.reconcileRange(ctx, rng)
 	if err != nil {
 		t.Fatal(err)

@@ -49,6 +49,8 @@ type LeaseReconciler struct {
 	// mem is what the reconciler remembers of each Lease between
 	// reconciles.
 	mem *leaseMemory
+	// stale tells a copy of a Lease the cache may be behind on.
+	stale staleCopies
 }
 
 // NewLeaseReconciler wires a reconciler; the Renewer's lost callback wakes it.
@@ -116,6 +118,12 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
+	if grant == nil || grant.Unissued || (grant.LeaseUID != "" && grant.LeaseUID != string(lease.UID)) || grant.Token < lease.Status.HighestToken() {
+		// No live grant of this Lease to keep: the pass grants or releases.
+		if r.cacheBehind(ctx, lease, &out) {
+			return out, nil
+		}
+	}
 	switch {
 	case grant != nil && grant.Unissued:
 		return out, r.dropUnissued(ctx, lease, grant, &out)
@@ -149,6 +157,26 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 	}
 	r.publishAfterStatus(&out, lease, pods, grant, rev)
 	return out, nil
+}
+
+// cacheBehind, asked before a pass grants or releases, reports whether
+// the cache's copy of lease may be older than the API's (staleCopies), and
+// then sets out to wait for the cache. A grant or a release decided on an
+// older spec than the last leader acted on could undo its work: grant the
+// Lease back to the pod its selector no longer names, or end a holder's
+// tenure for a suspension since lifted. Keeping a live grant needs no such
+// look: a new leader adopts every grant at once, whatever its cache shows.
+// A failed look waits too, and says why.
+func (r *LeaseReconciler) cacheBehind(ctx context.Context, lease *fencerv1.Lease, out *outcome) bool {
+	behind, err := r.stale.behindInTerm(ctx, r.Elector, r.APIReader, &fencerv1.LeaseList{}, lease)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "reading the Lease from the apiserver, to tell whether the cache is behind")
+	}
+	if behind || err != nil {
+		*out = waitForCache()
+		return true
+	}
+	return false
 }
 
 // candidates lists the pods the Lease's selector matches. A selector that

@@ -99,6 +99,9 @@ func TestACurrentCacheReleasesThePredecessorsAndTheDeletedLeasesGrant(t *testing
 			c := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(lease.DeepCopy()).Build()
 			r := NewLeaseReconciler(c, store, elector, nil, clock.RealClock{})
 			r.APIReader = c
+			if err := c.Get(ctx, client.ObjectKeyFromObject(lease), lease); err != nil {
+				t.Fatal(err) // the copy the cache holds, as current as the API's
+			}
 			var err error
 			if tc.deleting {
 				_, err = r.finalize(ctx, lease)

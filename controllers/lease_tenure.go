@@ -35,6 +35,9 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	}()
 
 	action, unqualified := decideHolder(lease, g, pods)
+	if (action == endSuspended || action == endHolderLost) && r.cacheBehind(ctx, lease, out) {
+		return false, nil
+	}
 	switch action {
 	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
@@ -74,6 +77,9 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	if now.Before(end) {
 		missed = showEnding(lease, g, known, end, unqualified)
 		out.requeueAt(now, end)
+		return false, nil
+	}
+	if r.cacheBehind(ctx, lease, out) {
 		return false, nil
 	}
 	return true, r.release(ctx, lease, g, unqualified, now, out)

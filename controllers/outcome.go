@@ -20,6 +20,15 @@ type outcome struct {
 	// may go ahead without it, such as taking a released token away, so a
 	// status write refused again and again holds none of it back.
 	statusRefused func(context.Context)
+	// cacheBehind: the pass found the cache's copy of its object older
+	// than the API's (staleCopies) and decided nothing; it writes nothing
+	// and runs again once the cache has caught up.
+	cacheBehind bool
+}
+
+// waitForCache is the outcome of a pass whose cache is behind.
+func waitForCache() outcome {
+	return outcome{result: ctrl.Result{RequeueAfter: staleRetry}, cacheBehind: true}
 }
 
 type recordedEvent struct{ kind, reason, note string }

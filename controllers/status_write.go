@@ -72,6 +72,9 @@ func dropFinalizer(ctx context.Context, c apiClient, obj client.Object, finalize
 // finish writes obj's status once, if it changed from before, and only then
 // records the outcome's Events and runs its afterStatus.
 func finish(ctx context.Context, c apiClient, rec events.EventRecorder, obj client.Object, before, after any, out outcome) (ctrl.Result, error) {
+	if out.cacheBehind {
+		return out.result, nil
+	}
 	if !equality.Semantic.DeepEqual(before, after) {
 		if err := writeStatus(ctx, c.Client, obj, before); err != nil {
 			if out.statusRefused != nil {

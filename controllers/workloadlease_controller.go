@@ -37,7 +37,14 @@ type WorkloadLeaseReconciler struct {
 
 	// runs are the CronJob runs recorded per member Lease.
 	runs selectedRuns
+	// stale tells a copy the cache may be behind on.
+	stale staleCopies
 }
+
+// leadership is the term of a WorkloadLeaseReconciler's staleCopies: it
+// runs only while its process leads, and a process leads once (it exits
+// when it loses leadership).
+const leadership = "this process"
 
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases,verbs=get;list;watch
 // +kubebuilder:rbac:groups=fencer.io,resources=workloadleases/status,verbs=get;update;patch
@@ -60,6 +67,9 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		r.runs.forgetAll(req.NamespacedName)
 		return ctrl.Result{}, nil // the garbage collector deletes its Leases
 	}
+	if behind, err := r.behind(ctx, wl); err != nil || behind {
+		return ctrl.Result{RequeueAfter: staleRetry}, err
+	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
 	before := wl.Status.DeepCopy()
 	r.runs.startPass(ctx, wl, r.Clock.Now())
@@ -74,6 +84,33 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	// back (its Lease kept meanwhile, or deleted and created again) finds
 	// the run its Lease stays with, even after a manager restart.
 	return finish(ctx, apiClientOf(r.Client, r.APIReader), r.Recorder, wl, before, &wl.Status, out)
+}
+
+// behind reports whether the cache's copy of wl, or of its workload, may
+// be older than the API's (staleCopies). An older record of the run a
+// CronJob's Lease follows would move the Lease back to an older run; an
+// older StatefulSet or Job would delete the Leases of members the last
+// leader saw added, and their holders' grants with them.
+func (r *WorkloadLeaseReconciler) behind(ctx context.Context, wl *fencerv1.WorkloadLease) (bool, error) {
+	if behind, err := r.stale.behind(ctx, r.APIReader, &fencerv1.WorkloadLeaseList{}, wl, leadership); err != nil || behind {
+		return behind, err
+	}
+	var workload client.Object
+	switch wl.Spec.Workload.Kind {
+	case fencerv1.WorkloadStatefulSet:
+		workload = &appsv1.StatefulSet{}
+	case fencerv1.WorkloadJob:
+		workload = &batchv1.Job{}
+	case fencerv1.WorkloadCronJob:
+		workload = &batchv1.CronJob{}
+	default:
+		return false, nil
+	}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: wl.Spec.Workload.Name}, workload); err != nil {
+		// None in the cache: its members keep their Leases (noMembers).
+		return false, client.IgnoreNotFound(err)
+	}
+	return r.stale.behind(ctx, r.APIReader, &fencerv1.WorkloadLeaseList{}, workload, leadership)
 }
 
 // reconcileMembers applies the member Leases and sets the status.
