@@ -102,6 +102,7 @@ func CheckTLSEndpoints(endpoints []string) error {
 	return nil
 }
 
+// Validate reports the first setting that cannot work, naming the flag.
 func (c *Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("--etcd-endpoints is required: give the etcd client URLs, e.g. http://127.0.0.1:2379")
@@ -114,13 +115,13 @@ func (c *Config) Validate() error {
 	if err := etcdkeys.CheckPrefix(c.Prefix); err != nil {
 		return fmt.Errorf("--etcd-prefix: %w", err)
 	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")
+	}
 	if c.TLS != nil || c.CAFile != "" || c.CertFile != "" {
 		if err := CheckTLSEndpoints(c.Endpoints); err != nil {
 			return fmt.Errorf("--etcd-endpoints: %w", err)
 		}
-	}
-	if (c.CertFile == "") != (c.KeyFile == "") {
-		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")
 	}
 	if c.DialTimeout <= 0 {
 		return fmt.Errorf("--etcd-dial-timeout must be positive, got %s", c.DialTimeout)

@@ -30,6 +30,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"trailing slash", func(c *Config) { c.Prefix = "/fencer/" }, "not end with '/'"},
 		{"cert without key", func(c *Config) { c.CertFile = "c.pem" }, "--etcd-cert-file and --etcd-key-file must be given together"},
 		{"zero dial timeout", func(c *Config) { c.DialTimeout = 0 }, "--etcd-dial-timeout must be positive"},
+		// The etcd client sends an http:// endpoint plain text, without the
+		// CA check or the client certificate.
+		{"TLS files with an http:// endpoint", func(c *Config) { c.CAFile = "ca.pem" }, `--etcd-endpoints: "http://127.0.0.1:2379" is http://, but TLS is set up`},
+		{"a client pair with an http:// endpoint", func(c *Config) { c.CertFile, c.KeyFile = "c.pem", "k.pem" }, "write https://127.0.0.1:2379"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
