@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,18 +25,21 @@ import (
 // token it does not hold.
 //
 // A pod carrying a token above both rev, the revision this pass read the
-// grant at, and g's own token keeps it: that grant came after this pass
-// (another replica's, while this one was paused or deposed without knowing
-// it yet), and a pass that did not see it must neither take it away nor
-// overwrite it with an older token. Removals hold only if the pod still
-// carries what this pass's copy of it shows (annotateEach).
+// grant at, and g's own token keeps it if etcd, read again, holds that
+// very grant for that pod: it came after this pass (another replica's,
+// while this one was paused or deposed without knowing it yet), and a
+// pass that did not see it must neither take it away nor overwrite it
+// with an older token. Any other token that high (forged, or left from an
+// etcd since restored from an older snapshot) goes. Removals hold only if
+// the pod still carries what this pass's copy of it shows (annotateEach).
 func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, pods []corev1.Pod, g *etcdstore.Grant, rev int64) error {
 	newest := rev
 	if g != nil {
 		newest = max(newest, g.Token)
 	}
+	liveNow := r.liveGrantOnce(ctx, lease)
 	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
-		if grantedLater(pod, tokenKey, newest) {
+		if grantedLater(pod, tokenKey, newest) && isLiveGrantOf(liveNow(), lease, pod, tokenKey) {
 			return pickAnnotations(pod, tokenKey, idKey)
 		}
 		want := map[string]string{}
@@ -53,10 +57,10 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 // removes the Lease's annotations from every pod whose token etcd had
 // released by revision rev, the revision this pass read the grant at,
 // g's holder included (an earlier grant of its own, when it was granted
-// again). It leaves g's own token on its holder, and a token above rev:
-// that grant came after the read, and a pass that did not see it (a
-// replica deposed without knowing it yet) must not take it from its
-// holder. It never adds g's token: that waits for the status write, and
+// again). It leaves g's own token on its holder, and a token above rev
+// that etcd, read again, holds for that pod: that grant came after the
+// read, and a pass that did not see it (a replica deposed without knowing
+// it yet) must not take it from its holder. It never adds g's token: that waits for the status write, and
 // the next pass whose status write succeeds publishes it. Each removal
 // holds only if the pod still carries what this pass's copy of it shows
 // (removeUnchanged): a copy from before this holder's new token arrived
@@ -68,9 +72,11 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 	if err != nil {
 		return err
 	}
+	liveNow := r.liveGrantOnce(ctx, lease)
 	var errs []error
 	for _, pod := range union(pods, annotated) {
-		if grantedLater(pod, tokenKey, rev) || (holds(lease, g, pod) && pod.Annotations[tokenKey] == fencerv1.FormatToken(g.Token)) {
+		if (grantedLater(pod, tokenKey, rev) && isLiveGrantOf(liveNow(), lease, pod, tokenKey)) ||
+			(holds(lease, g, pod) && pod.Annotations[tokenKey] == fencerv1.FormatToken(g.Token)) {
 			continue
 		}
 		if err := removeUnchanged(ctx, r.Client, pod, tokenKey, idKey); err != nil {
@@ -85,6 +91,25 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 func grantedLater(pod *corev1.Pod, tokenKey string, newest int64) bool {
 	tok, err := fencerv1.ParseToken(pod.Annotations[tokenKey])
 	return err == nil && tok > newest
+}
+
+// liveGrantOnce reads lease's grant from etcd at its first call, and
+// returns that read after: publish needs it only for a pod that shows a
+// token above any it knows of, which is rare. A failed read is no grant.
+func (r *LeaseReconciler) liveGrantOnce(ctx context.Context, lease *fencerv1.Lease) func() *etcdstore.Grant {
+	var once sync.Once
+	var g *etcdstore.Grant
+	return func() *etcdstore.Grant {
+		once.Do(func() { g, _, _ = r.Store.ReadGrant(ctx, lease.Namespace, lease.Name) })
+		return g
+	}
+}
+
+// isLiveGrantOf says whether g, read from etcd, is lease's grant to pod,
+// with the token pod carries.
+func isLiveGrantOf(g *etcdstore.Grant, lease *fencerv1.Lease, pod *corev1.Pod, tokenKey string) bool {
+	return g != nil && !g.Unissued && (g.LeaseUID == "" || g.LeaseUID == string(lease.UID)) &&
+		g.Holder == pod.Name && g.HolderUID == string(pod.UID) && pod.Annotations[tokenKey] == fencerv1.FormatToken(g.Token)
 }
 
 // pickAnnotations is pod's present values of keys, for a pod a pass leaves

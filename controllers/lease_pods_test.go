@@ -2,7 +2,9 @@ package controllers
 
 import (
 	"context"
+	"strconv"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,9 +23,31 @@ import (
 // found the key empty a moment before the new leader granted) must not
 // strip the new holder's annotation, whatever grant it saw.
 func TestRemoveReleasedSparesTokensGrantedAfterTheRead(t *testing.T) {
-	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "kept-holder", HolderUID: "uid-kept-holder"}}
-	checkRemoveReleased(t, g, 50, map[string]string{"ex-holder": "40", "new-holder": "60", "copied": "50", "kept-holder": "45"},
-		map[string]string{"ex-holder": "", "copied": "", "new-holder": "60", "kept-holder": "45"})
+	store, live := liveGrantTo(t, "new-holder")
+	g := &etcdstore.Grant{Token: live - 3, GrantValue: etcdstore.GrantValue{Holder: "kept-holder", HolderUID: "uid-kept-holder"}}
+	tok := func(d int64) string { return strconv.FormatInt(live+d, 10) }
+	checkPass(t, store, map[string]string{"ex-holder": tok(-4), "new-holder": tok(0), "copied": tok(-1), "kept-holder": tok(-3), "forged": "999999999"},
+		map[string]string{"ex-holder": "", "copied": "", "new-holder": tok(0), "kept-holder": tok(-3), "forged": ""},
+		func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+			return r.removeReleased(context.Background(), lease, nil, g, live-1)
+		})
+}
+
+// liveGrantTo grants the Lease ns/job to pod holder (UID uid-<holder>) in
+// a real etcd, and returns the store and the grant's token.
+func liveGrantTo(t *testing.T, holder string) (*etcdstore.Store, int64) {
+	t.Helper()
+	cli, store, _ := storeWithTerm(t)
+	for i := 0; i < 10; i++ { // room for tokens below the grant's
+		if _, err := cli.Put(context.Background(), "/elsewhere", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := store.GrantLease(context.Background(), "ns", "job", "", holder, "uid-"+holder, 30*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, g.Token
 }
 
 // A holder granted again (its grant expired while the manager was cut off
@@ -69,15 +93,16 @@ func TestRemoveReleasedLeavesATokenItsCopyDidNotShow(t *testing.T) {
 // its holder nor overwrite it with an older one: it removes only tokens
 // etcd had released by its read, and sets only its own grant's.
 func TestPublishSparesATokenGrantedAfterTheRead(t *testing.T) {
-	g := &etcdstore.Grant{Token: 45, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
-	tokens := map[string]string{"ex-holder": "40", "new-holder": "60", "holder": "45"}
-	want := map[string]string{"ex-holder": "", "new-holder": "60", "holder": "45"}
-	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
-		return r.publish(context.Background(), lease, nil, g, 50)
-	})
-	// The holder itself, granted again by another replica since.
-	checkPass(t, map[string]string{"holder": "70"}, map[string]string{"holder": "70"}, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
-		return r.publish(context.Background(), lease, nil, g, 50)
+	store, live := liveGrantTo(t, "new-holder")
+	tok := func(d int64) string { return strconv.FormatInt(live+d, 10) }
+	g := &etcdstore.Grant{Token: live - 1, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
+	tokens := map[string]string{"ex-holder": tok(-2), "new-holder": tok(0), "holder": tok(-1), "forged": "999999999"}
+	// A token above any the pass knows of stays only where etcd holds it
+	// for that pod: not a forged one, nor one left from an etcd since
+	// restored from an older snapshot.
+	want := map[string]string{"ex-holder": "", "new-holder": tok(0), "holder": tok(-1), "forged": ""}
+	checkPass(t, store, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+		return r.publish(context.Background(), lease, nil, g, live-1)
 	})
 }
 
@@ -87,7 +112,7 @@ func TestPublishSetsAGrantMadeAfterTheRead(t *testing.T) {
 	g := &etcdstore.Grant{Token: 55, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
 	tokens := map[string]string{"ex-holder": "45", "holder": "30"}
 	want := map[string]string{"ex-holder": "", "holder": "55"}
-	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+	checkPass(t, nil, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
 		return r.publish(context.Background(), lease, nil, g, 50)
 	})
 }
@@ -125,7 +150,7 @@ func TestPublishLeavesATokenItsCopyDidNotShow(t *testing.T) {
 // it ("" for none, and then no lease ID either).
 func checkRemoveReleased(t *testing.T, g *etcdstore.Grant, rev int64, tokens, want map[string]string) {
 	t.Helper()
-	checkPass(t, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
+	checkPass(t, nil, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
 		return r.removeReleased(context.Background(), lease, nil, g, rev)
 	})
 }
@@ -134,7 +159,7 @@ func checkRemoveReleased(t *testing.T, g *etcdstore.Grant, rev int64, tokens, wa
 // with the etcd lease ID 99 too, and the UID "uid-<name>") of a Lease
 // renewed Direct, and checks each pod's
 // token after it ("" for none, and then no lease ID either).
-func checkPass(t *testing.T, tokens, want map[string]string, pass func(*LeaseReconciler, *fencerv1.Lease) error) {
+func checkPass(t *testing.T, store *etcdstore.Store, tokens, want map[string]string, pass func(*LeaseReconciler, *fencerv1.Lease) error) {
 	t.Helper()
 	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
 	const idKey = fencerv1.HolderLeaseIDAnnotationPrefix + "job"
@@ -148,7 +173,7 @@ func checkPass(t *testing.T, tokens, want map[string]string, pass func(*LeaseRec
 			Annotations: map[string]string{key: tok, idKey: "99"}}})
 	}
 	c := b.Build()
-	r := &LeaseReconciler{Client: c}
+	r := &LeaseReconciler{Client: c, Store: store}
 	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}, Spec: fencerv1.LeaseSpec{Renewal: fencerv1.RenewalDirect}}
 	if err := pass(r, lease); err != nil {
 		t.Fatal(err)
