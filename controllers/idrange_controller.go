@@ -85,6 +85,25 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		func(ctx context.Context) (outcome, error) { return r.reconcileRange(ctx, rng) })
 }
 
+// cacheBehind, asked before a pass releases or leases a slot, reports
+// whether the cache's copy of rng may be older than the API's
+// (staleCopies), and then has the pass write nothing and run again soon.
+// A max the last leader saw raised covers slots it leased above the older
+// one: released as out of range, they would be freed while their
+// generators run. Renewing the slots pods hold never waits.
+func (r *IDRangeReconciler) cacheBehind(ctx context.Context, rng *fencerv1.IDRange, out *outcome) bool {
+	behind, err := r.stale.behindInTerm(ctx, r.Elector, r.APIReader, &fencerv1.IDRangeList{}, rng)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "reading the IDRange from the apiserver, to tell whether the cache is behind")
+	}
+	if behind || err != nil {
+		out.cacheBehind = true
+		out.result.RequeueAfter = staleRetry
+		return true
+	}
+	return false
+}
+
 // forgetGone drops what this process remembers of the blocks of IDRanges
 // the cache no longer has. The finalize forgets the range it releases, but
 // a range finalized while this manager stood by (another had the term), or
@@ -118,13 +137,6 @@ func (r *IDRangeReconciler) forget(rng types.UID) {
 // its status to match.
 func (r *IDRangeReconciler) reconcileRange(ctx context.Context, rng *fencerv1.IDRange) (outcome, error) {
 	var out outcome
-	if behind, err := r.stale.behindInTerm(ctx, r.Elector, r.APIReader, &fencerv1.IDRangeList{}, rng); err != nil || behind {
-		// A max the last leader saw raised covers slots it leased above
-		// the older one: releasing them as out of range would free them
-		// while their generators run.
-		out.result.RequeueAfter = staleRetry
-		return out, err
-	}
 	out.result.RequeueAfter = repairInterval
 	rng.Status.ObservedGeneration = rng.Generation
 	if v, ok := rng.Annotations[fencerv1.DeleteNextAnnotation]; ok && v != "true" {

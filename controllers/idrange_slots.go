@@ -57,6 +57,9 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 		}
 		sl, ok := byUID[string(pod.UID)]
 		if !ok {
+			if r.cacheBehind(ctx, rng, out) {
+				continue // a slot leased on an older spec
+			}
 			if pod.Annotations[key] != "" {
 				metrics.IDRangeRepairs.WithLabelValues("annotation_without_slot").Inc()
 				out.event(corev1.EventTypeWarning, "Repaired", "pod %s carried %q without a live slot; leasing a new one", pod.Name, pod.Annotations[key])
@@ -97,6 +100,9 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 // It is released at once, which fences its generator off now, not one TTL
 // later; its pod gets one of this range's slots.
 func (r *IDRangeReconciler) releaseOutOfRange(ctx context.Context, rng *fencerv1.IDRange, sl etcdstore.Slot, out *outcome) error {
+	if r.cacheBehind(ctx, rng, out) {
+		return nil
+	}
 	r.Renewer.Stop(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))
 	if err := r.Store.ReleaseSlots(ctx, rng.Namespace, rng.Name, []etcdstore.Slot{sl}); err != nil {
 		return err

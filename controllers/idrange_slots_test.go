@@ -76,13 +76,16 @@ func TestASlotOutsideTheRangeIsReplaced(t *testing.T) {
 	key := fencerv1.IDRangeAnnotationPrefix + "ids"
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Labels: map[string]string{"app": "x"},
 		Annotations: map[string]string{key: "slot=900,token=3"}}}
-	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod).Build()
-	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
-	r.APIReader = api
-	r.Renewer.Ensure(oldKey, l.ID, time.Now()) // this manager renewed it for the old range
 	rng := &fencerv1.IDRange{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ids", UID: "new"},
 		Spec: fencerv1.IDRangeSpec{Mode: fencerv1.ModeSlots, Min: 0, Max: 15, SlotTTLSeconds: ptr.To[int32](10),
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
+	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod, rng).Build()
+	if err := api.Get(ctx, client.ObjectKeyFromObject(rng), rng); err != nil {
+		t.Fatal(err) // the cache's copy, as current as the API's
+	}
+	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
+	r.APIReader = api
+	r.Renewer.Ensure(oldKey, l.ID, time.Now()) // this manager renewed it for the old range
 	var out outcome
 	if err := r.slots(ctx, rng, []corev1.Pod{*pod}, &out); err != nil {
 		t.Fatal(err)

@@ -118,8 +118,8 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 		return out, nil
 	}
 
-	if grant == nil || grant.Unissued || (grant.LeaseUID != "" && grant.LeaseUID != string(lease.UID)) || grant.Token < lease.Status.HighestToken() {
-		// No live grant of this Lease to keep: the pass grants or releases.
+	if grant != nil && (grant.Unissued || (grant.LeaseUID != "" && grant.LeaseUID != string(lease.UID)) || grant.Token < lease.Status.HighestToken()) {
+		// A grant this Lease does not keep: the pass releases it.
 		if r.cacheBehind(ctx, lease, &out) {
 			return out, nil
 		}

@@ -37,6 +37,9 @@ func (r *LeaseReconciler) grantNext(ctx context.Context, lease *fencerv1.Lease, 
 		r.mem.noGrant(key, len(pods) > 0) // none Ready yet: one may soon be
 		return nil, nil
 	}
+	if r.cacheBehind(ctx, lease, out) {
+		return nil, nil // a selector the last leader moved since
+	}
 	// No tenure is open: if etcd went back in time, no pod keeps a token,
 	// whatever etcd does.
 	if r.revisionRegressed(lease, rev, out) {

@@ -36,6 +36,7 @@ type staleCopies struct {
 	mu    sync.Mutex
 	term  string
 	since uint64 // the API's resourceVersion early in the term; 0 while unknown
+	read  bool   // since was read in term (0 if it cannot be compared)
 	ok    map[types.UID]bool
 }
 
@@ -46,8 +47,9 @@ const staleRetry = 200 * time.Millisecond
 // behind reports whether obj, as the cache has it, may be older than the
 // API server's copy, in term (any string that changes with leadership).
 // list is an empty list of obj's kind, for reading the API's current
-// resourceVersion. Without an uncached reader (unit tests) nothing is
-// behind.
+// resourceVersion; nil compares no resourceVersions (another kind's may
+// come from another etcd), reading every older copy instead. Without an
+// uncached reader (unit tests) nothing is behind.
 func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list client.ObjectList, obj client.Object, term string) (bool, error) {
 	if reader == nil {
 		return false, nil
@@ -56,7 +58,7 @@ func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list cli
 	if err != nil {
 		return false, err
 	}
-	if rv, err := strconv.ParseUint(obj.GetResourceVersion(), 10, 64); err == nil && since > 0 && rv >= since {
+	if rv, err := strconv.ParseUint(obj.GetResourceVersion(), 10, 64); err == nil && list != nil && since > 0 && rv >= since {
 		return false, nil
 	}
 	if s.confirmed(term, obj.GetUID()) {
@@ -81,12 +83,12 @@ func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list cli
 // earlier term confirmed.
 func (s *staleCopies) termStart(ctx context.Context, reader client.Reader, list client.ObjectList, namespace, term string) (uint64, error) {
 	s.mu.Lock()
-	if s.term == term && s.since > 0 {
+	if s.term != term {
+		s.term, s.since, s.read, s.ok = term, 0, false, map[types.UID]bool{}
+	}
+	if s.read || list == nil {
 		defer s.mu.Unlock()
 		return s.since, nil
-	}
-	if s.term != term {
-		s.term, s.since, s.ok = term, 0, map[types.UID]bool{}
 	}
 	s.mu.Unlock()
 	// Any list returns the API's current resourceVersion; one item is
@@ -96,12 +98,12 @@ func (s *staleCopies) termStart(ctx context.Context, reader client.Reader, list 
 	}
 	since, err := strconv.ParseUint(list.GetResourceVersion(), 10, 64)
 	if err != nil {
-		return 0, nil
+		since = 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.term == term && s.since == 0 {
-		s.since = since
+	if s.term == term && !s.read {
+		s.since, s.read = since, true
 	}
 	return since, nil
 }

@@ -137,6 +137,24 @@ func TestANewLeaderEndsNoTenureOnASuspensionItsCacheIsBehindOn(t *testing.T) {
 	}
 }
 
+// A Lease that grants and releases nothing (no candidate here) makes no
+// read of the API whatever its cache shows: after a takeover, idle Leases
+// must not queue the grants to adopt behind reads of their own.
+func TestAnIdleLeaseReadsNothingAfterATakeover(t *testing.T) {
+	_, store, elector := storeWithTerm(t)
+	ctx := context.Background()
+	cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).
+		WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithIndex(&corev1.Pod{}, indexPodLabel, podLabelValues).Build()
+	r := NewLeaseReconciler(cache, store, elector, nil, clock.RealClock{})
+	reads := &countingReader{} // a read would panic: it has no API behind it
+	r.APIReader = reads
+	idle := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "idle", UID: "idle-uid", ResourceVersion: "1"},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 30, HolderSelector: runSelector("none")}}
+	if _, err := r.reconcileGrant(ctx, idle); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The leader before saw an IDRange's max raised from 3 to 7 and leased
 // slot 5. The new leader's cache still shows max 3: releasing slot 5 as
 // out of range would free it while its generator runs, long before its
@@ -154,7 +172,8 @@ func TestANewLeaderKeepsASlotAboveAMaxItsCacheIsBehindOn(t *testing.T) {
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{jobControllerUID: "x"}}}}
 	}
 	pod := readyPod("x", "uid-x", "x")
-	cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(rng(3), pod).Build()
+	cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithIndex(&corev1.Pod{}, indexPodLabel, podLabelValues).
+		WithObjects(rng(3), pod).Build()
 	r := NewIDRangeReconciler(cache, store, elector, nil, clock.RealClock{})
 	r.APIReader = newerInAPI(t, rng(7))
 	var stale fencerv1.IDRange

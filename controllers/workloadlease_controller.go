@@ -110,7 +110,9 @@ func (r *WorkloadLeaseReconciler) behind(ctx context.Context, wl *fencerv1.Workl
 		// None in the cache: its members keep their Leases (noMembers).
 		return false, client.IgnoreNotFound(err)
 	}
-	return r.stale.behind(ctx, r.APIReader, &fencerv1.WorkloadLeaseList{}, workload, leadership)
+	// Compared by reading it, not by resourceVersion: the apiserver may
+	// keep apps and batch in another etcd than fencer's kinds.
+	return r.stale.behind(ctx, r.APIReader, nil, workload, leadership)
 }
 
 // reconcileMembers applies the member Leases and sets the status.
