@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -240,28 +241,32 @@ func (o *options) validate() error {
 	return checkExemptGroups(o.exemptGroups)
 }
 
-// checkPorts refuses two of the manager's servers on one port: the second
-// could not listen, and the manager would stop at start-up with a bind
-// error that names neither flag.
+// checkPorts refuses two of the manager's servers on one address: the
+// second could not listen, and the manager would stop at start-up with a
+// bind error that names neither flag. An empty host is every interface,
+// so it meets any host on the same port.
 func (o *options) checkPorts() error {
 	addrs := []struct{ flag, addr string }{
-		{"--webhook-port", fmt.Sprintf(":%d", o.webhookPort)},
 		{"--metrics-bind-address", o.metricsAddr},
 		{"--health-probe-bind-address", o.probeAddr},
+		{"--pprof-bind-address", o.pprofAddr},
 	}
-	if o.webhookPort == 0 {
-		addrs = addrs[1:]
+	if o.webhookPort != 0 {
+		addrs = append(addrs, struct{ flag, addr string }{"--webhook-port", net.JoinHostPort(o.webhookHost, strconv.Itoa(o.webhookPort))})
 	}
-	seen := map[string]string{}
+	type bound struct{ flag, host, port string }
+	var seen []bound
 	for _, a := range addrs {
-		_, port, err := net.SplitHostPort(a.addr)
+		host, port, err := net.SplitHostPort(a.addr)
 		if a.addr == "0" || err != nil || port == "0" {
 			continue // off, or left to the server to report
 		}
-		if other, ok := seen[port]; ok {
-			return fmt.Errorf("%s and %s both use port %s: give each server a port of its own", other, a.flag, port)
+		for _, b := range seen {
+			if b.port == port && (b.host == "" || host == "" || b.host == host) {
+				return fmt.Errorf("%s and %s both listen on port %s: give each server a port of its own", b.flag, a.flag, port)
+			}
 		}
-		seen[port] = a.flag
+		seen = append(seen, bound{a.flag, host, port})
 	}
 	return nil
 }

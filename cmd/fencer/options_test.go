@@ -22,6 +22,13 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// Two servers may share a port on two different addresses.
+func TestServersShareAPortOnTwoAddresses(t *testing.T) {
+	if _, err := parseFlags([]string{"--etcd-endpoints=http://127.0.0.1:2379", "--metrics-bind-address=127.0.0.1:9000", "--health-probe-bind-address=127.0.0.2:9000"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestParseFlagsRefusals(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -59,8 +66,9 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=https://e:1,http://f:2", "--etcd-ca-file=/nonexistent/ca.pem"}, `--etcd-endpoints: "http://f:2" is http://, but TLS is set up: the etcd client would send it plain text, without the CA check or the client certificate; write https://f:2`},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-pki-secret=ca", "--webhook-namespace=ns"}, `--etcd-endpoints (the manager uses TLS with --etcd-pki-secret): "http://e:1" is http://`},
 		{[]string{"--etcd-endpoints=https://e:1", "--etcd-pki-secret=ca", "--webhook-namespace=ns", "--etcd-workload-endpoints=http://e:1"}, `--etcd-workload-endpoints (the workloads' clients use TLS with --etcd-pki-secret): "http://e:1" is http://`},
-		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=8443"}, "--webhook-port and --metrics-bind-address both use port 8443: give each server a port of its own"},
-		{[]string{"--etcd-endpoints=http://e:1", "--metrics-bind-address=127.0.0.1:8081"}, "--metrics-bind-address and --health-probe-bind-address both use port 8081"},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-port=8443"}, "--metrics-bind-address and --webhook-port both listen on port 8443: give each server a port of its own"},
+		{[]string{"--etcd-endpoints=http://e:1", "--metrics-bind-address=127.0.0.1:8081"}, "--metrics-bind-address and --health-probe-bind-address both listen on port 8081"},
+		{[]string{"--etcd-endpoints=http://e:1", "--pprof-bind-address=127.0.0.1:9443"}, "--pprof-bind-address and --webhook-port both listen on port 9443"},
 		{[]string{"--etcd-endpoints=http://e:1", "--exempt-groups=system:masters, system:authenticated"}, "--exempt-groups names system:authenticated: every write by its members"},
 		{[]string{"--etcd-endpoints=http://e:1", "--kube-api-qps=0"}, "--kube-api-qps and --kube-api-burst must be positive, got 0 and"},
 		{[]string{"--etcd-endpoints=http://e:1", "--lease-workers=0"}, "--lease-workers must be at least 1, got 0"},

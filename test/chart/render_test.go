@@ -263,6 +263,7 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	render(t, "--set", "webhook.exemptUsers={system:kube-controller-manager,ci-bot}")
 	// Log levels and leader-election durations the manager takes.
 	render(t, "--set", "logLevel=debug")
+	render(t, "--set", "logLevel=Info") // the manager reads it in any case
 	render(t, "--set", "logLevel=3")
 	render(t, "--set", "leaderElection.leaseDuration=3001ms", "--set", "leaderElection.retryPeriod=2499ms")
 	render(t, "--set", "leaderElection.leaseDuration=1m30s", "--set", "leaderElection.renewDeadline=1m29.5s", "--set", "leaderElection.retryPeriod=1m")
