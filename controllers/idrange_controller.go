@@ -92,6 +92,9 @@ func (r *IDRangeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // one: released as out of range, they would be freed while their
 // generators run. Renewing the slots pods hold never waits.
 func (r *IDRangeReconciler) cacheBehind(ctx context.Context, rng *fencerv1.IDRange, out *outcome) bool {
+	if out.cacheBehind {
+		return true // one look a pass
+	}
 	behind, err := r.stale.behindInTerm(ctx, r.Elector, r.APIReader, &fencerv1.IDRangeList{}, rng)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "reading the IDRange from the apiserver, to tell whether the cache is behind")

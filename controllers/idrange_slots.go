@@ -101,6 +101,8 @@ func (r *IDRangeReconciler) slots(ctx context.Context, rng *fencerv1.IDRange, po
 // later; its pod gets one of this range's slots.
 func (r *IDRangeReconciler) releaseOutOfRange(ctx context.Context, rng *fencerv1.IDRange, sl etcdstore.Slot, out *outcome) error {
 	if r.cacheBehind(ctx, rng, out) {
+		// Until the cache says, the slot is kept as the last leader left it.
+		r.Renewer.Ensure(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N), sl.LeaseID, r.Clock.Now())
 		return nil
 	}
 	r.Renewer.Stop(etcdkeys.SlotKey(r.Store.Prefix(), rng.Namespace, rng.Name, sl.N))

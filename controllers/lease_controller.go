@@ -144,6 +144,11 @@ func (r *LeaseReconciler) reconcileGrant(ctx context.Context, lease *fencerv1.Le
 			return out, nil
 		}
 	default:
+		// closeLapsed records why a tenure ended, and revokes what the
+		// holder may still renew: not on an older copy's account.
+		if lease.Status.OpenTenure() != nil && r.cacheBehind(ctx, lease, &out) {
+			return out, nil
+		}
 		if err := r.closeLapsed(ctx, lease, pods, now, &out); err != nil {
 			r.etcdUnavailable(lease, &out, err)
 			return out, nil

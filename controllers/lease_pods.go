@@ -37,9 +37,9 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 	if g != nil {
 		newest = max(newest, g.Token)
 	}
-	liveNow := r.liveGrantOnce(ctx, lease)
-	return r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
-		if grantedLater(pod, tokenKey, newest) && isLiveGrantOf(liveNow(), lease, pod, tokenKey) {
+	later := r.laterGrants(ctx, lease)
+	err := r.annotateFor(ctx, lease, pods, func(pod *corev1.Pod, tokenKey, idKey string) map[string]string {
+		if grantedLater(pod, tokenKey, newest) && later.spare(lease, pod, tokenKey) {
 			return pickAnnotations(pod, tokenKey, idKey)
 		}
 		want := map[string]string{}
@@ -51,6 +51,7 @@ func (r *LeaseReconciler) publish(ctx context.Context, lease *fencerv1.Lease, po
 		}
 		return want
 	})
+	return errors.Join(err, later.err)
 }
 
 // removeReleased is the part of publish that needs no status write: it
@@ -72,10 +73,10 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 	if err != nil {
 		return err
 	}
-	liveNow := r.liveGrantOnce(ctx, lease)
+	later := r.laterGrants(ctx, lease)
 	var errs []error
 	for _, pod := range union(pods, annotated) {
-		if (grantedLater(pod, tokenKey, rev) && isLiveGrantOf(liveNow(), lease, pod, tokenKey)) ||
+		if (grantedLater(pod, tokenKey, rev) && later.spare(lease, pod, tokenKey)) ||
 			(holds(lease, g, pod) && pod.Annotations[tokenKey] == fencerv1.FormatToken(g.Token)) {
 			continue
 		}
@@ -83,7 +84,7 @@ func (r *LeaseReconciler) removeReleased(ctx context.Context, lease *fencerv1.Le
 			errs = append(errs, fmt.Errorf("removing a released token from pod %s: %w", pod.Name, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, later.err)...)
 }
 
 // grantedLater says whether pod carries a token above newest, the newest
@@ -93,16 +94,34 @@ func grantedLater(pod *corev1.Pod, tokenKey string, newest int64) bool {
 	return err == nil && tok > newest
 }
 
-// liveGrantOnce reads lease's grant from etcd at its first call, and
-// returns that read after: publish needs it only for a pod that shows a
-// token above any it knows of, which is rare. A failed read is no grant.
-func (r *LeaseReconciler) liveGrantOnce(ctx context.Context, lease *fencerv1.Lease) func() *etcdstore.Grant {
-	var once sync.Once
-	var g *etcdstore.Grant
-	return func() *etcdstore.Grant {
-		once.Do(func() { g, _, _ = r.Store.ReadGrant(ctx, lease.Namespace, lease.Name) })
-		return g
-	}
+// laterGrants tells, for a pod that carries a token above any its pass
+// knows of, whether etcd, read again, holds that very grant for that pod.
+// It reads etcd once, at the first such pod (they are rare). A failed
+// read spares every such token and keeps the error (err): taking a live
+// holder's token away while etcd cannot say is what sparing guards
+// against, and the pass runs again.
+type laterGrants struct {
+	read func() (*etcdstore.Grant, error)
+	once sync.Once
+	g    *etcdstore.Grant
+	err  error
+}
+
+func (r *LeaseReconciler) laterGrants(ctx context.Context, lease *fencerv1.Lease) *laterGrants {
+	return &laterGrants{read: func() (*etcdstore.Grant, error) {
+		g, _, err := r.Store.ReadGrant(ctx, lease.Namespace, lease.Name)
+		return g, err
+	}}
+}
+
+// spare says whether pod keeps the token it carries under tokenKey.
+func (l *laterGrants) spare(lease *fencerv1.Lease, pod *corev1.Pod, tokenKey string) bool {
+	l.once.Do(func() {
+		if l.g, l.err = l.read(); l.err != nil {
+			l.err = fmt.Errorf("reading the grant again, for a token above the pass's: %w", l.err)
+		}
+	})
+	return l.err != nil || isLiveGrantOf(l.g, lease, pod, tokenKey)
 }
 
 // isLiveGrantOf says whether g, read from etcd, is lease's grant to pod,

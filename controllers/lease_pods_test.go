@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,31 @@ func TestRemoveReleasedSparesTokensGrantedAfterTheRead(t *testing.T) {
 		func(r *LeaseReconciler, lease *fencerv1.Lease) error {
 			return r.removeReleased(context.Background(), lease, nil, g, live-1)
 		})
+}
+
+// A pass that cannot read etcd again cannot tell a later grant's token
+// from a forged one: it leaves the token, says why, and runs again. A live
+// holder's token is not taken away on an outage.
+func TestAFailedReadSparesATokenAboveThePass(t *testing.T) {
+	cli, store, _ := storeWithTerm(t)
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := &etcdstore.Grant{Token: 40, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
+	for name, pass := range map[string]func(*LeaseReconciler, *fencerv1.Lease) error{
+		"publish":        func(r *LeaseReconciler, l *fencerv1.Lease) error { return r.publish(context.Background(), l, nil, g, 50) },
+		"removeReleased": func(r *LeaseReconciler, l *fencerv1.Lease) error { return r.removeReleased(context.Background(), l, nil, g, 50) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			checkPass(t, store, map[string]string{"new-holder": "60", "ex-holder": "30"}, map[string]string{"new-holder": "60", "ex-holder": ""},
+				func(r *LeaseReconciler, l *fencerv1.Lease) error {
+					if err := pass(r, l); err == nil || !strings.Contains(err.Error(), "reading the grant again") {
+						t.Errorf("%s with etcd unreadable: %v; want the failed read reported", name, err)
+					}
+					return nil
+				})
+		})
+	}
 }
 
 // liveGrantTo grants the Lease ns/job to pod holder (UID uid-<holder>) in

@@ -36,6 +36,11 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 
 	action, unqualified := decideHolder(lease, g, pods)
 	if (action == endSuspended || action == endHolderLost) && r.cacheBehind(ctx, lease, out) {
+		// Until the cache says, the grant is kept as the last leader
+		// left it: renewed, if the controller renews it.
+		if lease.Spec.Renewal == fencerv1.RenewalPodReady && !r.Renewer.Renewing(key, g.LeaseID) {
+			r.Renewer.Ensure(key, g.LeaseID, now)
+		}
 		return false, nil
 	}
 	switch action {

@@ -48,7 +48,8 @@ const staleRetry = 200 * time.Millisecond
 // API server's copy, in term (any string that changes with leadership).
 // list is an empty list of obj's kind, for reading the API's current
 // resourceVersion; nil compares no resourceVersions (another kind's may
-// come from another etcd), reading every older copy instead. Without an
+// come from another etcd): every copy is read once a term, and compared
+// by generation. Without an
 // uncached reader (unit tests) nothing is behind.
 func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list client.ObjectList, obj client.Object, term string) (bool, error) {
 	if reader == nil {
@@ -71,7 +72,13 @@ func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list cli
 		}
 		return false, err
 	}
-	if live.GetUID() != obj.GetUID() || live.GetResourceVersion() != obj.GetResourceVersion() {
+	same := live.GetResourceVersion() == obj.GetResourceVersion()
+	if list == nil {
+		// Another kind's copy, whose status its own controller may
+		// rewrite faster than the cache follows: its spec decides.
+		same = live.GetGeneration() == obj.GetGeneration()
+	}
+	if live.GetUID() != obj.GetUID() || !same {
 		return true, nil
 	}
 	s.confirm(term, obj.GetUID())
@@ -123,14 +130,14 @@ func (s *staleCopies) confirm(term string, uid types.UID) {
 }
 
 // behindInTerm is behind for a reconciler that acts in elector's etcd
-// terms. Not leading etcd, nothing is behind: such a pass changes nothing.
+// terms. A pass that no longer leads etcd waits too.
 func (s *staleCopies) behindInTerm(ctx context.Context, elector *etcdstore.Elector, reader client.Reader, list client.ObjectList, obj client.Object) (bool, error) {
 	if reader == nil {
 		return false, nil
 	}
 	term, err := elector.Term()
 	if err != nil {
-		return false, nil
+		return true, nil // the term ended since the pass began: it runs again
 	}
 	return s.behind(ctx, reader, list, obj, term.Key+"@"+strconv.FormatInt(term.Rev, 10))
 }

@@ -121,6 +121,9 @@ func TestANewLeaderEndsNoTenureOnASuspensionItsCacheIsBehindOn(t *testing.T) {
 	if now, err := store.GetGrant(ctx, "ns", "n"); err != nil || now == nil || now.Token != g.Token {
 		t.Fatalf("etcd holds %+v (%v) after a pass over the cache's suspended copy; want the grant, token %d, kept", now, err, g.Token)
 	}
+	if !r.Renewer.Renewing(etcdkeys.LeaseKey(store.Prefix(), "ns", "n"), g.LeaseID) {
+		t.Error("the grant kept while the cache is behind is not renewed: it would lapse if the cache stayed behind a TTL")
+	}
 
 	// Not suspended in the cache either: the same pass adopts the grant
 	// without reading the Lease again.
@@ -237,7 +240,8 @@ func TestANewLeaderMovesNoLeaseOnAWorkloadLeaseItsCacheIsBehindOn(t *testing.T) 
 func TestANewLeaderDeletesNoMemberOfAStatefulSetItsCacheIsBehindOn(t *testing.T) {
 	ctx := context.Background()
 	sts := func(replicas int32) *appsv1.StatefulSet {
-		return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "sts-uid"}, Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(replicas)}}
+		return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "sts-uid", Generation: int64(replicas)},
+			Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(replicas)}}
 	}
 	wl := &fencerv1.WorkloadLease{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: "wl-uid"},
 		Spec: fencerv1.WorkloadLeaseSpec{Workload: fencerv1.WorkloadRef{Kind: fencerv1.WorkloadStatefulSet, Name: "web"}, TTLSeconds: 30}}

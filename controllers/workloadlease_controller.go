@@ -67,8 +67,10 @@ func (r *WorkloadLeaseReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		r.runs.forgetAll(req.NamespacedName)
 		return ctrl.Result{}, nil // the garbage collector deletes its Leases
 	}
-	if behind, err := r.behind(ctx, wl); err != nil || behind {
-		return ctrl.Result{RequeueAfter: staleRetry}, err
+	if behind, err := r.behind(ctx, wl); err != nil {
+		return ctrl.Result{}, err
+	} else if behind {
+		return ctrl.Result{RequeueAfter: staleRetry}, nil
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("workloadlease", req.NamespacedName))
 	before := wl.Status.DeepCopy()
