@@ -44,8 +44,12 @@ func TestAFailedReadSparesATokenAboveThePass(t *testing.T) {
 	}
 	g := &etcdstore.Grant{Token: 40, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
 	for name, pass := range map[string]func(*LeaseReconciler, *fencerv1.Lease) error{
-		"publish":        func(r *LeaseReconciler, l *fencerv1.Lease) error { return r.publish(context.Background(), l, nil, g, 50) },
-		"removeReleased": func(r *LeaseReconciler, l *fencerv1.Lease) error { return r.removeReleased(context.Background(), l, nil, g, 50) },
+		"publish": func(r *LeaseReconciler, l *fencerv1.Lease) error {
+			return r.publish(context.Background(), l, nil, g, 50)
+		},
+		"removeReleased": func(r *LeaseReconciler, l *fencerv1.Lease) error {
+			return r.removeReleased(context.Background(), l, nil, g, 50)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			checkPass(t, store, map[string]string{"new-holder": "60", "ex-holder": "30"}, map[string]string{"new-holder": "60", "ex-holder": ""},
