@@ -93,27 +93,36 @@ func TestRemoveReleasedTakesAReleasedTokenFromTheNewHolderToo(t *testing.T) {
 // not yet seen the patch that published it) must not remove that token:
 // each removal holds only if the pod still carries what the copy shows.
 func TestRemoveReleasedLeavesATokenItsCopyDidNotShow(t *testing.T) {
+	g := &etcdstore.Grant{Token: 55, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
+	checkStaleCopyRemovesNothing(t, "55", func(r *LeaseReconciler, lease *fencerv1.Lease, stale corev1.Pod) error {
+		return r.removeReleased(context.Background(), lease, []corev1.Pod{stale}, g, 56)
+	})
+}
+
+// checkStaleCopyRemovesNothing runs pass over a stale copy of pod w-0,
+// which shows token 40 where the pod carries live: the pass must report
+// the failed removal and leave live in place.
+func checkStaleCopyRemovesNothing(t *testing.T, live string, pass func(*LeaseReconciler, *fencerv1.Lease, corev1.Pod) error) {
+	t.Helper()
 	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	live := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "ns", UID: "uid-w-0", Annotations: map[string]string{key: "55"}}}
-	stale := live.DeepCopy()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "ns", UID: "uid-w-0", Annotations: map[string]string{key: live}}}
+	stale := pod.DeepCopy()
 	stale.Annotations[key] = "40"
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
-	r := &LeaseReconciler{Client: c}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
 	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
-	g := &etcdstore.Grant{Token: 55, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
-	if err := r.removeReleased(context.Background(), lease, []corev1.Pod{*stale}, g, 56); err == nil {
+	if err := pass(&LeaseReconciler{Client: c}, lease, *stale); err == nil {
 		t.Error("a removal whose copy was stale reported no error")
 	}
 	var got corev1.Pod
-	if err := c.Get(context.Background(), client.ObjectKeyFromObject(live), &got); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(pod), &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Annotations[key] != "55" {
-		t.Fatalf("the holder's live token was removed on a stale copy: annotations now %v", got.Annotations)
+	if got.Annotations[key] != live {
+		t.Fatalf("a live token was removed on a stale copy: annotations now %v", got.Annotations)
 	}
 }
 
@@ -151,28 +160,10 @@ func TestPublishSetsAGrantMadeAfterTheRead(t *testing.T) {
 // copy of it shows: a copy from before another grant's token reached the
 // pod must not remove that token.
 func TestPublishLeavesATokenItsCopyDidNotShow(t *testing.T) {
-	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	live := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-1", Namespace: "ns", UID: "uid-w-1", Annotations: map[string]string{key: "60"}}}
-	stale := live.DeepCopy()
-	stale.Annotations[key] = "40"
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
-	r := &LeaseReconciler{Client: c}
-	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
-	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "w-0", HolderUID: "uid-w-0"}}
-	if err := r.publish(context.Background(), lease, []corev1.Pod{*stale}, g, 50); err == nil {
-		t.Error("a removal whose copy was stale reported no error")
-	}
-	var got corev1.Pod
-	if err := c.Get(context.Background(), client.ObjectKeyFromObject(live), &got); err != nil {
-		t.Fatal(err)
-	}
-	if got.Annotations[key] != "60" {
-		t.Fatalf("another grant's live token was removed on a stale copy: annotations now %v", got.Annotations)
-	}
+	g := &etcdstore.Grant{Token: 45, GrantValue: etcdstore.GrantValue{Holder: "w-1", HolderUID: "uid-w-1"}}
+	checkStaleCopyRemovesNothing(t, "60", func(r *LeaseReconciler, lease *fencerv1.Lease, stale corev1.Pod) error {
+		return r.publish(context.Background(), lease, []corev1.Pod{stale}, g, 50)
+	})
 }
 
 // checkRemoveReleased runs removeReleased of g, read at rev, over pods

@@ -49,8 +49,8 @@ const staleRetry = 200 * time.Millisecond
 // list is an empty list of obj's kind, for reading the API's current
 // resourceVersion; nil compares no resourceVersions (another kind's may
 // come from another etcd): every copy is read once a term, and compared
-// by generation. Without an
-// uncached reader (unit tests) nothing is behind.
+// by generation. Without an uncached reader (unit tests) nothing is
+// behind.
 func (s *staleCopies) behind(ctx context.Context, reader client.Reader, list client.ObjectList, obj client.Object, term string) (bool, error) {
 	if reader == nil {
 		return false, nil
