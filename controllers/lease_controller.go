@@ -73,9 +73,16 @@ func NewLeaseReconciler(c client.Client, store *etcdstore.Store, elector *etcdst
 
 // Reconcile grants, renews or releases one Lease and writes its status once.
 func (r *LeaseReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	lease := &fencerv1.Lease{}
 	log := ctrl.LoggerFrom(ctx).WithValues("lease", req.NamespacedName)
 	ctx = ctrl.LoggerInto(ctx, log)
+	res, err := r.reconcile(ctx, req)
+	return retryWhenPodCopyBehind(ctx, res, err)
+}
+
+// reconcile is Reconcile's pass: the Lease's, or the release of a Lease
+// gone or going.
+func (r *LeaseReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	lease := &fencerv1.Lease{}
 	if err := r.Get(ctx, req.NamespacedName, lease); err != nil {
 		if apierrors.IsNotFound(err) {
 			return r.gone(ctx, req.NamespacedName)

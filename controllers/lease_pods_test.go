@@ -2,17 +2,24 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdstore"
@@ -112,10 +119,18 @@ func checkStaleCopyRemovesNothing(t *testing.T, live string, pass func(*LeaseRec
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0", Namespace: "ns", UID: "uid-w-0", Annotations: map[string]string{key: live}}}
 	stale := pod.DeepCopy()
 	stale.Annotations[key] = "40"
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).
+		WithInterceptorFuncs(interceptor.Funcs{Patch: patchAsTheAPIServer}).Build()
 	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
-	if err := pass(&LeaseReconciler{Client: c}, lease, *stale); err == nil {
-		t.Error("a removal whose copy was stale reported no error")
+	err := pass(&LeaseReconciler{Client: c}, lease, *stale)
+	if !errors.Is(err, errPodCopyBehind) {
+		t.Errorf("a removal whose copy was stale reported %v, not that the copy was behind (errPodCopyBehind)", err)
+	}
+	// The pass runs again soon, with no error for the workqueue's
+	// backoff and the error log: the cache is a moment behind the
+	// controller's own patches at every handover.
+	if res, err := retryWhenPodCopyBehind(context.Background(), ctrl.Result{}, err); err != nil || res.RequeueAfter != staleRetry {
+		t.Errorf("a stale copy's refused removal gave %+v, %v; want a retry in %v and no error", res, err, staleRetry)
 	}
 	var got corev1.Pod
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(pod), &got); err != nil {
@@ -207,5 +222,42 @@ func checkPass(t *testing.T, store *etcdstore.Store, tokens, want map[string]str
 		if got.Annotations[key] != want || (want == "") != (got.Annotations[idKey] == "") {
 			t.Errorf("%s: token %q, lease ID %q; want token %q", name, got.Annotations[key], got.Annotations[idKey], want)
 		}
+	}
+}
+
+// patchAsTheAPIServer patches through the fake client, and answers a JSON
+// patch that does not apply as kube-apiserver does (its patch handler's
+// applyJSPatch): 422 Invalid with the patch library's message as the
+// cause. The fake client returns the library's error as it is.
+func patchAsTheAPIServer(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	err := c.Patch(ctx, obj, patch, opts...)
+	if err != nil && patch.Type() == types.JSONPatchType && !apierrors.IsNotFound(err) {
+		return apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", err.Error(), 0, false)
+	}
+	return err
+}
+
+// A removal refused because its copy was behind is retried quietly only
+// when it is the pass's one failure: any other pod's failed patch is
+// reported, and goes to the workqueue's backoff.
+func TestAnotherPodsFailureIsNotHiddenBehindAStaleCopy(t *testing.T) {
+	behind := fmt.Errorf("annotating pod w-0: %w", errPodCopyBehind)
+	failed := errors.New("annotating pod w-1: the server is currently unable to handle the request")
+	err := joinPodErrors([]error{behind, nil, failed})
+	if errors.Is(err, errPodCopyBehind) || !strings.Contains(err.Error(), "w-1") {
+		t.Fatalf("a failure beside a stale copy's removal came out as %v", err)
+	}
+	if res, got := retryWhenPodCopyBehind(context.Background(), ctrl.Result{}, err); got == nil || res.RequeueAfter != 0 {
+		t.Errorf("a failed patch was retried quietly: %+v, %v", res, got)
+	}
+	if err := joinPodErrors([]error{nil, behind}); !errors.Is(err, errPodCopyBehind) {
+		t.Errorf("a stale copy's removal alone came out as %v", err)
+	}
+	if err := joinPodErrors([]error{nil, nil}); err != nil {
+		t.Errorf("no failure came out as %v", err)
+	}
+	// A pass that asked to run again sooner keeps its time.
+	if res, _ := retryWhenPodCopyBehind(context.Background(), ctrl.Result{RequeueAfter: time.Millisecond}, behind); res.RequeueAfter != time.Millisecond {
+		t.Errorf("a retry asked in 1ms was put off to %v", res.RequeueAfter)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -99,7 +100,7 @@ func patchAnnotations(ctx context.Context, c client.Client, pod *corev1.Pod, wan
 // tests each value (and the pod's UID) before it removes it. A copy from a
 // cache behind the apiserver may show an older token where the pod now
 // carries a live one: then the test fails, nothing is removed, and the
-// error says so; a pass with a fresher copy decides.
+// error is errPodCopyBehind; a pass with a fresher copy decides.
 func removeUnchanged(ctx context.Context, c client.Client, pod *corev1.Pod, keys ...string) error {
 	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": pod.UID}}
 	for _, k := range keys {
@@ -116,10 +117,38 @@ func removeUnchanged(ctx context.Context, c client.Client, pod *corev1.Pod, keys
 		return err
 	}
 	err = c.Patch(ctx, pod, client.RawPatch(types.JSONPatchType, data))
-	if apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
 		return nil
+	case apierrors.IsInvalid(err):
+		// The apiserver answers a JSON patch it cannot apply with 422
+		// Invalid, and this one can fail only at a test: the pod changed
+		// since this copy (a token published or removed, the pod
+		// replaced).
+		return fmt.Errorf("%w: %w", errPodCopyBehind, err)
 	}
 	return err
+}
+
+// errPodCopyBehind is removeUnchanged's refusal to remove what a pod may
+// no longer carry: the pod changed since the cache's copy of it. Nothing
+// is wrong: the pass runs again once the cache has the change
+// (retryWhenPodCopyBehind), and decides on the fresher copy.
+var errPodCopyBehind = errors.New("the pod changed since the cache's copy of it, so nothing was removed")
+
+// retryWhenPodCopyBehind turns a pass's errPodCopyBehind, its only error,
+// into a quiet retry in staleRetry (sooner if res asks), where any other
+// error goes to the workqueue's backoff and the error log: a handover
+// races its own pod patches, and a cache a moment behind them is no fault.
+func retryWhenPodCopyBehind(ctx context.Context, res ctrl.Result, err error) (ctrl.Result, error) {
+	if !errors.Is(err, errPodCopyBehind) {
+		return res, err
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("removing pod annotations again once the cache has caught up", "reason", err.Error())
+	if res.RequeueAfter <= 0 || res.RequeueAfter > staleRetry {
+		res.RequeueAfter = staleRetry
+	}
+	return res, nil
 }
 
 // jsonPointerEscape escapes a map key for a JSON Pointer (RFC 6901): an
@@ -179,7 +208,28 @@ func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return joinPodErrors(errs)
+}
+
+// joinPodErrors joins the pod patches' errors. A removal refused only
+// because the cache's copy of its pod was behind (errPodCopyBehind) counts
+// only when no other patch failed: then the pass is retried quietly, and
+// otherwise the failures it must report are not hidden behind it.
+func joinPodErrors(errs []error) error {
+	var failed, behind []error
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, errPodCopyBehind):
+			behind = append(behind, err)
+		default:
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) > 0 {
+		return errors.Join(failed...)
+	}
+	return errors.Join(behind...)
 }
 
 // annotateOne is annotateEach's patch of one pod: a conditional removal

@@ -88,7 +88,7 @@ func finish(ctx context.Context, c apiClient, rec events.EventRecorder, obj clie
 	}
 	if out.afterStatus != nil {
 		if err := out.afterStatus(ctx); err != nil {
-			return ctrl.Result{}, err
+			return retryWhenPodCopyBehind(ctx, out.result, err)
 		}
 	}
 	return out.result, nil
