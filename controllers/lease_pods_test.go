@@ -261,3 +261,29 @@ func TestAnotherPodsFailureIsNotHiddenBehindAStaleCopy(t *testing.T) {
 		t.Errorf("a retry asked in 1ms was put off to %v", res.RequeueAfter)
 	}
 }
+
+// A removal a policy of the cluster's own refuses (a
+// ValidatingAdmissionPolicy denies with 422 Invalid, as a failed JSON
+// patch test is answered) is a failure to report, with the workqueue's
+// backoff, never a stale copy retried quietly every 200 ms for ever.
+func TestAPolicysRefusalOfARemovalIsReported(t *testing.T) {
+	policy := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "w-0",
+		errors.New("ValidatingAdmissionPolicy 'frozen' with binding 'frozen' denied request: annotations are frozen"))
+	policy.ErrStatus.Reason = metav1.StatusReasonInvalid
+	policy.ErrStatus.Code = http.StatusUnprocessableEntity
+	policy.ErrStatus.Details.Causes = append(policy.ErrStatus.Details.Causes, metav1.StatusCause{Message: policy.ErrStatus.Message})
+	testFailed := apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", "testing value /metadata/uid failed: test failed", 0, false)
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{policy, false},
+		{testFailed, true},
+		{apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "w-0", nil), false},
+		{apierrors.NewServiceUnavailable("etcd is down"), false},
+	} {
+		if got := jsonPatchTestFailed(tc.err); got != tc.want {
+			t.Errorf("jsonPatchTestFailed(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -120,15 +122,34 @@ func removeUnchanged(ctx context.Context, c client.Client, pod *corev1.Pod, keys
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
-	case apierrors.IsInvalid(err):
-		// The apiserver answers a JSON patch it cannot apply with 422
-		// Invalid, and this one can fail only at a test: the pod changed
-		// since this copy (a token published or removed, the pod
-		// replaced).
+	case jsonPatchTestFailed(err):
+		// The pod changed since this copy: a token published or removed,
+		// the pod replaced.
 		return fmt.Errorf("%w: %w", errPodCopyBehind, err)
 	}
 	return err
 }
+
+// jsonPatchTestFailed reports whether err is kube-apiserver's answer to a
+// JSON patch that did not apply: 422 Invalid and nothing more, neither
+// the object nor a cause (its patch handler's applyJSPatch drops the patch
+// library's message). removeUnchanged's patch can fail to apply only at a
+// test. A ValidatingAdmissionPolicy's denial is 422 Invalid too, but it
+// names the pod and carries the policy's message: a failure to report,
+// not a copy to wait out.
+func jsonPatchTestFailed(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) {
+		return false
+	}
+	got := status.Status()
+	bare := got.Details == nil || (got.Details.Name == "" && got.Details.Kind == "" && len(got.Details.Causes) == 0)
+	return bare && got.Message == patchNotApplied.ErrStatus.Message
+}
+
+// patchNotApplied is the apiserver's answer to a JSON patch that does not
+// apply, as jsonPatchTestFailed compares it.
+var patchNotApplied = apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", "", 0, false)
 
 // errPodCopyBehind is removeUnchanged's refusal to remove what a pod may
 // no longer carry: the pod changed since the cache's copy of it. Nothing
