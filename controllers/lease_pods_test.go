@@ -238,27 +238,72 @@ func patchAsTheAPIServer(ctx context.Context, c client.WithWatch, obj client.Obj
 }
 
 // A removal refused because its copy was behind is retried quietly only
-// when it is the pass's one failure: any other pod's failed patch is
-// reported, and goes to the workqueue's backoff.
+// when every error of the pass is such a refusal: any other pod's failed
+// patch is reported, and goes to the workqueue's backoff, with no Result
+// beside it.
 func TestAnotherPodsFailureIsNotHiddenBehindAStaleCopy(t *testing.T) {
-	behind := fmt.Errorf("annotating pod w-0: %w", errPodCopyBehind)
+	behind := fmt.Errorf("annotating pod w-0: %w", podCopyBehind{patchNotApplied})
 	failed := errors.New("annotating pod w-1: the server is currently unable to handle the request")
-	err := joinPodErrors([]error{behind, nil, failed})
-	if errors.Is(err, errPodCopyBehind) || !strings.Contains(err.Error(), "w-1") {
-		t.Fatalf("a failure beside a stale copy's removal came out as %v", err)
+	for name, err := range map[string]error{
+		"beside":     errors.Join(behind, failed),
+		"nested":     errors.Join(errors.Join(behind, behind), failed),
+		"not joined": failed,
+	} {
+		if res, got := retryWhenPodCopyBehind(context.Background(), ctrl.Result{RequeueAfter: time.Second}, err); got == nil || !res.IsZero() {
+			t.Errorf("%s: a failed patch came out as %+v, %v", name, res, got)
+		}
 	}
-	if res, got := retryWhenPodCopyBehind(context.Background(), ctrl.Result{}, err); got == nil || res.RequeueAfter != 0 {
-		t.Errorf("a failed patch was retried quietly: %+v, %v", res, got)
-	}
-	if err := joinPodErrors([]error{nil, behind}); !errors.Is(err, errPodCopyBehind) {
-		t.Errorf("a stale copy's removal alone came out as %v", err)
-	}
-	if err := joinPodErrors([]error{nil, nil}); err != nil {
-		t.Errorf("no failure came out as %v", err)
+	if res, err := retryWhenPodCopyBehind(context.Background(), ctrl.Result{}, errors.Join(behind, behind)); err != nil || res.RequeueAfter != staleRetry {
+		t.Errorf("two stale copies' removals came out as %+v, %v", res, err)
 	}
 	// A pass that asked to run again sooner keeps its time.
 	if res, _ := retryWhenPodCopyBehind(context.Background(), ctrl.Result{RequeueAfter: time.Millisecond}, behind); res.RequeueAfter != time.Millisecond {
 		t.Errorf("a retry asked in 1ms was put off to %v", res.RequeueAfter)
+	}
+}
+
+// publish joins its pods' errors with a failed etcd read (the read that
+// decides whether a token above the pass's is a later grant's): a stale
+// copy's refused removal beside it must not turn that failure into a
+// quiet retry.
+func TestAFailedEtcdReadIsNotHiddenBehindAStaleCopy(t *testing.T) {
+	cli, store, _ := storeWithTerm(t)
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	const key = fencerv1.HolderTokenAnnotationPrefix + "job"
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	ex := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "ex", Namespace: "ns", UID: "uid-ex", Annotations: map[string]string{key: "35"}}}
+	later := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "later", Namespace: "ns", UID: "uid-later", Annotations: map[string]string{key: "60"}}}
+	stale := ex.DeepCopy()
+	stale.Annotations[key] = "30"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(ex, later).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).
+		WithInterceptorFuncs(interceptor.Funcs{Patch: patchAsTheAPIServer}).Build()
+	r := &LeaseReconciler{Client: c, Store: store}
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns"}}
+	g := &etcdstore.Grant{Token: 40, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
+	err := r.publish(context.Background(), lease, []corev1.Pod{*stale}, g, 50)
+	if !errors.Is(err, errPodCopyBehind) {
+		t.Fatalf("the stale copy's removal was not refused: %v", err)
+	}
+	if _, got := retryWhenPodCopyBehind(context.Background(), ctrl.Result{}, err); got == nil {
+		t.Errorf("the failed etcd read was retried quietly, behind a stale copy: %v", err)
+	}
+}
+
+// finish passes an afterStatus failure on with no Result, as before the
+// quiet retry: controller-runtime ignores a Result beside an error, and
+// logs a warning for it.
+func TestFinishReportsAFailureWithoutAResult(t *testing.T) {
+	lease := &fencerv1.Lease{}
+	out := outcome{result: ctrl.Result{RequeueAfter: 5 * time.Second},
+		afterStatus: func(context.Context) error { return errors.New("annotating pod w-0: 503") }}
+	res, err := finish(context.Background(), apiClient{}, nil, lease, &lease.Status, &lease.Status, out)
+	if err == nil || !res.IsZero() {
+		t.Errorf("finish gave %+v, %v; want the error alone", res, err)
 	}
 }
 

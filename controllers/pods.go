@@ -125,7 +125,7 @@ func removeUnchanged(ctx context.Context, c client.Client, pod *corev1.Pod, keys
 	case jsonPatchTestFailed(err):
 		// The pod changed since this copy: a token published or removed,
 		// the pod replaced.
-		return fmt.Errorf("%w: %w", errPodCopyBehind, err)
+		return podCopyBehind{err}
 	}
 	return err
 }
@@ -157,13 +157,41 @@ var patchNotApplied = apierrors.NewGenericServerResponse(http.StatusUnprocessabl
 // (retryWhenPodCopyBehind), and decides on the fresher copy.
 var errPodCopyBehind = errors.New("the pod changed since the cache's copy of it, so nothing was removed")
 
-// retryWhenPodCopyBehind turns a pass's errPodCopyBehind, its only error,
-// into a quiet retry in staleRetry (sooner if res asks), where any other
-// error goes to the workqueue's backoff and the error log: a handover
-// races its own pod patches, and a cache a moment behind them is no fault.
+// podCopyBehind is errPodCopyBehind with the apiserver's answer.
+type podCopyBehind struct{ answer error }
+
+func (e podCopyBehind) Error() string        { return errPodCopyBehind.Error() + ": " + e.answer.Error() }
+func (e podCopyBehind) Unwrap() error        { return e.answer }
+func (e podCopyBehind) Is(target error) bool { return target == errPodCopyBehind }
+
+// onlyPodCopyBehind reports whether every error err joins is a
+// podCopyBehind: one failure of any other kind in it (another pod's
+// patch, an etcd read) makes the whole a failure to report.
+func onlyPodCopyBehind(err error) bool {
+	switch e := err.(type) {
+	case podCopyBehind:
+		return true
+	case interface{ Unwrap() []error }:
+		errs := e.Unwrap()
+		return len(errs) > 0 && !slices.ContainsFunc(errs, func(err error) bool { return !onlyPodCopyBehind(err) })
+	case interface{ Unwrap() error }:
+		return onlyPodCopyBehind(e.Unwrap())
+	}
+	return false
+}
+
+// retryWhenPodCopyBehind turns a pass's error made only of podCopyBehind
+// refusals into a quiet retry in staleRetry (sooner if res asks). Any
+// other error goes to the workqueue's backoff and the error log, with no
+// Result (controller-runtime ignores one beside an error, and warns). A
+// handover races its own pod patches, and a cache a moment behind them is
+// no fault.
 func retryWhenPodCopyBehind(ctx context.Context, res ctrl.Result, err error) (ctrl.Result, error) {
-	if !errors.Is(err, errPodCopyBehind) {
-		return res, err
+	if err == nil {
+		return res, nil
+	}
+	if !onlyPodCopyBehind(err) {
+		return ctrl.Result{}, err
 	}
 	ctrl.LoggerFrom(ctx).V(1).Info("removing pod annotations again once the cache has caught up", "reason", err.Error())
 	if res.RequeueAfter <= 0 || res.RequeueAfter > staleRetry {
@@ -229,28 +257,7 @@ func annotateEach(ctx context.Context, c client.Client, pods []*corev1.Pod, want
 		})
 	}
 	wg.Wait()
-	return joinPodErrors(errs)
-}
-
-// joinPodErrors joins the pod patches' errors. A removal refused only
-// because the cache's copy of its pod was behind (errPodCopyBehind) counts
-// only when no other patch failed: then the pass is retried quietly, and
-// otherwise the failures it must report are not hidden behind it.
-func joinPodErrors(errs []error) error {
-	var failed, behind []error
-	for _, err := range errs {
-		switch {
-		case err == nil:
-		case errors.Is(err, errPodCopyBehind):
-			behind = append(behind, err)
-		default:
-			failed = append(failed, err)
-		}
-	}
-	if len(failed) > 0 {
-		return errors.Join(failed...)
-	}
-	return errors.Join(behind...)
+	return errors.Join(errs...)
 }
 
 // annotateOne is annotateEach's patch of one pod: a conditional removal
