@@ -168,7 +168,7 @@ func (e podCopyBehind) Is(target error) bool { return target == errPodCopyBehind
 // podCopyBehind: one failure of any other kind in it (another pod's
 // patch, an etcd read) makes the whole a failure to report.
 func onlyPodCopyBehind(err error) bool {
-	switch e := err.(type) {
+	switch e := err.(type) { //nolint:errorlint // it walks the wrapping itself, one level at a time
 	case podCopyBehind:
 		return true
 	case interface{ Unwrap() []error }:
