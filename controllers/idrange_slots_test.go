@@ -156,6 +156,8 @@ func TestAnInvalidSelectorKeepsTheSlotsPodsHold(t *testing.T) {
 	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(pod, rng).Build()
 	r := NewIDRangeReconciler(api, store, elector, nil, clock.RealClock{})
 	r.APIReader = api
+	// A pass before renewed every slot; q's pod has gone since.
+	r.Renewer.Ensure(gone, leaseOf(t, cli, gone), time.Now())
 	if err := api.Get(ctx, client.ObjectKeyFromObject(rng), rng); err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,14 @@ func TestAStaleCacheNeverReleasesTheGrantOfTheLeaseCreatedAgain(t *testing.T) {
 			cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(stale).Build()
 			api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithObjects(current).Build()
 			r := NewLeaseReconciler(cache, store, elector, nil, clock.RealClock{})
+			// The stale copy was confirmed earlier in this term, while it
+			// was the API's too (the Lease was deleted and created again
+			// since): the stale-cache look lets it pass, and only the
+			// apiserver's word on the grant's Lease stands between it and
+			// the successor's grant.
+			if behind, err := r.stale.behindInTerm(ctx, elector, cache, &fencerv1.LeaseList{}, stale); err != nil || behind {
+				t.Fatalf("confirming the copy while it was current: behind %v, %v", behind, err)
+			}
 			r.APIReader = api
 			if tc.deleting {
 				if _, err := r.finalize(ctx, stale); err != nil {

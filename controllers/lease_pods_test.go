@@ -164,8 +164,11 @@ func TestPublishSparesATokenGrantedAfterTheRead(t *testing.T) {
 // it must still set it, and take every older token away.
 func TestPublishSetsAGrantMadeAfterTheRead(t *testing.T) {
 	g := &etcdstore.Grant{Token: 55, LeaseID: 99, GrantValue: etcdstore.GrantValue{Holder: "holder", HolderUID: "uid-holder"}}
-	tokens := map[string]string{"ex-holder": "45", "holder": "30"}
-	want := map[string]string{"ex-holder": "", "holder": "55"}
+	// "between" carries a token above the read (50) and below this grant
+	// (55): older than the grant, so removed, with no etcd read (the
+	// pass has no store to read with).
+	tokens := map[string]string{"ex-holder": "45", "holder": "30", "between": "52"}
+	want := map[string]string{"ex-holder": "", "holder": "55", "between": ""}
 	checkPass(t, nil, tokens, want, func(r *LeaseReconciler, lease *fencerv1.Lease) error {
 		return r.publish(context.Background(), lease, nil, g, 50)
 	})

@@ -28,9 +28,9 @@ import (
 // newerInAPI stores obj in a fake API server and writes it once more, so
 // the API's copy is newer (another resourceVersion) than a cache's copy
 // of the object as it first was.
-func newerInAPI(t *testing.T, obj client.Object) client.Client {
+func newerInAPI(t *testing.T, obj client.Object, alsoCurrent ...client.Object) client.Client {
 	t.Helper()
-	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(obj).Build()
+	api := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(append([]client.Object{obj}, alsoCurrent...)...).Build()
 	if err := api.Update(context.Background(), obj); err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +219,14 @@ func TestANewLeaderMovesNoLeaseOnAWorkloadLeaseItsCacheIsBehindOn(t *testing.T) 
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "fencer.io/v1alpha1", Kind: "WorkloadLease", Name: "wl", UID: "wl-uid", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 	}
 	memberSpec(&lease.Spec, stale, member{selector: runSelector("j2")})
+	cronJob := func() *batchv1.CronJob {
+		return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "cj", Generation: 1}}
+	}
 	c := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.WorkloadLease{}).
-		WithObjects(stale, lease, &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "ns", UID: "cj"}},
-			runJob("n-1", "j1", t0)).Build()
+		WithObjects(stale, lease, cronJob(), runJob("n-1", "j1", t0)).Build()
 	f := &cronJobFixture{c: c, events: events.NewFakeRecorder(100)}
-	r := &WorkloadLeaseReconciler{APIReader: newerInAPI(t, wl("j2", "n-2", t0.Add(time.Minute)))}
+	// Only the WorkloadLease lags: the API's CronJob is the cache's.
+	r := &WorkloadLeaseReconciler{APIReader: newerInAPI(t, wl("j2", "n-2", t0.Add(time.Minute)), cronJob())}
 	if err := f.reconcile(t, r); err != nil {
 		t.Fatal(err)
 	}
