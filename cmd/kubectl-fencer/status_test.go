@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -111,6 +112,19 @@ func TestCheckReadsAnEmptyLeaseLabelAsNoFence(t *testing.T) {
 		if d.Lease != want {
 			t.Errorf("check of a ConfigMap labelled %s=%q: fenced by %q, want %q", fencerv1.LeaseLabel, lease, d.Lease, want)
 		}
+	}
+	// A cluster-scoped object is never fenced, whatever its label: the
+	// webhook judges only namespaced objects (a Lease lives in one).
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "labelled", Labels: map[string]string{fencerv1.LeaseLabel: "job"}}}
+	if err := c.Create(ctx, role); err != nil {
+		t.Fatal(err)
+	}
+	var d decision
+	if err := json.Unmarshal([]byte(plugin(t, kubeconfig, "-n", "r", "check", "clusterrole/labelled", "-o", "json")), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Lease != "" || !d.ClusterScoped {
+		t.Errorf("check of a ClusterRole labelled %s=job: fenced by %q, cluster-scoped %v; want no Lease, cluster-scoped", fencerv1.LeaseLabel, d.Lease, d.ClusterScoped)
 	}
 }
 

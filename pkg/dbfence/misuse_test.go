@@ -120,7 +120,8 @@ func TestRowUpdateRefusesAFenceTableItCannotName(t *testing.T) {
 	}
 	tx := begin(t, db)
 	row := dbfence.Row{Table: "public.tasks", KeyColumn: "id", TokenColumn: "token", Fence: dbfence.Table{Schema: "App"}}
-	if err := row.Update(ctx, tx, 42, 6, "result = $3", "x"); err == nil || !strings.Contains(err.Error(), "Row.Fence") {
+	// Token 8, above the row's 7: an Update that went ahead would move it.
+	if err := row.Update(ctx, tx, 42, 8, "result = $3", "x"); err == nil || !strings.Contains(err.Error(), "Row.Fence") {
 		t.Fatalf("Update with a bad fence table: %v, want a refusal naming Row.Fence", err)
 	}
 	var n int

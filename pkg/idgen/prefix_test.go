@@ -35,18 +35,24 @@ func TestAPrefixNoInstallHasIsRefused(t *testing.T) {
 // misleading "the slot was lost".
 func TestNilAndEmptyInputsAreNamed(t *testing.T) {
 	cli := testenv.OfflineClient(t)
-	ctx := context.Background()
+	// The offline client answers nothing: an input let through would wait
+	// on etcd, and fail here in seconds rather than at go test's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	good := SnowflakeOptions{Namespace: "ns", Name: "workers", Slot: 1, Token: 5, PodUID: "u"}
-	for name, call := range map[string]func() error{
-		"ConsumeBlock with no client": func() error { _, err := ConsumeBlock(ctx, nil, "", "ns", "r", "block=1-10", "u"); return err },
-		"NewSnowflake with no Namespace": func() error {
+	for name, tc := range map[string]struct {
+		call  func() error
+		names string // what the error must name
+	}{
+		"ConsumeBlock with no client": {func() error { _, err := ConsumeBlock(ctx, nil, "", "ns", "r", "block=1-10", "u"); return err }, "client"},
+		"NewSnowflake with no Namespace": {func() error {
 			o := good
 			o.Namespace = ""
 			_, err := NewSnowflake(ctx, cli, o)
 			return err
-		},
-		"NewSnowflake with no Name":  func() error { o := good; o.Name = ""; _, err := NewSnowflake(ctx, cli, o); return err },
-		"NewSnowflake with no Token": func() error { o := good; o.Token = 0; _, err := NewSnowflake(ctx, cli, o); return err },
+		}, "Namespace"},
+		"NewSnowflake with no Name":  {func() error { o := good; o.Name = ""; _, err := NewSnowflake(ctx, cli, o); return err }, "Name"},
+		"NewSnowflake with no Token": {func() error { o := good; o.Token = 0; _, err := NewSnowflake(ctx, cli, o); return err }, "Token"},
 	} {
 		func() {
 			defer func() {
@@ -54,8 +60,10 @@ func TestNilAndEmptyInputsAreNamed(t *testing.T) {
 					t.Errorf("%s panicked: %v", name, p)
 				}
 			}()
-			if err := call(); err == nil || !strings.HasPrefix(err.Error(), "idgen: ") || errors.Is(err, ErrSlotLost) {
-				t.Errorf("%s: %v, want an idgen error naming the input", name, err)
+			err := tc.call()
+			if err == nil || !strings.HasPrefix(err.Error(), "idgen: ") || !strings.Contains(err.Error(), tc.names) ||
+				errors.Is(err, ErrSlotLost) || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: %v, want an idgen error naming %s, made before any etcd call", name, err, tc.names)
 			}
 		}()
 	}

@@ -15,6 +15,7 @@ import (
 
 	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
+	"github.com/fencer-io/fencer/pkg/idgen"
 	"github.com/fencer-io/fencer/test/support/framework"
 )
 
@@ -50,6 +51,20 @@ func TestAnInvalidPodSelectorIsReported(t *testing.T) {
 	time.Sleep(6 * time.Second) // past the slot TTL
 	if got := annotations(t, ns, rng.Name)["w-000"]; got != had {
 		t.Fatalf("w-000's slot %q became %q while the selector was invalid", had, got)
+	}
+	// Nothing writes annotations while the selector is invalid, so the
+	// annotation alone would not show a slot lost: etcd must still hold
+	// it, under the same token, renewed past its TTL.
+	n, token, err := idgen.ParseSlot(had)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := fx.EtcdCli.Get(ctx, etcdkeys.SlotKey(etcdkeys.DefaultPrefix, ns, rng.Name, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != token {
+		t.Fatalf("w-000's slot %q is no longer held in etcd after its TTL while the selector was invalid (%d keys)", had, len(resp.Kvs))
 	}
 
 	edit(t, rng, "w")
