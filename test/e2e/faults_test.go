@@ -188,6 +188,17 @@ func TestFaults(t *testing.T) {
 	if r.Accepted == 0 || r.Refused == 0 || r.IDs == 0 {
 		t.Fatalf("the workload did not exercise fencing: %d accepted, %d refused, %d IDs", r.Accepted, r.Refused, r.IDs)
 	}
+	// "0 violations" is evidence only of what the run did: faults, stale
+	// writes the fences refused, and each hostile write tried.
+	if r.Faults == 0 || r.RefusedBy[history.ReasonFenced] == 0 || r.Relabels == 0 {
+		t.Fatalf("the run exercised too little: %d faults, %d writes refused by a fence, %d relabels of a holder", r.Faults, r.RefusedBy[history.ReasonFenced], r.Relabels)
+	}
+	for _, mode := range []string{"merge-no-token", "apply-no-token", "label-remove", "annotate", "forge-future", "forged-record",
+		"scale", "status", "delete", "delete-deployment", "copied-slot", "forged-block", "copied-block"} {
+		if r.HostileBy[mode] == 0 {
+			t.Errorf("no hostile %s write was tried: %v", mode, r.HostileBy)
+		}
+	}
 	if os.Getenv("FENCER_TEST_DB") != "" && (r.DBCommitsByKind["lease"] == 0 || r.DBCommitsByKind["lock"] == 0) {
 		t.Fatalf("the database workers committed too little: %v by kind of token", r.DBCommitsByKind)
 	}

@@ -88,15 +88,21 @@ func (h *Harness) faultKinds() []fault {
 }
 
 // Nemesis injects faults one after another, picked at random from seed,
-// until ctx is done or duration has passed. It returns how many it injected,
-// by kind.
+// until ctx is done or duration has passed: every kind once first, in an
+// order drawn from seed, so that a short run (CI's 2 minutes) has each,
+// the worker's pause that makes stale tokens included; then kinds drawn
+// at random. It returns how many it injected, by kind.
 func (h *Harness) Nemesis(ctx context.Context, seed uint64, duration time.Duration) (map[string]int, error) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	kinds := h.faultKinds()
+	first := rng.Perm(len(kinds))
 	counts := map[string]int{}
 	end := time.Now().Add(duration)
-	for time.Now().Before(end) && ctx.Err() == nil {
+	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
 		f := kinds[rng.IntN(len(kinds))]
+		if i < len(first) {
+			f = kinds[first[i]]
+		}
 		lasts := f.min + time.Duration(rng.Int64N(int64(f.max-f.min)+1))
 		target, heal := f.inject(ctx, rng)
 		counts[f.kind]++

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,14 +46,19 @@ func (h *Harness) startWatches(ctx context.Context) error {
 	h.watchers.Go(func() {
 		h.follow(wctx, wc, listed, &corev1.ConfigMapList{}, &h.seenCM, func(obj client.Object, typ watch.EventType) error {
 			cm := obj.(*corev1.ConfigMap)
-			if cm.Labels["fencer.io/lease"] == "" {
+			// The fenced objects are cm-<lease>: one that lost its label
+			// is recorded too, as the checker's evidence of a label
+			// removal that was applied.
+			unlabelled := cm.Labels[fencerv1.LeaseLabel] == ""
+			if unlabelled && !strings.HasPrefix(cm.Name, "cm-") {
 				return nil
 			}
 			// The record of the accepted write; the offer never stays on the object.
 			tok, _ := strconv.ParseInt(cm.Annotations[fencerv1.WrittenTokenAnnotation], 10, 64)
 			seq, _ := strconv.ParseInt(cm.Data["seq"], 10, 64)
+			dataTok, _ := strconv.ParseInt(cm.Data["token"], 10, 64)
 			return h.objects.Add(history.ObjectEvent{Name: cm.Name, ResourceVersion: rvOf(cm), Type: string(typ),
-				Token: tok, Writer: cm.Data["writer"], Seq: seq})
+				Token: tok, Writer: cm.Data["writer"], Seq: seq, Hostile: cm.Annotations["hostile"], Unlabelled: unlabelled, DataToken: dataTok})
 		})
 	})
 	h.watchers.Go(func() {

@@ -176,7 +176,9 @@ func (r *Report) attempts(h *Histories) {
 }
 
 // objects: per fenced object, in resourceVersion order, tokens never go
-// down; and every write a worker saw accepted is in the watch history.
+// down, the webhook's record is the token the write sent, and no hostile
+// write was applied (hostileApplied); and every write a worker saw
+// accepted is in the watch history.
 func (r *Report) objects(h *Histories) {
 	byName := map[string][]ObjectEvent{}
 	seen := map[string]bool{}
@@ -187,9 +189,20 @@ func (r *Report) objects(h *Histories) {
 	for name, evs := range byName {
 		slices.SortFunc(evs, func(a, b ObjectEvent) int { return cmpInt(a.ResourceVersion, b.ResourceVersion) })
 		var top ObjectEvent
+		hostileMark := ""
 		for _, e := range evs {
+			hostile := r.hostileApplied(name, e, hostileMark)
+			hostileMark = e.Hostile
 			if e.Type == "DELETED" {
 				continue
+			}
+			// A hostile version is judged as any accepted write too (a
+			// forged token accepted is a token later writes fall below),
+			// but its data still holds the last worker's token, not one
+			// it sent.
+			if !hostile && e.Writer != "" && e.DataToken != 0 && e.Token != e.DataToken {
+				r.violate(&r.StaleAccepted, "object %s: %s's write #%d sent token %d, and the webhook recorded %d at rv %d",
+					name, e.Writer, e.Seq, e.DataToken, e.Token, e.ResourceVersion)
 			}
 			if e.Token < top.Token {
 				r.violate(&r.StaleAccepted, "object %s: %s's write #%d under token %d accepted at rv %d after %s's write #%d under token %d at rv %d",
@@ -205,6 +218,29 @@ func (r *Report) objects(h *Histories) {
 			r.violate(&r.Missing, "%s's accepted write #%d to %s is not in the apiserver's watch history", a.Worker, a.Seq, a.Target)
 		}
 	}
+}
+
+// hostileApplied reports, as hostile writes accepted, the traces in an
+// object's history that only a hostile write leaves, whatever its client
+// saw (a write that timed out while its worker was paused may still have
+// been applied): a version by a hostile writer, the "hostile" annotation
+// set or changed (mark is the last version's), the label gone, the object
+// deleted. No worker deletes or unlabels an object. It says whether e is
+// such a trace.
+func (r *Report) hostileApplied(name string, e ObjectEvent, mark string) bool {
+	switch {
+	case e.Type == "DELETED":
+		r.violate(&r.HostileAccepted, "object %s was deleted at rv %d: no worker deletes it, so a hostile DELETE was applied", name, e.ResourceVersion)
+	case e.Unlabelled:
+		r.violate(&r.HostileAccepted, "object %s lost its fencer.io/lease label at rv %d: a hostile label removal was applied", name, e.ResourceVersion)
+	case strings.HasPrefix(e.Writer, "hostile-"):
+		r.violate(&r.HostileAccepted, "object %s: a write by %s was applied at rv %d", name, e.Writer, e.ResourceVersion)
+	case e.Hostile != mark:
+		r.violate(&r.HostileAccepted, "object %s: the hostile annotation became %q at rv %d: a tokenless annotate was applied", name, e.Hostile, e.ResourceVersion)
+	default:
+		return false
+	}
+	return true
 }
 
 // tenure is one grant of a lease key: live over [Token, End).

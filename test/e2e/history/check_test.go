@@ -70,8 +70,8 @@ func clean(t *testing.T) *Histories {
 			{Resource: dbRes, Counter: 2, Token: 10, Writer: "w0", Seq: 6},
 		},
 		Objects: []ObjectEvent{
-			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1},
-			{Name: "cm", ResourceVersion: 9, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1},
+			{Name: "cm", ResourceVersion: 5, Type: "ADDED", Token: 10, Writer: "w0", Seq: 1, DataToken: 10},
+			{Name: "cm", ResourceVersion: 9, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1, DataToken: 20},
 		},
 		Leases: []LeaseEvent{{Name: "a", ResourceVersion: 1, Token: 10, Holder: "w0", At: t0}, {Name: "a", ResourceVersion: 2, Token: 20, Holder: "w1", At: t0.Add(2 * time.Second)}},
 		Etcd: []EtcdEvent{
@@ -191,6 +191,46 @@ func TestEachViolationIsCaught(t *testing.T) {
 		{"accepted write missing from the history", func(h *Histories) {
 			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindConfigMap, Seq: 5, Token: 20, OK: true})
 		}, func(r *Report) int { return r.Missing }},
+		{"a committed etcd write missing from etcd's history", func(h *Histories) {
+			h.Attempts = append(h.Attempts, Attempt{Worker: "w1", Kind: KindEtcd, Seq: 9, Token: 20, OK: true})
+		}, func(r *Report) int { return r.Missing }},
+		{"a grant whose token is not above the last one (etcd went back)", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 38, Type: "DELETE", Key: lk},
+				EtcdEvent{Revision: 40, Type: "PUT", Key: lk, CreateRevision: 15, Version: 1})
+		}, func(r *Report) int { return r.TokenRegressions }},
+		{"a grant put on a free key that was not created afresh", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 38, Type: "DELETE", Key: lk},
+				EtcdEvent{Revision: 40, Type: "PUT", Key: lk, CreateRevision: 39, Version: 2})
+		}, func(r *Report) int { return r.DoubleGrants }},
+		// Tokens do not go down in these two: only the live-token check
+		// can see them.
+		{"an etcd write while no grant is live", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 16, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 10, Writer: "w0", Seq: 8})})
+		}, func(r *Report) int { return r.StaleAccepted }},
+		{"an etcd write under a forged token above the live one", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 22, Type: "PUT", Key: DataPrefix + "ns/a", Value: val(t, FencedValue{Token: 25, Writer: "w2", Seq: 1})})
+		}, func(r *Report) int { return r.StaleAccepted }},
+		{"a write under a keyed lock's token when no one holds it", func(h *Histories) {
+			h.Etcd = append(h.Etcd, EtcdEvent{Revision: 36, Type: "DELETE", Key: waiter1},
+				EtcdEvent{Revision: 37, Type: "PUT", Key: DataPrefix + "ns/locks/k0", Value: val(t, FencedValue{Token: 31, Writer: "w1", Seq: 8})})
+		}, func(r *Report) int { return r.LockStaleWrites }},
+		// What the apiserver applied, whatever the hostile client saw (it
+		// may have timed out, paused).
+		{"a hostile writer's version applied", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 20, Writer: "hostile-w0", Seq: 1})
+		}, func(r *Report) int { return r.HostileAccepted }},
+		{"a hostile annotate applied", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1, DataToken: 20, Hostile: "w0"})
+		}, func(r *Report) int { return r.HostileAccepted }},
+		{"a hostile label removal applied", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 20, Writer: "w1", Seq: 1, DataToken: 20, Unlabelled: true})
+		}, func(r *Report) int { return r.HostileAccepted }},
+		{"a hostile delete applied", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "DELETED", Token: 20, Writer: "w1", Seq: 1, DataToken: 20})
+		}, func(r *Report) int { return r.HostileAccepted }},
+		{"the webhook recorded another token than the write sent", func(h *Histories) {
+			h.Objects = append(h.Objects, ObjectEvent{Name: "cm", ResourceVersion: 12, Type: "MODIFIED", Token: 20, Writer: "w0", Seq: 3, DataToken: 10})
+		}, func(r *Report) int { return r.StaleAccepted }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

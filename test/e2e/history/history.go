@@ -98,6 +98,16 @@ type ObjectEvent struct {
 	Token           int64  `json:"token"`
 	Writer          string `json:"writer"`
 	Seq             int64  `json:"seq"`
+	// Hostile is the object's "hostile" annotation, which only a hostile
+	// annotate sets; Unlabelled says the object had lost its
+	// fencer.io/lease label, which only a hostile label removal takes
+	// away. The checker reads them, and hostile writers and deletions, as
+	// hostile writes the apiserver applied, whatever their clients saw.
+	Hostile    string `json:"hostile,omitempty"`
+	Unlabelled bool   `json:"unlabelled,omitempty"`
+	// DataToken is the token the writing worker put in the object's data
+	// beside the one it sent: the webhook's record (Token) must match it.
+	DataToken int64 `json:"dataToken,omitempty"`
 }
 
 // LeaseEvent is a Lease status the harness saw, in watch order, and when.
