@@ -58,7 +58,7 @@ func (h *Harness) startWatches(ctx context.Context) error {
 			seq, _ := strconv.ParseInt(cm.Data["seq"], 10, 64)
 			dataTok, _ := strconv.ParseInt(cm.Data["token"], 10, 64)
 			return h.objects.Add(history.ObjectEvent{Name: cm.Name, ResourceVersion: rvOf(cm), Type: string(typ),
-				Token: tok, Writer: cm.Data["writer"], Seq: seq, Hostile: cm.Annotations["hostile"], Unlabelled: unlabelled, DataToken: dataTok})
+				Token: tok, Writer: cm.Data["writer"], Seq: seq, Hostile: cm.Annotations[history.HostileAnnotation], Unlabelled: unlabelled, DataToken: dataTok})
 		})
 	})
 	h.watchers.Go(func() {

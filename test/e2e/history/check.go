@@ -223,7 +223,7 @@ func (r *Report) objects(h *Histories) {
 // hostileApplied reports, as hostile writes accepted, the traces in an
 // object's history that only a hostile write leaves, whatever its client
 // saw (a write that timed out while its worker was paused may still have
-// been applied): a version by a hostile writer, the "hostile" annotation
+// been applied): a version by a hostile writer, the HostileAnnotation
 // set or changed (mark is the last version's), the label gone, the object
 // deleted. No worker deletes or unlabels an object. It says whether e is
 // such a trace.
@@ -233,7 +233,7 @@ func (r *Report) hostileApplied(name string, e ObjectEvent, mark string) bool {
 		r.violate(&r.HostileAccepted, "object %s was deleted at rv %d: no worker deletes it, so a hostile DELETE was applied", name, e.ResourceVersion)
 	case e.Unlabelled:
 		r.violate(&r.HostileAccepted, "object %s lost its fencer.io/lease label at rv %d: a hostile label removal was applied", name, e.ResourceVersion)
-	case strings.HasPrefix(e.Writer, "hostile-"):
+	case strings.HasPrefix(e.Writer, HostileWriterPrefix):
 		r.violate(&r.HostileAccepted, "object %s: a write by %s was applied at rv %d", name, e.Writer, e.ResourceVersion)
 	case e.Hostile != mark:
 		r.violate(&r.HostileAccepted, "object %s: the hostile annotation became %q at rv %d: a tokenless annotate was applied", name, e.Hostile, e.ResourceVersion)

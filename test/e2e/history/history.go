@@ -91,6 +91,16 @@ type Attempt struct {
 }
 
 // ObjectEvent is one version of a fenced object, from the apiserver's watch.
+// What a hostile write leaves on a fenced object when the apiserver
+// applies it: the worker's hostile writes set them, and the checker finds
+// the writes that were applied by them, whatever their clients saw.
+const (
+	// HostileWriterPrefix starts the data.writer of a hostile write.
+	HostileWriterPrefix = "hostile-"
+	// HostileAnnotation is the annotation the hostile annotate sets.
+	HostileAnnotation = "hostile"
+)
+
 type ObjectEvent struct {
 	Name            string `json:"name"`
 	ResourceVersion int64  `json:"rv"`

@@ -95,6 +95,7 @@ func (w *worker) hostile(ctx context.Context, mode string) {
 		return w.kube.Patch(hctx, obj, client.RawPatch(pt, []byte(body)))
 	}
 	seen := w.seen(hostileLease)
+	writer := history.HostileWriterPrefix + w.pod
 	var newest int64
 	for _, t := range seen {
 		newest = max(newest, t)
@@ -102,20 +103,20 @@ func (w *worker) hostile(ctx context.Context, mode string) {
 	var err error
 	switch mode {
 	case "merge-no-token":
-		err = patch(types.MergePatchType, fmt.Sprintf(`{"data":{"writer":"hostile-%s"}}`, w.pod))
+		err = patch(types.MergePatchType, fmt.Sprintf(`{"data":{"writer":%q}}`, writer))
 	case "apply-no-token":
 		err = w.kube.Apply(hctx, corev1ac.ConfigMap(cm, w.namespace).WithLabels(map[string]string{fencerv1.LeaseLabel: hostileLease}).
-			WithData(map[string]string{"writer": "hostile-" + w.pod}), client.FieldOwner("hostile"), client.ForceOwnership)
+			WithData(map[string]string{"writer": writer}), client.FieldOwner("hostile"), client.ForceOwnership)
 	case "label-remove":
 		err = patch(types.StrategicMergePatchType, `{"metadata":{"labels":{"fencer.io/lease":null}}}`)
 	case "annotate":
-		err = patch(types.StrategicMergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"hostile":%q}}}`, w.pod))
+		err = patch(types.StrategicMergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, history.HostileAnnotation, w.pod))
 	case "forge-future":
 		a.Token = newest + 1_000_000_000
-		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/token":"%d"}},"data":{"writer":"hostile-%s"}}`, a.Token, w.pod))
+		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/token":"%d"}},"data":{"writer":%q}}`, a.Token, writer))
 	case "forged-record":
 		a.Token = newest
-		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/written-token":"%d"}},"data":{"writer":"hostile-%s"}}`, newest, w.pod))
+		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/written-token":"%d"}},"data":{"writer":%q}}`, newest, writer))
 	case "old-token":
 		var older []int64 // below the newest seen, so below the live token
 		for _, t := range seen {
@@ -127,7 +128,7 @@ func (w *worker) hostile(ctx context.Context, mode string) {
 			return // no earlier tenure seen yet
 		}
 		a.Token = older[rand.IntN(len(older))]
-		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/token":"%d"}},"data":{"writer":"hostile-%s"}}`, a.Token, w.pod))
+		err = patch(types.MergePatchType, fmt.Sprintf(`{"metadata":{"annotations":{"fencer.io/token":"%d"}},"data":{"writer":%q}}`, a.Token, writer))
 	case "scale":
 		a.Target = dep
 		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: dep, Namespace: w.namespace}}
