@@ -236,6 +236,15 @@ func (t Table) Exec(ctx context.Context, tx *sql.Tx, res Resource, token int64, 
 // statement this refuses is one no driver would have run as written.
 func placeholdersMatch(query string, args []any) error {
 	for i, a := range args {
+		// database/sql hands the driver what an sql.NamedArg wraps (pgx
+		// ignores the name), so a rewriter inside one rewrites as well.
+		for {
+			named, ok := a.(sql.NamedArg)
+			if !ok {
+				break
+			}
+			a = named.Value
+		}
 		if a == nil {
 			continue
 		}
@@ -297,11 +306,27 @@ func classify(err error, res Resource, token, seq int64) error {
 // Migration's refuse function), whatever the driver.
 var floorInMessage = regexp.MustCompile(`is below token (\d+) \(seq (\d+)\)`)
 
+// needQuerier refuses a nil database, transaction or connection to read
+// from, typed or not, with an error naming the call, instead of a panic.
+func needQuerier(call string, q any) error {
+	const want = "a database, transaction or connection to read from (a *sql.DB, *sql.Tx or *sql.Conn)"
+	switch v := reflect.ValueOf(q); {
+	case !v.IsValid():
+		return fmt.Errorf("dbfence: %s needs %s, got nil", call, want)
+	case v.Kind() == reflect.Pointer && v.IsNil():
+		return fmt.Errorf("dbfence: %s needs %s, got a nil %T", call, want, q)
+	}
+	return nil
+}
+
 // Floor reads the highest (token, seq) accepted for res, (0, 0) if none:
 // where a writer restarted within its tenure resumes its sequence.
 func (t Table) Floor(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, res Resource) (token, seq int64, err error) {
+	if err := needQuerier("Floor", q); err != nil {
+		return 0, 0, err
+	}
 	if err := res.validate(); err != nil {
 		return 0, 0, err
 	}

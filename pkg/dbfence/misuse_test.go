@@ -318,24 +318,40 @@ func TestExecTakesAStatementOpeningWithAComment(t *testing.T) {
 // dropped the guard's own arguments, so the guard's placeholders bound the
 // caller's values: a stale holder's write committed after a newer
 // holder's, under a fence row of another name. It is refused, and the
-// newer holder's row stands.
+// newer holder's row stands, also when the NamedArgs come wrapped in
+// sql.Named, which database/sql unwraps before pgx sees them (with one $1
+// in the statement, the count of placeholders matched the one argument).
 func TestExecRefusesNamedArgumentsOfAStaleHolder(t *testing.T) {
 	db, table := setup(t)
 	ctx := context.Background()
 	if err := write(ctx, db, table, nil, 20, "twenty"); err != nil {
 		t.Fatal(err)
 	}
-	tx := begin(t, db)
-	_, err := table.Exec(ctx, tx, res, 10, `UPDATE reports SET body = @body, token = @token WHERE id = @id`,
-		pgx.NamedArgs{"body": "stale", "token": int64(100), "id": 1})
-	if err == nil || !strings.Contains(err.Error(), "rewrites the query") {
-		t.Fatalf("Exec with pgx.NamedArgs: %v, want a refusal", err)
-	}
-	if err := tx.Commit(); err == nil {
-		t.Fatal("the refused transaction committed")
-	}
-	if got := body(t, db); got != "twenty" {
-		t.Fatalf("body %q, want the newer holder's", got)
+	named := pgx.NamedArgs{"body": "stale", "r": res.String(), "tok": int64(100), "seq": int64(0)}
+	for _, c := range []struct {
+		name  string
+		query string
+		arg   any
+	}{
+		{"bare", `UPDATE reports SET body = @body, token = @tok WHERE id = 1`, named},
+		{"in sql.Named", `UPDATE reports SET body = @body WHERE id = 1 AND $1::text = @body AND @r::text <> '' AND @tok::bigint > 0 AND @seq::bigint = 0`,
+			sql.Named("args", named)},
+		{"in sql.Named twice", `UPDATE reports SET body = @body WHERE id = 1 AND $1::text = @body AND @r::text <> '' AND @tok::bigint > 0 AND @seq::bigint = 0`,
+			sql.Named("outer", sql.Named("args", named))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx := begin(t, db)
+			_, err := table.Exec(ctx, tx, res, 10, c.query, c.arg)
+			if err == nil || !strings.Contains(err.Error(), "rewrites the query") {
+				t.Fatalf("Exec with pgx.NamedArgs: %v, want a refusal", err)
+			}
+			if err := tx.Commit(); err == nil {
+				t.Fatal("the refused transaction committed")
+			}
+			if got := body(t, db); got != "twenty" {
+				t.Fatalf("body %q, want the newer holder's", got)
+			}
+		})
 	}
 }
 
@@ -356,6 +372,51 @@ func TestANilTransactionIsRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "tx is nil") {
 			t.Errorf("%s with a nil tx: %v, want a refusal naming it", name, err)
 		}
+	}
+}
+
+// A nil database, transaction or connection to read from is refused with
+// an error naming the call, never a panic, whether the nil is typed or not.
+func TestNilReadersAreRefused(t *testing.T) {
+	var table dbfence.Table
+	ctx := context.Background()
+	var db *sql.DB // sql.Open failed, or was never called
+	var tx *sql.Tx
+	var conn *sql.Conn
+	_, forgetErr := table.ForgetOperations(ctx, db, time.Hour)
+	errs := map[string]error{"ForgetOperations": forgetErr}
+	for name, q := range map[string]interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}{"a nil *sql.DB": db, "a nil *sql.Tx": tx, "a nil *sql.Conn": conn, "nil": nil} {
+		_, _, errs["Floor of "+name] = table.Floor(ctx, q, res)
+		_, _, errs["Lookup of "+name] = table.Lookup(ctx, q, res, "op")
+	}
+	for name, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "needs") {
+			t.Errorf("%s: %v, want a refusal naming what is missing", name, err)
+		}
+	}
+}
+
+// Once with no operation to run is refused before it records one, and its
+// transaction is aborted: a record without a result, committed by a
+// caller that went on, would answer every retry with nothing, as if done.
+func TestOnceRefusesANilOperation(t *testing.T) {
+	db, table := setup(t)
+	ctx := context.Background()
+	tx := begin(t, db)
+	if err := table.Guard(ctx, tx, res, 10); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := table.Once(ctx, tx, res, "op", 10, nil)
+	if err == nil || !strings.Contains(err.Error(), "do is nil") {
+		t.Fatalf("Once with a nil do: %v, want a refusal naming it", err)
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the refused transaction committed")
+	}
+	if _, found, err := table.Lookup(ctx, db, res, "op"); err != nil || found {
+		t.Fatalf("the operation's record: found %v (%v), want none", found, err)
 	}
 }
 

@@ -36,6 +36,12 @@ var ErrResultTooLarge = errors.New("dbfence: an operation's result is over 64 Ki
 // again (after the first rolled back) would act twice.
 func (t Table) Once(ctx context.Context, tx *sql.Tx, res Resource, opID string, token int64, do func() ([]byte, error)) (result []byte, replayed bool, err error) {
 	q, err := t.onceChecks(res, opID, token)
+	if err == nil && do == nil {
+		// Refused before the record is inserted: a record without a
+		// result, committed by a caller that recovered a panic, would
+		// answer every retry with nothing.
+		err = fmt.Errorf("dbfence: Once of operation %q: do is nil: pass the function that makes the operation's writes and returns its result", opID)
+	}
 	if err != nil {
 		return nil, false, t.refusedBefore(ctx, tx, err)
 	}
@@ -93,6 +99,9 @@ func (t Table) onceChecks(res Resource, opID string, token int64) (string, error
 func (t Table) Lookup(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, res Resource, opID string) (result []byte, found bool, err error) {
+	if err := needQuerier("Lookup", q); err != nil {
+		return nil, false, err
+	}
 	if opID == "" || len(opID) > 256 {
 		return nil, false, fmt.Errorf("dbfence: operation ID %q: want 1 to 256 bytes", opID)
 	}
@@ -118,6 +127,9 @@ func (t Table) Lookup(ctx context.Context, q interface {
 func (t Table) ForgetOperations(ctx context.Context, db *sql.DB, age time.Duration) (int64, error) {
 	if age < time.Second {
 		return 0, fmt.Errorf("dbfence: ForgetOperations age %s: want at least a second, longer than any client retries (a shorter age forgets operations a client may still retry, and a retry would run it again; an untyped 24 is 24ns)", age)
+	}
+	if db == nil {
+		return 0, errors.New("dbfence: ForgetOperations needs the database (a *sql.DB): it deletes the records in a statement of its own")
 	}
 	q, err := t.qualified()
 	if err != nil {
