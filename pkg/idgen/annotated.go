@@ -32,12 +32,20 @@ func ParseBlock(annotation string) (Block, error) {
 	if !ok || !ok2 {
 		return Block{}, bad
 	}
-	first, err1 := fencerv1.ParseToken(firstS)
-	last, err2 := fencerv1.ParseToken(lastS)
-	if err1 != nil || err2 != nil || first > last {
+	first, ok1 := canonicalNumber(firstS)
+	last, ok2 := canonicalNumber(lastS)
+	if !ok1 || !ok2 || first > last {
 		return Block{}, bad
 	}
 	return Block{First: first, Last: last}, nil
+}
+
+// canonicalNumber reads a number of an annotation fencer writes: decimal
+// digits as fencerv1.FormatToken prints them, so no sign and no leading
+// zero ("07" is no number the controller wrote, though it reads as 7).
+func canonicalNumber(s string) (int64, bool) {
+	n, err := fencerv1.ParseToken(s)
+	return n, err == nil && fencerv1.FormatToken(n) == s
 }
 
 // ErrBlockNotClaimed means the annotation names a block that fencer's

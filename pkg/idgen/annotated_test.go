@@ -61,7 +61,7 @@ func TestParseBlock(t *testing.T) {
 	if b, err := ParseBlock("block=1-100"); err != nil || b != (Block{1, 100}) {
 		t.Fatalf("%v %v", b, err)
 	}
-	for _, bad := range []string{"", "block=", "block=1", "block=5-1", "block=+1-5", "block=1-5,", " block=1-5", "slot=1,token=2", "block=-1-5"} {
+	for _, bad := range []string{"", "block=", "block=1", "block=5-1", "block=+1-5", "block=1-5,", " block=1-5", "slot=1,token=2", "block=-1-5", "block=01-10", "block=1-010", "block=00-0"} {
 		if _, err := ParseBlock(bad); err == nil {
 			t.Errorf("ParseBlock(%q) accepted", bad)
 		}
@@ -70,13 +70,19 @@ func TestParseBlock(t *testing.T) {
 
 // FuzzParseBlock: any string is a block with first <= last, or an error.
 func FuzzParseBlock(f *testing.F) {
-	for _, s := range []string{"block=1-100", "block=5-1", "block=1-", "block=99999999999999999999-1"} {
+	for _, s := range []string{"block=1-100", "block=5-1", "block=1-", "block=99999999999999999999-1", "block=01-10"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		b, err := ParseBlock(s)
-		if err == nil && (b.First > b.Last || b.First < 0) {
+		if err != nil {
+			return
+		}
+		if b.First > b.Last || b.First < 0 {
 			t.Fatalf("ParseBlock(%q) = %v", s, b)
+		}
+		if back := fmt.Sprintf("block=%d-%d", b.First, b.Last); back != s {
+			t.Fatalf("ParseBlock(%q) = %v, which prints as %q", s, b, back)
 		}
 	})
 }

@@ -14,7 +14,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
-	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 	"github.com/fencer-io/fencer/pkg/fence"
@@ -121,10 +120,9 @@ func ParseSlot(annotation string) (slot, tokenValue int64, err error) {
 	if !ok || !ok1 || !ok2 {
 		return 0, 0, bad
 	}
-	var err1, err2 error
-	slot, err1 = fencerv1.ParseToken(slotS)
-	tok, err2 := fencerv1.ParseToken(tokenS)
-	if err1 != nil || err2 != nil || tok == 0 {
+	slot, ok1 = canonicalNumber(slotS)
+	tok, ok2 := canonicalNumber(tokenS)
+	if !ok1 || !ok2 || tok == 0 {
 		return 0, 0, bad
 	}
 	return slot, tok, nil

@@ -198,7 +198,7 @@ func TestParseSlot(t *testing.T) {
 	if s, tok, err := ParseSlot("slot=7,token=1234"); err != nil || s != 7 || tok != 1234 {
 		t.Fatalf("%d %d %v", s, tok, err)
 	}
-	for _, bad := range []string{"", "slot=x", "block=1-2", "slot=-1,token=3", "slot=1,token=0"} {
+	for _, bad := range []string{"", "slot=x", "block=1-2", "slot=-1,token=3", "slot=1,token=0", "slot=03,token=7", "slot=00,token=1", "slot=3,token=07"} {
 		if _, _, err := ParseSlot(bad); err == nil {
 			t.Errorf("ParseSlot(%q) accepted", bad)
 		}
@@ -208,7 +208,7 @@ func TestParseSlot(t *testing.T) {
 // FuzzParseSlot: an annotation parses only if it is exactly the form the
 // controller writes, so a parsed slot and token print back to the input.
 func FuzzParseSlot(f *testing.F) {
-	for _, seed := range []string{"slot=7,token=1234", "slot=0,token=1", "slot=7,token=12x", "slot=-1,token=5", "slot=1,token=0", " slot=1,token=2", "slot=1,,token=2", ""} {
+	for _, seed := range []string{"slot=7,token=1234", "slot=0,token=1", "slot=7,token=12x", "slot=-1,token=5", "slot=1,token=0", " slot=1,token=2", "slot=1,,token=2", "", "slot=00,token=1"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
