@@ -103,6 +103,29 @@ func TestTwoSlotsNeverCollide(t *testing.T) {
 	}
 }
 
+// A generator reserves again each time its clock passes the last
+// reservation, fenced by the clock key's revision of its own last write:
+// a run of reservations, each under the one before, never counts the slot
+// as lost.
+func TestAGeneratorReservesAgainAndAgain(t *testing.T) {
+	cli := startEtcd(t)
+	c := &clock{now: time.Now()}
+	g := newGen(t, cli, 5, leaseSlot(t, cli, 5), c.Now)
+	ctx := context.Background()
+	var last int64
+	for i := range 5 {
+		id, err := g.Next(ctx)
+		if err != nil {
+			t.Fatalf("reservation %d: %v", i+1, err)
+		}
+		if id <= last {
+			t.Fatalf("reservation %d: ID %d after %d", i+1, id, last)
+		}
+		last = id
+		c.Add(1500 * time.Millisecond) // past the default 1 s reservation
+	}
+}
+
 func TestClockRollback(t *testing.T) {
 	cli := startEtcd(t)
 	c := &clock{now: time.Now()}
