@@ -100,7 +100,12 @@ func ExampleTable_Once() {
 	var tx *sql.Tx
 	var token int64
 	res := dbfence.Lock("/fencer@a1b2", "default", "dir/inbox")
-	result, replayed, err := (dbfence.Table{}).Once(ctx, tx, res, "upload-5f2c", token, func() ([]byte, error) {
+	table := dbfence.Table{}
+	// Once deduplicates; the guard fences. Guard the transaction first.
+	if err := table.Guard(ctx, tx, res, token); err != nil {
+		log.Fatal(err)
+	}
+	result, replayed, err := table.Once(ctx, tx, res, "upload-5f2c", token, func() ([]byte, error) {
 		// ... the writes, once ...
 		return []byte(`{"id": 7}`), nil
 	})
