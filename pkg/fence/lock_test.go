@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,121 @@ func TestWaiterNamesAreReusedSafely(t *testing.T) {
 	}
 }
 
+// The Locker's own delete, arriving late (its first try timed out at the
+// client but stayed in flight, the retry freed the name, and the next
+// Lock reused it), compares the revision its acquisition had: the reused
+// name's key stays, for one key and for a set, whose deletes are each
+// compared on their own.
+func TestALateDeleteOfAnEarlierAcquisitionLeavesTheReusedName(t *testing.T) {
+	for _, keys := range [][]string{{"k"}, {"k", "j"}} {
+		t.Run(strings.Join(keys, ","), func(t *testing.T) {
+			e := startLockEtcd(t)
+			cli := e.client(t, "a", nil)
+			l := e.locker(t, cli, "a", LockerOptions{})
+			first := mustLock(t, l, keys...)
+			late := &Lock{locker: l, sess: first.sess, keys: first.keys, waiter: first.waiter, slot: first.slot, token: first.token}
+			if err := first.Unlock(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			third := mustLock(t, l, keys...)
+			if third.waiter != first.waiter {
+				t.Fatalf("a freed name was not reused: %s after %s", third.waiter, first.waiter)
+			}
+			deleted, err := l.deleteWaitersCtx(context.Background(), late)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(deleted, true) {
+				t.Errorf("the late delete reports keys deleted: %v", deleted)
+			}
+			for _, k := range keys {
+				if err := write(cli, "a", third.Token(k), "x-"+k, "third"); err != nil {
+					t.Fatalf("the first acquisition's late delete freed the third's lock on %q: %v", k, err)
+				}
+			}
+		})
+	}
+}
+
+// A waiter key left at the name a Lock is about to take (a queueing whose
+// clean-up never ran) is not taken over: a put on it would keep its
+// revision, and the Lock would hold under a token that is not its own
+// queueing's, one an earlier acquisition may hold too. The Lock queues
+// under a fresh revision instead.
+func TestALeftoverKeyAtAWaitersNameIsNotTakenOver(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l := e.locker(t, cli, "a", LockerOptions{})
+	warm := mustLock(t, l, "k")
+	name := warm.waiter
+	if err := warm.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	left, err := e.mgr.Put(context.Background(), etcdkeys.LockWaiterKey(prefix, "a", "k", name), `{"pod":"earlier"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk := mustLock(t, l, "k")
+	if tok := lk.Token("k").Value; tok <= left.Header.Revision {
+		t.Fatalf("the Lock holds under token %d, the leftover key's revision was %d: want a queueing of its own", tok, left.Header.Revision)
+	}
+	if err := write(cli, "a", lk.Token("k"), "x", "mine"); err != nil {
+		t.Fatalf("the Lock's write: %v", err)
+	}
+}
+
+// A waiter whose key was deleted while it queued (by an identity allowed
+// to delete keys under the namespace) is not told it holds the lock when
+// the waiter ahead leaves: Lock returns ErrLockLost.
+func TestAWaiterWhoseKeyWasDeletedIsNotGivenTheLock(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	holder := mustLock(t, e.locker(t, cli, "a", LockerOptions{}), "k")
+	errc := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		lk, err := e.locker(t, cli, "a", LockerOptions{}).Lock(ctx, "k")
+		if lk != nil {
+			_ = lk.Unlock(context.Background())
+		}
+		errc <- err
+	}()
+	waiter := waitForWaiters(t, e.mgr, "a", "k", 2)[1]
+	if _, err := e.mgr.Delete(context.Background(), etcdkeys.LockWaiterKey(prefix, "a", "k", waiter.Waiter)); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the waiter whose key was deleted: %v, want ErrLockLost", err)
+	}
+}
+
+// The holder's mark (for kubectl fencer locks), arriving after its Unlock,
+// puts nothing back: a key put again would outlive the acquisition on the
+// session's lease and keep every later waiter out.
+func TestALateHeldMarkDoesNotPutTheKeyBack(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	l := e.locker(t, cli, "a", LockerOptions{})
+	lk := mustLock(t, l, "k", "j")
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l.markHeld(lk)
+	resp, err := e.mgr.Get(context.Background(), etcdkeys.NamespaceLocksPrefix(prefix, "a"), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if _, _, waiter, ok := etcdkeys.ParseLockWaiterKey(prefix, string(kv.Key)); ok && waiter == lk.waiter {
+			t.Errorf("after Unlock, a late mark put back %s", kv.Key)
+		}
+	}
+}
+
 // mustFindFree takes key with TryLock, waiting for nothing, and unlocks
 // it: the key must be free (why says why it should be).
 func mustFindFree(t testing.TB, l *Locker, key, why string) {
@@ -262,6 +378,40 @@ func TestTokenOfAKeyNotLockedIsNoToken(t *testing.T) {
 			t.Fatalf("Tokens: %+v, want the set's value for every key locked", mine.Tokens())
 		}
 	}
+}
+
+// The same, with the waiter queued at the revision right after the
+// holder's (both sessions warm and nothing written between): the fence's
+// "no waiter older than the token" comparison must refuse a waiter at
+// exactly the holder's token + 1.
+func TestAWaiterRightBehindTheHolderCannotPassTheFence(t *testing.T) {
+	e := startLockEtcd(t)
+	cli := e.client(t, "a", nil)
+	lh := e.locker(t, cli, "a", LockerOptions{})
+	lw := e.locker(t, cli, "a", LockerOptions{})
+	for _, warm := range []*Locker{lh, lw} { // each session's marker written
+		if err := mustLock(t, warm, "warm").Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder := mustLock(t, lh, "k")
+	got := make(chan *Lock, 1)
+	go func() { got <- mustLock(t, lw, "k") }()
+	waiter := waitForWaiters(t, e.mgr, "a", "k", 2)[1]
+	if waiter.Value != holder.Token("k").Value+1 {
+		t.Fatalf("setup: the waiter queued at %d, the holder at %d: the test needs adjacent revisions", waiter.Value, holder.Token("k").Value)
+	}
+	var fenced *FencedError
+	if err := write(cli, "a", waiter, "x", "queued"); !errors.As(err, &fenced) || fenced.Current != holder.Token("k").Value {
+		t.Fatalf("a waiter's write while the holder (token %d) holds: %v, want a FencedError naming the holder's token", holder.Token("k").Value, err)
+	}
+	if err := write(cli, "a", holder.Token("k"), "x", "holder"); err != nil {
+		t.Fatalf("the holder's write: %v", err)
+	}
+	if err := holder.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_ = (<-got).Unlock(context.Background())
 }
 
 // A waiter's key exists with its revision while it queues: the fence must
