@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -281,13 +283,27 @@ func (c *countingSource) Token(context.Context) (Token, error) {
 // (a kubelet stopped): EtcdHeld counts a grant no read has confirmed for
 // a whole TTL as lost, since etcd may have expired it and granted it to
 // another pod. Its watch and reads alone waited for ever, and the work
-// went on under the old token.
+// went on under the old token. The TTL is the grant's, learnt from the
+// check's first read: etcd falls silent only after it, and the loss must
+// come well before the 15 s taken while no read has answered.
 func TestEtcdHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	endpoint := startEtcd(t)
 	admin := connect(t, endpoint)
 	p := newProxy(t, strings.TrimPrefix(endpoint, "http://"))
 	t.Cleanup(p.flow)
-	pod := connect(t, p.URL())
+	var reads atomic.Int64 // the pod's etcd reads that answered
+	pod, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil && (strings.HasSuffix(method, "/Range") || strings.HasSuffix(method, "/Txn")) {
+				reads.Add(1)
+			}
+			return err
+		})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
 	ctx := context.Background()
 	// The grant says 2 s; its etcd lease lasts longer, so that only the
 	// silence, not an expiry the watch could see, ends the work.
@@ -312,17 +328,30 @@ func TestEtcdHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the work never started under a live grant")
 	}
+	waitForARead(t, &reads)
 	p.stall()
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrLeaseLost) || !errors.Is(err, ErrEtcdUnavailable) {
 			t.Fatalf("RunExclusive cut off from etcd: %v, want ErrLeaseLost and ErrEtcdUnavailable", err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the work went on 30 s after etcd fell silent, with a 2 s TTL")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the work went on 10 s after etcd fell silent, with a 2 s grant")
 	}
 	if cause := context.Cause(work); !errors.Is(cause, ErrLeaseLost) {
 		t.Fatalf("the work's context ended with %v, want ErrLeaseLost", cause)
+	}
+}
+
+// waitForARead waits until reads has grown: the check started with the
+// work has read once, and so learnt the grant's TTL.
+func waitForARead(t *testing.T, reads *atomic.Int64) {
+	t.Helper()
+	from := reads.Load()
+	for deadline := time.Now().Add(10 * time.Second); reads.Load() == from; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("setup: the check made no read in 10 s")
+		}
 	}
 }
 
@@ -331,20 +360,29 @@ func TestEtcdHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 type silentAPI struct {
 	client.Reader
 	off atomic.Bool
+	// reads counts the Gets that answered; past allow (if set), every
+	// Get fails, as with off.
+	reads, allow atomic.Int64
 }
 
 func (u *silentAPI) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if u.off.Load() {
+	if u.off.Load() || (u.allow.Load() > 0 && u.reads.Load() >= u.allow.Load()) {
 		return errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
 	}
-	return u.Reader.Get(ctx, key, obj, opts...)
+	err := u.Reader.Get(ctx, key, obj, opts...)
+	if err == nil {
+		u.reads.Add(1)
+	}
+	return err
 }
 
 // The same with the status check: a pod that cannot reach the apiserver
 // counts a grant no read has confirmed for the grant's TTL as lost. The
 // TTL is the grant's, as the status shows it (expireTime less renewTime),
 // not spec.ttlSeconds, which an edit (here from 1 s to 60 s) applies only
-// to the next grant.
+// to the next grant. The apiserver falls silent once the check has read
+// the status, and the loss must come well before the 15 s taken while no
+// read has answered.
 func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	l := statusLease("w-0", "me", 9)
 	l.Spec.TTLSeconds = 60
@@ -362,13 +400,58 @@ func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 		})
 	}()
 	<-started
+	waitForARead(t, &c.reads)
 	c.off.Store(true)
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("RunExclusive with the apiserver unreachable: %v, want ErrLeaseLost", err)
 		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the work went on 10 s after the apiserver fell silent, with a grant of 1 s")
+	}
+}
+
+// A check whose reads never answer (the apiserver unreachable from just
+// after the token's own confirmation) has learnt no TTL: it takes a
+// Lease's default, 15 s from when it began, neither less (a false loss)
+// nor for ever.
+func TestStatusHeldWithNoReadAnsweredTakesTheDefaultTTL(t *testing.T) {
+	l := statusLease("w-0", "me", 9)
+	renewed := time.Now()
+	l.Status.RenewTime, l.Status.ExpireTime = &metav1.MicroTime{Time: renewed}, &metav1.MicroTime{Time: renewed.Add(time.Second)}
+	c := &silentAPI{Reader: fakeClient(l)}
+	// RunExclusive's first look at the source and Watch's first token,
+	// each confirmed by a read, then nothing answers.
+	c.allow.Store(2)
+	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+	began := time.Now()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, _ Token) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("setup: the work never started: %v", err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("RunExclusive with no read answered: %v, want ErrLeaseLost", err)
+		}
+		if took := time.Since(began); took < 14*time.Second {
+			t.Fatalf("the grant counted as lost %s after the check began, before a Lease's default TTL of 15 s", took)
+		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the work went on 30 s after the apiserver fell silent, with a grant of 1 s")
+		t.Fatal("the work went on 30 s with no read answered")
+	}
+	if n := c.reads.Load(); n != 2 {
+		t.Fatalf("setup: %d reads answered, want only the token's two confirmations before the work", n)
 	}
 }
