@@ -237,6 +237,12 @@ func Hold(ctx context.Context, cli *clientv3.Client, prefix, namespace string, t
 		}
 		return nil, e
 	}
+	if kv.Lease != t.LeaseID {
+		// The lease ID came from an annotation anyone who may edit the pod
+		// can change: renewing it would keep some other grant alive, and
+		// let this one expire under work that believes it is held.
+		return nil, fmt.Errorf("fence: the grant of %s under token %d is on etcd lease %x, not on lease %x, which the token names: the token's lease ID was edited or copied; read the token again", key, t.Value, kv.Lease, t.LeaseID)
+	}
 	asked := time.Now()
 	ttlResp, err := cli.TimeToLive(ctx, clientv3.LeaseID(t.LeaseID))
 	if err != nil {

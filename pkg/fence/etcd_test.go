@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -264,6 +265,27 @@ func TestHoldCancelsWhenTheKeyIsRegranted(t *testing.T) {
 	}
 	if _, err := Hold(context.Background(), cli, prefix, "ns", Token{Lease: "job", Value: tok.Value}); err == nil {
 		t.Fatal("Hold accepted a token without a lease ID")
+	}
+}
+
+// A token whose lease ID is not the grant's (an annotation edited, or a
+// lease ID copied from another pod's) is refused: Hold would renew some
+// other grant's etcd lease, and let this one expire under its holder.
+func TestHoldRefusesALeaseIDThatIsNotTheGrants(t *testing.T) {
+	cli := connect(t, startEtcd(t))
+	tok := grant(t, cli, "job", 30)
+	other := grant(t, cli, "other", 30)
+	forged := tok
+	forged.LeaseID = other.LeaseID
+	if _, err := Hold(context.Background(), cli, prefix, "ns", forged); err == nil || !strings.Contains(err.Error(), "not on lease") {
+		t.Fatalf("Hold of a token naming another grant's etcd lease: %v, want a refusal", err)
+	}
+	held, err := Hold(context.Background(), cli, prefix, "ns", tok)
+	if err != nil {
+		t.Fatalf("Hold of the genuine token: %v", err)
+	}
+	if held.Err() != nil {
+		t.Fatal("the genuine token's hold ended at once")
 	}
 }
 
