@@ -115,6 +115,12 @@ func TestRecord(t *testing.T) {
 			stored("report", "", "42")), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
 		{"exempt identity keeps even a damaged record", as(request(admissionv1.Update, []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"}}}`), []byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":""}}}`)), "system:serviceaccount:kube-system:generic-garbage-collector"), 0, "",
 			[]jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/metadata/annotations", Value: map[string]string{"fencer.io/written-token": ""}}}},
+		{"exempt identity removing the lease label is judged: labels are no lifecycle field", as(request(admissionv1.Update, stored("", "", "42"), stored("report", "", "42")),
+			"system:serviceaccount:kube-system:generic-garbage-collector"), 409, "this write sends no fencing token for lease default/report", nil},
+		{"exempt identity adding a label is judged", as(request(admissionv1.Update,
+			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report","team":"a"},"annotations":{"fencer.io/written-token":"42"}}}`), stored("report", "", "42")),
+			"system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
+		{"an object written before fencer kept records: the token it carries is its record", request(admissionv1.Update, obj("report", "41"), obj("report", "42")), 409, "the object was last written under token 42", nil},
 		{"exempt identity changing a big integer is judged", as(request(admissionv1.Update,
 			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740993}}`),
 			[]byte(`{"metadata":{"name":"cm","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"}},"spec":{"n":9007199254740992}}`)), "system:kube-controller-manager"), 409, "this write sends no fencing token", nil},
@@ -276,6 +282,9 @@ func TestValidateTokenless(t *testing.T) {
 		{"delete of an unfenced object", request(admissionv1.Delete, nil, stored("", "", "42")), 0, ""},
 		{"status write", status, 403, "a UPDATE of the status subresource cannot carry a fencing token"},
 		{"status write by an exempt identity that removes the label", as(relabelStatus(), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "may not change the label fencer.io/lease"},
+		{"status write by an exempt identity that lowers the record", as(statusWrite(stored("report", "", "41"), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "or the annotations fencer.io/token and fencer.io/written-token"},
+		{"status write by an exempt identity that removes the record", as(statusWrite(stored("report", "", ""), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "or the annotations fencer.io/token and fencer.io/written-token"},
+		{"status write by an exempt identity that adds an offer", as(statusWrite(stored("report", "43", "42"), stored("report", "", "42")), "system:serviceaccount:kube-system:generic-garbage-collector"), 409, "or the annotations fencer.io/token and fencer.io/written-token"},
 		{"delete without the old object", request(admissionv1.Delete, nil, nil), 400, "DELETE without the old object"},
 		{"connect is not checked", request(admissionv1.Connect, nil, nil), 0, ""},
 	}
@@ -313,6 +322,13 @@ func TestDenialCauses(t *testing.T) {
 // finalizers given (a JSON list) and extra top-level JSON fields.
 func deleting(finalizers, extra string) []byte {
 	return []byte(`{"metadata":{"name":"cm","deletionTimestamp":"2026-01-01T00:00:00Z","labels":{"fencer.io/lease":"report"},"annotations":{"fencer.io/written-token":"42"},"finalizers":` + finalizers + `}` + extra + `}`)
+}
+
+// statusWrite is an UPDATE of the status subresource from old to object.
+func statusWrite(object, old []byte) admission.Request {
+	r := request(admissionv1.Update, object, old)
+	r.SubResource = "status"
+	return r
 }
 
 func relabelStatus() admission.Request {

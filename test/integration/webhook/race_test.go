@@ -14,10 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fencerv1 "github.com/fencer-io/fencer/api/v1alpha1"
 	"github.com/fencer-io/fencer/test/support/framework"
 )
 
@@ -145,5 +147,105 @@ func TestRaceAcrossFailover(t *testing.T) {
 	}
 	if !sawNew || accepted.Load() == 0 || refusedN.Load() == 0 {
 		t.Fatalf("the race did not exercise both tokens: accepted %d, refused %d, new token written %v", accepted.Load(), refusedN.Load(), sawNew)
+	}
+}
+
+// TestRaceTheRecordAloneDecides: the race of TestRaceAcrossFailover where
+// only the per-object record can refuse the older token. The Lease is
+// Monotonic and held by nobody, so both tokens pass the Lease's own rules,
+// and the writers send merge patches with no resourceVersion, so the
+// apiserver's optimistic lock refuses none of them: it retries its own
+// conflicts, running admission again against the object it now read.
+// The object's history must still never go back.
+func TestRaceTheRecordAloneDecides(t *testing.T) {
+	ns, holder, tok1 := setup(t, func(l *fencerv1.Lease) { l.Spec.Policy = fencerv1.PolicyMonotonic })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := fx.Client.Create(ctx, configMap(ns, "report", itoa(tok1))); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{}
+	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
+		t.Fatal(err)
+	}
+	fx.SetReady(t, pod, false)
+	_, tok2 := held(t, ns, holder)
+	suspend(t, ns) // nobody holds it: tok1 and tok2 both pass the Lease's rules
+
+	cs, err := kubernetes.NewForConfig(fx.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=out"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		history []int64
+		lastRV  string
+	)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ev := range w.ResultChan() {
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
+				n, _ := strconv.ParseInt(cm.Annotations[fencerv1.WrittenTokenAnnotation], 10, 64)
+				mu.Lock()
+				history, lastRV = append(history, n), cm.ResourceVersion
+				mu.Unlock()
+			}
+		}
+	}()
+	var accepted, refused [2]atomic.Int64 // by token: tok1, tok2
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			which, tok := i%2, tok1
+			if which == 1 {
+				tok = tok2
+			}
+			for n := range 15 {
+				body := fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}},"data":{"v":"%d-%d"}}`, fencerv1.TokenAnnotation, tok, i, n)
+				err := fx.Client.Patch(ctx, configMap(ns, "", ""), client.RawPatch(types.MergePatchType, []byte(body)))
+				switch {
+				case err == nil:
+					accepted[which].Add(1)
+				case apierrors.IsConflict(err): // fencer's refusal: the apiserver retries its own
+					refused[which].Add(1)
+				default:
+					t.Errorf("writer %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	final := &corev1.ConfigMap{}
+	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "out"}, final); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 30*time.Second, "the watch caught up", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if lastRV != final.ResourceVersion {
+			return fmt.Errorf("watch at %s, object at %s", lastRV, final.ResourceVersion)
+		}
+		return nil
+	})
+	w.Stop()
+	<-watched
+	t.Logf("tokens %d -> %d: accepted %d / %d, refused %d / %d; history of %d versions",
+		tok1, tok2, accepted[0].Load(), accepted[1].Load(), refused[0].Load(), refused[1].Load(), len(history))
+	for i := 1; i < len(history); i++ {
+		if history[i] < history[i-1] {
+			t.Fatalf("version %d was written with token %d after version %d with token %d", i, history[i], i-1, history[i-1])
+		}
+	}
+	if accepted[1].Load() == 0 || refused[0].Load() == 0 {
+		t.Fatalf("the race did not exercise the record: %d writes under the newer token accepted, %d under the older refused", accepted[1].Load(), refused[0].Load())
+	}
+	if refused[1].Load() != 0 {
+		t.Fatalf("%d writes under the newer token refused: nothing is newer", refused[1].Load())
 	}
 }
