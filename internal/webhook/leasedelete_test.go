@@ -67,6 +67,9 @@ func TestLeaseDeletionReleasesBeforeTheLeaseGoes(t *testing.T) {
 		{name: "another resource's DELETE releases nothing", mutate: func(r *admissionv1.AdmissionRequest) {
 			r.Resource = metav1.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
 		}, allowed: true},
+		{name: "another resource of fencer.io's group releases nothing", mutate: func(r *admissionv1.AdmissionRequest) {
+			r.Resource = metav1.GroupVersionResource{Group: "fencer.io", Version: "v1alpha1", Resource: "workloadleases"}
+		}, allowed: true},
 		{name: "an UPDATE releases nothing", mutate: func(r *admissionv1.AdmissionRequest) { r.Operation = admissionv1.Update }, allowed: true},
 		{name: "a subresource releases nothing", mutate: func(r *admissionv1.AdmissionRequest) { r.SubResource = "status" }, allowed: true},
 		{name: "no old object", mutate: func(r *admissionv1.AdmissionRequest) { r.OldObject.Raw = nil }, code: http.StatusBadRequest,
