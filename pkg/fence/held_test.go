@@ -384,21 +384,9 @@ func (u *silentAPI) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 // the status, and the loss must come well before the 15 s taken while no
 // read has answered.
 func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
-	l := statusLease("w-0", "me", 9)
-	l.Spec.TTLSeconds = 60
-	renewed := time.Now()
-	l.Status.RenewTime, l.Status.ExpireTime = &metav1.MicroTime{Time: renewed}, &metav1.MicroTime{Time: renewed.Add(time.Second)}
-	c := &silentAPI{Reader: fakeClient(l)}
+	c := &silentAPI{Reader: fakeClient(grantOfOneSecond(60))}
 	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, _ Token) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		})
-	}()
+	started, done := runUntilLost(src)
 	<-started
 	waitForARead(t, &c.reads)
 	c.off.Store(true)
@@ -412,22 +400,20 @@ func TestStatusHeldCountsAGrantUnconfirmedForItsTTLAsLost(t *testing.T) {
 	}
 }
 
-// A check whose reads never answer (the apiserver unreachable from just
-// after the token's own confirmation) has learnt no TTL: it takes a
-// Lease's default, 15 s from when it began, neither less (a false loss)
-// nor for ever.
-func TestStatusHeldWithNoReadAnsweredTakesTheDefaultTTL(t *testing.T) {
+// grantOfOneSecond is a Lease held by pod uid "me" under token 9, whose
+// status shows a grant of 1 s, and whose spec says ttlSeconds (0: unset).
+func grantOfOneSecond(ttlSeconds int32) *fencerv1alpha1.Lease {
 	l := statusLease("w-0", "me", 9)
+	l.Spec.TTLSeconds = ttlSeconds
 	renewed := time.Now()
 	l.Status.RenewTime, l.Status.ExpireTime = &metav1.MicroTime{Time: renewed}, &metav1.MicroTime{Time: renewed.Add(time.Second)}
-	c := &silentAPI{Reader: fakeClient(l)}
-	// RunExclusive's first look at the source and Watch's first token,
-	// each confirmed by a read, then nothing answers.
-	c.allow.Store(2)
-	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
-	began := time.Now()
-	started := make(chan struct{})
-	done := make(chan error, 1)
+	return l
+}
+
+// runUntilLost runs work under src until its context ends: started is
+// closed when the work begins, and done gets RunExclusive's error.
+func runUntilLost(src Source) (started chan struct{}, done chan error) {
+	started, done = make(chan struct{}), make(chan error, 1)
 	go func() {
 		done <- RunExclusive(context.Background(), src, "report", time.Hour, func(ctx context.Context, _ Token) error {
 			close(started)
@@ -435,6 +421,21 @@ func TestStatusHeldWithNoReadAnsweredTakesTheDefaultTTL(t *testing.T) {
 			return ctx.Err()
 		})
 	}()
+	return started, done
+}
+
+// A check whose reads never answer (the apiserver unreachable from just
+// after the token's own confirmation) has learnt no TTL: it takes a
+// Lease's default, 15 s from when it began, neither less (a false loss)
+// nor for ever.
+func TestStatusHeldWithNoReadAnsweredTakesTheDefaultTTL(t *testing.T) {
+	c := &silentAPI{Reader: fakeClient(grantOfOneSecond(0))}
+	// RunExclusive's first look at the source and Watch's first token,
+	// each confirmed by a read, then nothing answers.
+	c.allow.Store(2)
+	src := Verified{Source: staticSource{Token{Lease: "report", Value: 9}}, Check: StatusHeld{Client: c, Namespace: "ns", PodUID: "me", Interval: 10 * time.Millisecond}}
+	began := time.Now()
+	started, done := runUntilLost(src)
 	select {
 	case <-started:
 	case err := <-done:

@@ -168,12 +168,7 @@ func TestMonotonicLabelRemovalKeepsTheObjectCheck(t *testing.T) {
 	if err := fx.Client.Create(ctx, configMap(ns, "report", itoa(tok1))); err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
-		t.Fatal(err)
-	}
-	fx.SetReady(t, pod, false)
-	_, tok2 := held(t, ns, holder)
+	_, tok2 := failOver(t, ns, holder)
 	if err := write(fx.Client, ns, tok2, "newer"); err != nil {
 		t.Fatal(err)
 	}

@@ -34,37 +34,7 @@ func TestRaceAcrossFailover(t *testing.T) {
 	if err := fx.Client.Create(ctx, configMap(ns, "report", itoa(oldTok))); err != nil {
 		t.Fatal(err)
 	}
-	cs, err := kubernetes.NewForConfig(fx.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=out"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu      sync.Mutex
-		history []int64
-		lastRV  string
-	)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for ev := range w.ResultChan() {
-			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
-				n, _ := strconv.ParseInt(cm.Annotations["fencer.io/written-token"], 10, 64)
-				mu.Lock()
-				history, lastRV = append(history, n), cm.ResourceVersion
-				mu.Unlock()
-			}
-		}
-	}()
-	written := func(tok int64) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Contains(history, tok)
-	}
-
+	history := followWrittenTokens(t, ctx, ns)
 	var newTok atomic.Int64 // 0 until the failover is seen
 	var accepted, refusedN atomic.Int64
 	var wg sync.WaitGroup
@@ -104,49 +74,96 @@ func TestRaceAcrossFailover(t *testing.T) {
 		}
 		return nil
 	})
-	pod := &corev1.Pod{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
-		t.Fatal(err)
-	}
-	fx.SetReady(t, pod, false)
-	_, nt := held(t, ns, holder)
+	_, nt := failOver(t, ns, holder)
 	newTok.Store(nt)
 	before := refusedN.Load()
 	framework.Eventually(t, 30*time.Second, "both tokens in play after the failover", func() error {
-		if !written(nt) || refusedN.Load() < before+20 {
-			return fmt.Errorf("new token written %v, refusals since %d", written(nt), refusedN.Load()-before)
+		if !history.contains(nt) || refusedN.Load() < before+20 {
+			return fmt.Errorf("new token written %v, refusals since %d", history.contains(nt), refusedN.Load()-before)
 		}
 		return nil
 	})
 	close(stop)
 	wg.Wait()
-	// The history is complete once the watch has delivered the object's
-	// final version.
+	versions := history.complete(t, ctx, ns)
+	t.Logf("%d writes accepted, %d refused; history of %d versions; tokens %d -> %d", accepted.Load(), refusedN.Load(), len(versions), oldTok, nt)
+	neverBack(t, versions)
+	if !slices.Contains(versions, nt) || accepted.Load() == 0 || refusedN.Load() == 0 {
+		t.Fatalf("the race did not exercise both tokens: accepted %d, refused %d, new token written %v", accepted.Load(), refusedN.Load(), slices.Contains(versions, nt))
+	}
+}
+
+// writtenTokens follows the fenced ConfigMap "out" with a watch, and
+// keeps the token each version of it recorded, in resourceVersion order.
+type writtenTokens struct {
+	w      watch.Interface
+	done   chan struct{}
+	mu     sync.Mutex
+	tokens []int64
+	lastRV string
+}
+
+func followWrittenTokens(t *testing.T, ctx context.Context, ns string) *writtenTokens {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(fx.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=out"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &writtenTokens{w: w, done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		for ev := range w.ResultChan() {
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
+				n, _ := strconv.ParseInt(cm.Annotations[fencerv1.WrittenTokenAnnotation], 10, 64)
+				h.mu.Lock()
+				h.tokens, h.lastRV = append(h.tokens, n), cm.ResourceVersion
+				h.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(w.Stop)
+	return h
+}
+
+func (h *writtenTokens) contains(tok int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.tokens, tok)
+}
+
+// complete waits until the watch has delivered the object's current
+// version, stops it, and returns the whole history.
+func (h *writtenTokens) complete(t *testing.T, ctx context.Context, ns string) []int64 {
+	t.Helper()
 	final := &corev1.ConfigMap{}
 	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "out"}, final); err != nil {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, 30*time.Second, "the watch caught up", func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if lastRV != final.ResourceVersion {
-			return fmt.Errorf("watch at %s, object at %s", lastRV, final.ResourceVersion)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.lastRV != final.ResourceVersion {
+			return fmt.Errorf("watch at %s, object at %s", h.lastRV, final.ResourceVersion)
 		}
 		return nil
 	})
-	w.Stop()
-	<-watched
+	h.w.Stop()
+	<-h.done
+	return h.tokens
+}
 
-	t.Logf("%d writes accepted, %d refused; history of %d versions; tokens %d -> %d", accepted.Load(), refusedN.Load(), len(history), oldTok, nt)
-	sawNew := false
-	for i := 1; i < len(history); i++ {
-		if history[i] < history[i-1] {
-			t.Fatalf("version %d was written with token %d after version %d with token %d", i, history[i], i-1, history[i-1])
+// neverBack fails t if a version was written under a lower token than
+// the version before it.
+func neverBack(t *testing.T, tokens []int64) {
+	t.Helper()
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] < tokens[i-1] {
+			t.Fatalf("version %d was written with token %d after version %d with token %d", i, tokens[i], i-1, tokens[i-1])
 		}
-		sawNew = sawNew || history[i] == nt
-	}
-	if !sawNew || accepted.Load() == 0 || refusedN.Load() == 0 {
-		t.Fatalf("the race did not exercise both tokens: accepted %d, refused %d, new token written %v", accepted.Load(), refusedN.Load(), sawNew)
 	}
 }
 
@@ -164,39 +181,9 @@ func TestRaceTheRecordAloneDecides(t *testing.T) {
 	if err := fx.Client.Create(ctx, configMap(ns, "report", itoa(tok1))); err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
-		t.Fatal(err)
-	}
-	fx.SetReady(t, pod, false)
-	_, tok2 := held(t, ns, holder)
+	_, tok2 := failOver(t, ns, holder)
 	suspend(t, ns) // nobody holds it: tok1 and tok2 both pass the Lease's rules
-
-	cs, err := kubernetes.NewForConfig(fx.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := cs.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=out"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu      sync.Mutex
-		history []int64
-		lastRV  string
-	)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for ev := range w.ResultChan() {
-			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
-				n, _ := strconv.ParseInt(cm.Annotations[fencerv1.WrittenTokenAnnotation], 10, 64)
-				mu.Lock()
-				history, lastRV = append(history, n), cm.ResourceVersion
-				mu.Unlock()
-			}
-		}
-	}()
+	history := followWrittenTokens(t, ctx, ns)
 	var accepted, refused [2]atomic.Int64 // by token: tok1, tok2
 	var wg sync.WaitGroup
 	for i := range 6 {
@@ -221,27 +208,10 @@ func TestRaceTheRecordAloneDecides(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	final := &corev1.ConfigMap{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "out"}, final); err != nil {
-		t.Fatal(err)
-	}
-	framework.Eventually(t, 30*time.Second, "the watch caught up", func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if lastRV != final.ResourceVersion {
-			return fmt.Errorf("watch at %s, object at %s", lastRV, final.ResourceVersion)
-		}
-		return nil
-	})
-	w.Stop()
-	<-watched
+	versions := history.complete(t, ctx, ns)
 	t.Logf("tokens %d -> %d: accepted %d / %d, refused %d / %d; history of %d versions",
-		tok1, tok2, accepted[0].Load(), accepted[1].Load(), refused[0].Load(), refused[1].Load(), len(history))
-	for i := 1; i < len(history); i++ {
-		if history[i] < history[i-1] {
-			t.Fatalf("version %d was written with token %d after version %d with token %d", i, history[i], i-1, history[i-1])
-		}
-	}
+		tok1, tok2, accepted[0].Load(), accepted[1].Load(), refused[0].Load(), refused[1].Load(), len(versions))
+	neverBack(t, versions)
 	if accepted[1].Load() == 0 || refused[0].Load() == 0 {
 		t.Fatalf("the race did not exercise the record: %d writes under the newer token accepted, %d under the older refused", accepted[1].Load(), refused[0].Load())
 	}

@@ -14,7 +14,6 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -91,12 +90,7 @@ func TestBlackholedLeaseWatch(t *testing.T) {
 	}
 
 	proxy.Set(faultproxy.Blackhole)
-	pod := &corev1.Pod{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
-		t.Fatal(err)
-	}
-	fx.SetReady(t, pod, false)
-	next, tok2 := held(t, ns, holder)
+	next, tok2 := failOver(t, ns, holder)
 	if err := viewShows(ctx, view, ns, "report", tok); err != nil {
 		t.Fatalf("the view saw the handover, so the watch was not cut: %v", err)
 	}

@@ -90,6 +90,18 @@ func held(t *testing.T, ns, not string) (string, int64) {
 	return l.Status.Holder, l.Status.Token
 }
 
+// failOver marks the holder pod unready and waits for the Lease's next
+// grant, to another pod: its holder and token.
+func failOver(t *testing.T, ns, holder string) (string, int64) {
+	t.Helper()
+	pod := &corev1.Pod{}
+	if err := fx.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
+		t.Fatal(err)
+	}
+	fx.SetReady(t, pod, false)
+	return held(t, ns, holder)
+}
+
 func configMap(ns, lease, tok string) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: ns, Labels: map[string]string{}, Annotations: map[string]string{}}}
 	if lease != "" {
@@ -154,12 +166,7 @@ func TestLiveTokenPassesStaleIsRefusedAfterFailover(t *testing.T) {
 		t.Fatalf("update with the live token: %v", err)
 	}
 
-	pod := &corev1.Pod{}
-	if err := fx.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder}, pod); err != nil {
-		t.Fatal(err)
-	}
-	fx.SetReady(t, pod, false)
-	next, tok2 := held(t, ns, holder)
+	next, tok2 := failOver(t, ns, holder)
 	if tok2 <= tok {
 		t.Fatalf("token did not grow: %d -> %d", tok, tok2)
 	}
