@@ -38,20 +38,25 @@ func (r *LeaseReconciler) keepOrEnd(ctx context.Context, lease *fencerv1.Lease, 
 	if (action == endSuspended || action == endHolderLost) && r.cacheBehind(ctx, lease, out) {
 		// Until the cache says, the grant is kept as the last leader
 		// left it: renewed, if the controller renews it.
-		if lease.Spec.Renewal == fencerv1.RenewalPodReady && !r.Renewer.Renewing(key, g.LeaseID) {
-			r.Renewer.Ensure(key, g.LeaseID, now)
-		}
+		r.keepRenewing(lease, key, g, now)
 		return false, nil
 	}
 	switch action {
 	case endSuspended:
 		return true, r.release(ctx, lease, g, fencerv1.TenureSuspended, now, out)
 	case endHolderLost:
-		why, lagging, err := r.whyLost(ctx, lease, g)
+		why, live, err := r.whyLost(ctx, lease, g)
 		if err != nil {
 			return false, err
 		}
-		if lagging {
+		if live != nil {
+			// The pod cache is behind the holder (its labels, say): the
+			// apiserver shows it there and selected. Kept, and renewed while
+			// it qualifies, so that a new leader whose cache lags does not
+			// let an adopted grant lapse.
+			if holder.Qualifies(live) {
+				r.keepRenewing(lease, key, g, now)
+			}
 			missed = showLive(lease, g, known, "")
 			out.result.RequeueAfter = 100 * time.Millisecond // the cache will catch up
 			return false, nil
@@ -165,23 +170,33 @@ func (r *LeaseReconciler) tenureEnd(ctx context.Context, key string, g *etcdstor
 //
 // The pod is read from the apiserver, not the cache: a cache behind it
 // (a new leader's, just after a relist) must not end a tenure whose
-// holder is still there and selected; then lagging is true.
-func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (why fencerv1.TenureEndReason, lagging bool, err error) {
+// holder is still there and selected; then it returns that pod, as the
+// apiserver has it.
+func (r *LeaseReconciler) whyLost(ctx context.Context, lease *fencerv1.Lease, g *etcdstore.Grant) (why fencerv1.TenureEndReason, live *corev1.Pod, err error) {
 	pod := &corev1.Pod{}
 	err = r.uncached().Get(ctx, client.ObjectKey{Namespace: lease.Namespace, Name: g.Holder}, pod)
 	switch {
 	case apierrors.IsNotFound(err):
-		return fencerv1.TenureHolderGone, false, nil
+		return fencerv1.TenureHolderGone, nil, nil
 	case err != nil:
-		return "", false, err
+		return "", nil, err
 	case string(pod.UID) != g.HolderUID, holder.Finished(pod):
-		return fencerv1.TenureHolderGone, false, nil
+		return fencerv1.TenureHolderGone, nil, nil
 	}
 	sel, err := metav1.LabelSelectorAsSelector(&lease.Spec.HolderSelector)
 	if err == nil && sel.Matches(labels.Set(pod.Labels)) {
-		return "", true, nil
+		return "", pod, nil
 	}
-	return fencerv1.TenureHolderNotSelected, false, nil
+	return fencerv1.TenureHolderNotSelected, nil, nil
+}
+
+// keepRenewing makes sure a PodReady grant kept on the apiserver's word,
+// while the cache is behind, is renewed: adopted by a new leader, it would
+// otherwise lapse if the cache stayed behind for a TTL.
+func (r *LeaseReconciler) keepRenewing(lease *fencerv1.Lease, key string, g *etcdstore.Grant, now time.Time) {
+	if lease.Spec.Renewal == fencerv1.RenewalPodReady && !r.Renewer.Renewing(key, g.LeaseID) {
+		r.Renewer.Ensure(key, g.LeaseID, now)
+	}
 }
 
 // uncached reads from the apiserver itself, where the cache may be behind

@@ -140,6 +140,58 @@ func TestANewLeaderEndsNoTenureOnASuspensionItsCacheIsBehindOn(t *testing.T) {
 	}
 }
 
+// The leader before granted to a pod just relabelled into the selector;
+// the new leader's pod cache still shows its old labels. The apiserver
+// shows the holder there and selected, so the grant is kept, and, adopted
+// here, renewed: it must not lapse while the cache catches up.
+func TestANewLeaderRenewsAGrantItsPodCacheIsBehindOn(t *testing.T) {
+	_, store, elector := storeWithTerm(t)
+	ctx := context.Background()
+	lease := &fencerv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "n", UID: "lease-uid", Generation: 2},
+		Spec: fencerv1.LeaseSpec{TTLSeconds: 30, Renewal: fencerv1.RenewalPodReady, HolderSelector: runSelector("j1")}}
+	p1 := readyPod("n-1-x", "uid-p1", "j1")
+	g, err := store.GrantLease(ctx, "ns", "n", "lease-uid", p1.Name, string(p1.UID), 30*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := readyPod("n-1-x", "uid-p1", "j0") // before the relabel
+	cache := fake.NewClientBuilder().WithScheme(apiScheme(t)).WithStatusSubresource(&fencerv1.Lease{}).
+		WithIndex(&corev1.Pod{}, indexPodLease, podLeaseValues).WithIndex(&corev1.Pod{}, indexPodLabel, podLabelValues).
+		WithObjects(lease.DeepCopy(), cached).Build()
+	r := NewLeaseReconciler(cache, store, elector, nil, clock.RealClock{})
+	r.APIReader = fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(lease.DeepCopy(), p1).Build()
+	var current fencerv1.Lease
+	if err := cache.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "n"}, &current); err != nil {
+		t.Fatal(err)
+	}
+	out, err := r.reconcileGrant(ctx, &current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, err := store.GetGrant(ctx, "ns", "n"); err != nil || now == nil || now.Token != g.Token {
+		t.Fatalf("etcd holds %+v (%v) after a pass over a pod cache behind the holder; want the grant, token %d, kept", now, err, g.Token)
+	}
+	if !r.Renewer.Renewing(etcdkeys.LeaseKey(store.Prefix(), "ns", "n"), g.LeaseID) {
+		t.Error("the grant kept while the pod cache is behind is not renewed: it would lapse if the cache stayed behind a TTL")
+	}
+	if out.result.RequeueAfter == 0 {
+		t.Error("the pass does not look again once the cache may have caught up")
+	}
+
+	// A holder the apiserver shows not Ready is kept until the cache says,
+	// but not renewed: it no longer qualifies.
+	unready := p1.DeepCopy()
+	unready.Status.Conditions[0].Status = corev1.ConditionFalse
+	r = NewLeaseReconciler(cache, store, elector, nil, clock.RealClock{})
+	r.APIReader = fake.NewClientBuilder().WithScheme(apiScheme(t)).WithObjects(lease.DeepCopy(), unready).Build()
+	if _, err := r.reconcileGrant(ctx, &current); err != nil {
+		t.Fatal(err)
+	}
+	if r.Renewer.Renewing(etcdkeys.LeaseKey(store.Prefix(), "ns", "n"), g.LeaseID) {
+		t.Error("a holder the apiserver shows not Ready is renewed")
+	}
+}
+
 // A Lease that grants and releases nothing (no candidate here) makes no
 // read of the API whatever its cache shows: after a takeover, idle Leases
 // must not queue the grants to adopt behind reads of their own.
