@@ -53,7 +53,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	// The smallest ttlSeconds docs/operations.md promises survives a crash.
 	const ttl = 10
 	f := newFailover(t, "crash", ttl)
-	endpoint, cl, etcdCli, elected := f.endpoint, f.cl, f.etcdCli, f.elected
+	endpoint, cl, elected := f.endpoint, f.cl, f.elected
 	ctx := context.Background()
 	lease := f.lease
 
@@ -62,8 +62,7 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 	first := next(t, elected, "replica a never won the etcd election")
 	b := startFencer(t, "b", "--etcd-endpoints="+endpoint, "--leader-election-namespace=default")
 	waitStatus(t, b.probeURL+"/readyz", http.StatusOK) // b's caches synced, as a standby's would be
-	key := etcdkeys.LeaseKey(etcdkeys.DefaultPrefix, "default", "crash")
-	watch := etcdCli.Watch(clientv3.WithRequireLeader(ctx), key)
+	grant := f.followGrant(t, "crash")
 	killed := time.Now()
 	if err := a.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -73,33 +72,53 @@ func TestControllerCrashKeepsToken(t *testing.T) {
 		t.Fatalf("the same identity %s led again", won.identity)
 	}
 	t.Logf("takeover: standby won the etcd election %s after the leader was killed", won.at.Sub(killed).Round(time.Millisecond))
-
-	// For a full TTL after the crash, and 2 s more, the key must never be
-	// deleted or re-granted: it survives only if b renews it.
-	until := time.After(time.Until(killed.Add((ttl + 2) * time.Second)))
-	for done := false; !done; {
-		select {
-		case wr := <-watch:
-			for _, ev := range wr.Events {
-				t.Fatalf("the grant changed after the crash: %s at revision %d", ev.Type, ev.Kv.ModRevision)
-			}
-		case <-until:
-			done = true
-		}
-	}
-	resp, err := etcdCli.Get(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != token {
-		t.Fatalf("after the crash the key is %v, want CreateRevision %d kept", resp.Kvs, token)
-	}
+	grant.keptUntil(t, killed.Add((ttl+2)*time.Second), token)
 	l := &fencerv1.Lease{}
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(lease), l); err != nil {
 		t.Fatal(err)
 	}
 	if l.Status.Token != token || l.Status.Transitions != 0 {
 		t.Fatalf("status token %d transitions %d, want %d and 0", l.Status.Token, l.Status.Transitions, token)
+	}
+}
+
+// grantFollower watches a Lease's key in etcd from before a failover.
+type grantFollower struct {
+	cli   *clientv3.Client
+	key   string
+	watch clientv3.WatchChan
+}
+
+func (f failover) followGrant(t *testing.T, name string) grantFollower {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	key := etcdkeys.LeaseKey(etcdkeys.DefaultPrefix, "default", name)
+	return grantFollower{cli: f.etcdCli, key: key, watch: f.etcdCli.Watch(clientv3.WithRequireLeader(ctx), key)}
+}
+
+// keptUntil fails t if the grant's key is deleted or written before until
+// (a full TTL after the failover began, and 2 s more: it survives only if
+// the new leader renews it), or does not still hold token then.
+func (g grantFollower) keptUntil(t *testing.T, until time.Time, token int64) {
+	t.Helper()
+	deadline := time.After(time.Until(until))
+	for waiting := true; waiting; {
+		select {
+		case wr := <-g.watch:
+			for _, ev := range wr.Events {
+				t.Fatalf("the grant changed after the failover: %s at revision %d", ev.Type, ev.Kv.ModRevision)
+			}
+		case <-deadline:
+			waiting = false
+		}
+	}
+	resp, err := g.cli.Get(context.Background(), g.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != token {
+		t.Fatalf("after the failover the key is %v, want CreateRevision %d kept", resp.Kvs, token)
 	}
 }
 
