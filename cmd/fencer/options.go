@@ -159,6 +159,56 @@ func (a *etcdAccess) validate() error {
 	return nil
 }
 
+// maxVerbosity is the highest numeric --zap-log-level: zap keeps a level
+// in an int8, and controller-runtime sets verbosity n as level -n, so 129
+// and above wrap around to levels past Error, and the manager would log
+// nothing at all.
+const maxVerbosity = 128
+
+// boundedLevel is controller-runtime's --zap-log-level, refusing a number
+// above maxVerbosity.
+type boundedLevel struct{ flag.Value }
+
+func (b boundedLevel) Set(v string) error {
+	if n, err := strconv.Atoi(v); err == nil && n > maxVerbosity {
+		return fmt.Errorf("verbosity %d is above %d, the most zap keeps (a larger number wraps around to a level that drops even errors): give 1 to %d, or debug, info, error or panic", n, maxVerbosity, maxVerbosity)
+	}
+	return b.Value.Set(v)
+}
+
+// objectNames refuses a flag naming one Kubernetes object (a Secret, a
+// ConfigMap, a Lease, a namespace) with a name no such object can have:
+// accepted, it would fail only at run time, on every write to it, or
+// quietly switch a check off (the revision ConfigMap's).
+func (o *options) objectNames() error {
+	a := &o.etcdAccess
+	for _, n := range []struct {
+		flag, value string
+		check       func(string) []string
+	}{
+		{"etcd-pki-secret", a.pkiSecret, validation.IsDNS1123Subdomain},
+		{"etcd-server-secret", a.serverSecret, validation.IsDNS1123Subdomain},
+		{"etcd-backup-secret", a.backupSecret, validation.IsDNS1123Subdomain},
+		{"etcd-viewer-secret", a.viewerSecret, validation.IsDNS1123Subdomain},
+		{"etcd-credentials-secret", a.credentialsSecret, validation.IsDNS1123Subdomain},
+		{"etcd-revision-configmap", a.revisionConfigMap, validation.IsDNS1123Subdomain},
+		{"leader-election-id", o.leaderElectionIDStr, validation.IsDNS1123Subdomain},
+		{"leader-election-namespace", o.leaderElectionNS, validation.IsDNS1123Label},
+		{"webhook-namespace", o.webhookNamespace, validation.IsDNS1123Label},
+		{"webhook-secret", o.webhookSecret, validation.IsDNS1123Subdomain},
+		{"webhook-config-name", o.webhookConfigName, validation.IsDNS1123Subdomain},
+		{"webhook-service", o.webhookService, validation.IsDNS1035Label},
+	} {
+		if n.value == "" {
+			continue // unset, or turned off; the checks above say when it is needed
+		}
+		if errs := n.check(n.value); len(errs) > 0 {
+			return fmt.Errorf("--%s: %q cannot name the object: %s", n.flag, n.value, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
 // namespaceList refuses a comma-separated list of flag that names
 // something no namespace can be called.
 func namespaceList(flag, list string) error {
@@ -222,6 +272,9 @@ func (o *options) validate() error {
 		return errors.New("--lease-delete-webhook needs the webhook server; --webhook-port is 0")
 	}
 	if err := o.loadClientAuth(); err != nil {
+		return err
+	}
+	if err := o.objectNames(); err != nil {
 		return err
 	}
 	for flag, list := range map[string]string{"namespaces": o.namespaces, "lease-finalizer-namespaces": o.finalizerNamespaces} {
@@ -371,6 +424,9 @@ func (o *options) flagSet() *flag.FlagSet {
 	// Millisecond timestamps: failovers are measured in them.
 	o.zap.TimeEncoder = zapcore.RFC3339NanoTimeEncoder
 	o.zap.BindFlags(fs)
+	if f := fs.Lookup("zap-log-level"); f != nil {
+		f.Value = boundedLevel{f.Value}
+	}
 	if f := fs.Lookup("zap-time-encoding"); f != nil { // zap's help names its own default
 		f.Usage = strings.Replace(f.Usage, "Defaults to 'epoch'.", "Defaults to 'rfc3339nano' (fencer's).", 1)
 	}

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"io"
 	"os"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
 // The manager's options: defaults, every validation message, and the docs
@@ -47,6 +50,18 @@ func TestParseFlagsRefusals(t *testing.T) {
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-workload-endpoints=https://"}, `--etcd-workload-endpoints (the URLs the workloads' etcd clients dial): "https://" has no host`},
 		{[]string{"--etcd-endpoints=http://"}, `--etcd-endpoints: "http://" has no host`},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-probe-timeout=0s"}, "--etcd-probe-timeout must be positive"},
+		{[]string{"--etcd-endpoints=http://e:1", "--zap-log-level=129"}, "verbosity 129 is above 128"},
+		{[]string{"--etcd-endpoints=http://e:1", "--zap-log-level=200"}, `invalid value "200" for flag -zap-log-level`},
+		{[]string{"--etcd-endpoints=http://e:1", "--zap-log-level=99999999999999999999"}, `invalid value "99999999999999999999" for flag -zap-log-level`},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-revision-configmap=Fencer_Revision"}, `--etcd-revision-configmap: "Fencer_Revision" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--etcd-credentials-secret=Fencer_Etcd"}, `--etcd-credentials-secret: "Fencer_Etcd" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--leader-election-id=Fencer_Leader"}, `--leader-election-id: "Fencer_Leader" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--leader-election-namespace=Fencer_NS"}, `--leader-election-namespace: "Fencer_NS" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-namespace=fencer.system"}, `--webhook-namespace: "fencer.system" cannot name the object`},
+		{[]string{"--etcd-endpoints=https://e:1", "--webhook-namespace=fencer-system", "--etcd-pki-secret=Fencer_CA"}, `--etcd-pki-secret: "Fencer_CA" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-secret=cert/x"}, `--webhook-secret: "cert/x" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-service=fencer.webhook"}, `--webhook-service: "fencer.webhook" cannot name the object`},
+		{[]string{"--etcd-endpoints=http://e:1", "--webhook-config-name=Fencer"}, `--webhook-config-name: "Fencer" cannot name the object`},
 		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-server-secret=s"}, "--etcd-server-secret needs --etcd-pki-secret"},
 		{[]string{"--etcd-endpoints=http://e:1", "--etcd-backup-secret=s"}, "--etcd-backup-secret needs --etcd-pki-secret"},
@@ -114,4 +129,22 @@ func TestOperationsDocListsEveryFlag(t *testing.T) {
 			t.Errorf("docs/operations.md does not document --%s", f.Name)
 		}
 	})
+}
+
+// The log levels a user may give are still taken: a name, or a verbosity
+// up to 128, and a logger at 128 still logs errors.
+func TestLogLevelsUpTo128AreTaken(t *testing.T) {
+	for _, level := range []string{"debug", "info", "error", "1", "5", "128"} {
+		o, err := parseFlagsQuiet([]string{"--etcd-endpoints=http://e:1", "--zap-log-level=" + level})
+		if err != nil {
+			t.Errorf("--zap-log-level=%s: %v", level, err)
+			continue
+		}
+		var out bytes.Buffer
+		o.zap.DestWriter = &out
+		zap.New(zap.UseFlagOptions(&o.zap)).Error(errors.New("etcd unreachable"), "a reconcile failed")
+		if !strings.Contains(out.String(), "etcd unreachable") {
+			t.Errorf("--zap-log-level=%s: an error logged nothing (%q)", level, out.String())
+		}
+	}
 }

@@ -157,6 +157,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"webhook.timeoutSeconds=60", "timeoutSeconds"},
 		{"kubeAPI.qps=0", "qps"},
 		{"leaseWorkers=0", "leaseWorkers"},
+		// Verbosities past what zap keeps: 129 and up would log nothing.
+		{"logLevel=129", "logLevel"},
+		{"logLevel=200", "logLevel"},
+		{"logLevel=99999999999999999999", "logLevel"},
+		// Secret names no Secret can have: the manager would fail at start.
+		{"etcd.pkiSecret=Bad_CA", "pkiSecret"},
+		{"etcd.tlsSecret=etcd/client", "tlsSecret"},
 		// fencer's own objects must never be fenced.
 		{`commonLabels.fencer\.io/lease=x`, "commonLabels sets the label fencer.io/lease"},
 		{`podLabels.fencer\.io/lease=x`, "podLabels sets the label fencer.io/lease"},
@@ -265,6 +272,8 @@ func TestValuesChecksPassTheirBounds(t *testing.T) {
 	render(t, "--set", "logLevel=debug")
 	render(t, "--set", "logLevel=Info") // the manager reads it in any case
 	render(t, "--set", "logLevel=3")
+	render(t, "--set", "logLevel=128")
+	render(t, "--set", "logLevel=99")
 	render(t, "--set", "leaderElection.leaseDuration=3001ms", "--set", "leaderElection.retryPeriod=2499ms")
 	render(t, "--set", "leaderElection.leaseDuration=1m30s", "--set", "leaderElection.renewDeadline=1m29.5s", "--set", "leaderElection.retryPeriod=1m")
 	render(t, "--set", "webhook.port=8444")
