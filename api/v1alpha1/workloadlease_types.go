@@ -24,6 +24,7 @@ const (
 )
 
 // WorkloadRef names a workload in the WorkloadLease's namespace.
+// +kubebuilder:validation:XValidation:rule="self.kind != 'CronJob' || size(self.name) <= 52",message="a CronJob's name is at most 52 characters (the apiserver refuses a longer one), so no CronJob can have this name"
 type WorkloadRef struct {
 	// kind is StatefulSet, Job (an Indexed Job) or CronJob.
 	// +required
@@ -31,6 +32,7 @@ type WorkloadRef struct {
 	// name is the workload's name.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="must be a workload's name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
 	// +required
 	Name string `json:"name"`
 }

@@ -227,6 +227,19 @@ func TestWorkloadLeaseRules(t *testing.T) {
 	if ok.Spec.TTLSeconds != 15 || ok.Spec.Renewal != fencerv1.RenewalPodReady || ok.Spec.Policy != fencerv1.PolicyCurrent || ok.Spec.TokenDelivery != fencerv1.DeliveryPodAnnotations {
 		t.Fatalf("defaults not applied: %+v", ok.Spec)
 	}
+	// Names a workload can have: dotted, and a CronJob's longest, and a
+	// StatefulSet's longer than a CronJob may be.
+	for i, ref := range []fencerv1.WorkloadRef{
+		{Kind: fencerv1.WorkloadStatefulSet, Name: "web.v2"},
+		{Kind: fencerv1.WorkloadCronJob, Name: strings.Repeat("c", 52)},
+		{Kind: fencerv1.WorkloadStatefulSet, Name: strings.Repeat("s", 60)},
+	} {
+		w := wl(fmt.Sprintf("named-%d", i))
+		w.Spec.Workload = ref
+		if err := cl.Create(ctx, w); err != nil {
+			t.Errorf("a WorkloadLease of %s %q: %v", ref.Kind, ref.Name, err)
+		}
+	}
 	cases := []struct {
 		name   string
 		mutate func(*fencerv1.WorkloadLease)
@@ -236,6 +249,13 @@ func TestWorkloadLeaseRules(t *testing.T) {
 		{"unknown kind", func(w *fencerv1.WorkloadLease) { w.Spec.Workload.Kind = "Deployment" }, `spec.workload.kind: Unsupported value: "Deployment"`},
 		{"no workload name", func(w *fencerv1.WorkloadLease) { w.Spec.Workload.Name = "" }, "spec.workload.name in body should be at least 1 chars long"},
 		{"ttl too long", func(w *fencerv1.WorkloadLease) { w.Spec.TTLSeconds = 3601 }, "spec.ttlSeconds in body should be less than or equal to 3600"},
+		{"a workload name with an underscore", func(w *fencerv1.WorkloadLease) { w.Spec.Workload.Name = "Web_Server" }, `spec.workload.name: Invalid value: "Web_Server": must be a workload's name`},
+		{"a workload name with a slash", func(w *fencerv1.WorkloadLease) {
+			w.Spec.Workload = fencerv1.WorkloadRef{Kind: fencerv1.WorkloadJob, Name: "a/b"}
+		}, "must be a workload's name"},
+		{"a CronJob name of 53 characters", func(w *fencerv1.WorkloadLease) {
+			w.Spec.Workload = fencerv1.WorkloadRef{Kind: fencerv1.WorkloadCronJob, Name: strings.Repeat("c", 53)}
+		}, "a CronJob's name is at most 52 characters"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
