@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fencer-io/fencer/internal/etcdlease"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
 
@@ -56,7 +57,7 @@ func (s *Store) ReleaseDeleted(ctx context.Context, namespace, name, uid string,
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	key := etcdkeys.LeaseKey(s.prefix, namespace, name)
-	life, err := s.cli.Grant(ctx, int64(DeletionRecordTTL/time.Second))
+	life, err := etcdlease.Grant(ctx, s.cli, int64(DeletionRecordTTL/time.Second))
 	if err != nil {
 		return nil, err
 	}

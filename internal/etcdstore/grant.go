@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fencer-io/fencer/internal/etcdlease"
 	"github.com/fencer-io/fencer/internal/etcdreply"
 	"github.com/fencer-io/fencer/pkg/etcdkeys"
 )
@@ -261,13 +262,14 @@ func (s *Store) whyNotGranted(ctx context.Context, key, deletedKey, floorKey str
 }
 
 // createLeased is the write behind every grant and slot: it takes a new etcd
-// lease of ttl and, in one transaction fenced by term, creates key with the
+// lease of ttl, under an ID no other identity can find before the key is on
+// it (etcdlease), and, in one transaction fenced by term, creates key with the
 // value made for that lease, only if key is absent (ok false: it exists)
 // and every comparison in cmps holds.
 // The etcd lease is revoked unless the key was created, so a failed attempt
 // leaves nothing behind.
 func (s *Store) createLeased(ctx context.Context, term Term, key string, ttl time.Duration, value func(*clientv3.LeaseGrantResponse) (string, error), cmps []clientv3.Cmp, also ...clientv3.Op) (*clientv3.TxnResponse, bool, clientv3.LeaseID, error) {
-	lease, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	lease, err := etcdlease.Grant(ctx, s.cli, int64(ttl/time.Second))
 	if err != nil {
 		return nil, false, 0, err
 	}

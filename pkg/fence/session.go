@@ -3,13 +3,12 @@ package fence
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
+
+	"github.com/fencer-io/fencer/internal/etcdlease"
 )
 
 // A Locker's session lease is closed to every other namespace. etcd lets a
@@ -34,68 +33,29 @@ type sessionMarker struct {
 	PodUID string `json:"podUID,omitempty"`
 }
 
-// sessionGrantTries bounds the draws when etcd already has a lease of the
-// ID drawn (about one chance in 2^63 each, or a retried grant that did
-// apply), and the grants whose marker etcd refused.
+// sessionGrantTries bounds the grants whose marker etcd refused.
 const sessionGrantTries = 3
 
 // errNoConnection: the client has neither a gRPC connection nor a lease
 // API, as a zero clientv3.Client.
 var errNoConnection = errors.New("fence: the etcd client is not connected; make it with clientv3.New (LoadEtcdAccess gives its configuration)")
 
-// grantSession grants an etcd lease of ttl seconds under a random ID. It
-// waits for a connection and retries an etcd that is unavailable (no
-// leader) as clientv3's own Grant does, until ctx ends.
+// grantSession grants an etcd lease of ttl seconds under a random ID
+// (etcdlease.Grant). A client without a gRPC connection of its own
+// (clientv3.NewCtxClient, as an embedded etcd's in-process client is)
+// cannot ask for an ID, so etcd picks one: the marker key still closes the
+// session once it is on; until then the ID can be guessed.
+// docs/guarantees.md says so.
 func grantSession(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.LeaseGrantResponse, error) {
-	conn := cli.ActiveConnection()
-	if conn == nil {
-		return grantSequential(ctx, cli, ttl)
-	}
-	// RetryLeaseClient retries a grant etcd answered Unavailable through
-	// the retry interceptor clientv3.New put on conn. A retry of a grant
-	// that did apply is refused as ErrLeaseExist and draws again; the
-	// first lease, with no key on it, expires with its TTL.
-	leases := clientv3.RetryLeaseClient(cli)
-	var err error
-	for range sessionGrantTries {
-		var resp *pb.LeaseGrantResponse
-		resp, err = leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl, ID: randomLeaseID()}, grpc.WaitForReady(true))
-		if err = rpctypes.Error(err); err == nil {
-			if resp.Error != "" {
-				return nil, fmt.Errorf("etcd refused the session lease: %s", resp.Error)
-			}
-			return resp, nil
-		}
-		if !errors.Is(err, rpctypes.ErrLeaseExist) {
-			return nil, err
-		}
-	}
-	return nil, err
-}
-
-// grantSequential is the grant of a client without a gRPC connection of
-// its own (clientv3.NewCtxClient, as an embedded etcd's in-process client
-// is): its Lease API cannot ask for an ID, so etcd picks one. The marker
-// key still closes the session once it is on; until then the ID can be
-// guessed. docs/guarantees.md says so.
-func grantSequential(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.LeaseGrantResponse, error) {
-	if cli.Lease == nil || cli.KV == nil || cli.Watcher == nil {
+	if cli.ActiveConnection() == nil && (cli.Lease == nil || cli.KV == nil || cli.Watcher == nil) {
 		return nil, errNoConnection
 	}
-	resp, err := cli.Grant(ctx, ttl)
+	resp, err := etcdlease.Grant(ctx, cli, ttl)
 	if err != nil {
 		return nil, err
 	}
-	if resp.Error != "" {
-		return nil, fmt.Errorf("etcd refused the session lease: %s", resp.Error)
-	}
 	return &pb.LeaseGrantResponse{Header: resp.ResponseHeader, ID: int64(resp.ID), TTL: resp.TTL}, nil
 }
-
-// randomLeaseID is a lease ID above zero (zero asks etcd to pick one).
-// math/rand/v2's global source is ChaCha8, seeded by the runtime from the
-// operating system: no other process can predict it.
-func randomLeaseID() int64 { return rand.Int64N(1<<63-1) + 1 }
 
 // sessionUnusable says whether etcd refused a put attached to a session
 // lease for good: the lease is gone (revoked, or expired before its
