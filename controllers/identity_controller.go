@@ -78,7 +78,7 @@ type IdentityReconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;update;delete,resourceNames=fencer-etcd-client
 
 // The namespace's UID is part of its etcd user's name (identity.NamespaceUser).
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
 // Reconcile brings one namespace's etcd identity in line; the request's
 // Namespace names it.
@@ -232,8 +232,29 @@ func (r *IdentityReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("identity").
 		Watches(&fencerv1.Lease{}, toNamespace, builder.WithPredicates(specOrDeletion)).
 		Watches(&fencerv1.IDRange{}, toNamespace, builder.WithPredicates(specOrDeletion)).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.alwaysNamespace), builder.OnlyMetadata, builder.WithPredicates(createdOrDeleted)).
 		WatchesRawSource(r.wake.source()).
 		Complete(r)
+}
+
+// alwaysNamespace wakes a namespace named by --identity-namespaces when the
+// namespace object is created or deleted. It has no Lease or IDRange whose
+// change would wake it: without this, one deleted and created again
+// between two sweeps kept its predecessor's etcd user, and the old
+// certificates with it, and got no Secret of its own, for up to
+// identityResync.
+func (r *IdentityReconciler) alwaysNamespace(_ context.Context, o client.Object) []reconcile.Request {
+	if !slices.Contains(r.Always, o.GetName()) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetName()}}}
+}
+
+// createdOrDeleted passes a namespace's creation and its deletion, which
+// change its UID and so its identity's user, and nothing else.
+var createdOrDeleted = predicate.Funcs{
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
 // specOrDeletion passes the object changes a namespace's identity depends
