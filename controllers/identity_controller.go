@@ -251,9 +251,11 @@ func (r *IdentityReconciler) alwaysNamespace(_ context.Context, o client.Object)
 }
 
 // createdOrDeleted passes a namespace's creation and its deletion, which
-// change its UID and so its identity's user, and nothing else.
+// change its UID and so its identity's user, and nothing else. An update
+// passes when the UID changed: a namespace deleted and created again while
+// the watch was down comes back from the relist as one update.
 var createdOrDeleted = predicate.Funcs{
-	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	UpdateFunc:  func(e event.UpdateEvent) bool { return e.ObjectOld.GetUID() != e.ObjectNew.GetUID() },
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 

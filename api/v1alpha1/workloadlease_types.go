@@ -32,7 +32,7 @@ type WorkloadRef struct {
 	// name is the workload's name.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="must be a workload's name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be a workload's name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
 	// +required
 	Name string `json:"name"`
 }

@@ -169,6 +169,15 @@ const maxVerbosity = 128
 // above maxVerbosity.
 type boundedLevel struct{ flag.Value }
 
+// String is the level given, "" for the zero value flag.PrintDefaults
+// makes to find a flag's default.
+func (b boundedLevel) String() string {
+	if b.Value == nil {
+		return ""
+	}
+	return b.Value.String()
+}
+
 func (b boundedLevel) Set(v string) error {
 	if n, err := strconv.Atoi(v); err == nil && n > maxVerbosity {
 		return fmt.Errorf("verbosity %d is above %d, the most zap keeps (a larger number wraps around to a level that drops even errors): give 1 to %d, or debug, info, error or panic", n, maxVerbosity, maxVerbosity)
@@ -426,6 +435,7 @@ func (o *options) flagSet() *flag.FlagSet {
 	o.zap.BindFlags(fs)
 	if f := fs.Lookup("zap-log-level"); f != nil {
 		f.Value = boundedLevel{f.Value}
+		f.Usage = "Zap level to configure the verbosity of logging: 'debug', 'info', 'error', 'panic' or a verbosity from 1 to 128 (more with each step; zap keeps no more)."
 	}
 	if f := fs.Lookup("zap-time-encoding"); f != nil { // zap's help names its own default
 		f.Usage = strings.Replace(f.Usage, "Defaults to 'epoch'.", "Defaults to 'rfc3339nano' (fencer's).", 1)

@@ -148,3 +148,16 @@ func TestLogLevelsUpTo128AreTaken(t *testing.T) {
 		}
 	}
 }
+
+// --help lists every flag without a panic of the flag package's: it makes
+// a zero value of each flag's type to find its default, and the
+// --zap-log-level wrapper must answer for one.
+func TestHelpListsTheFlagsWithoutAPanic(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := parseFlagsTo([]string{"--help"}, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	if strings.Contains(out.String(), "panic calling") || !strings.Contains(out.String(), "a verbosity from 1 to 128") {
+		t.Fatalf("--help printed:\n%s", out.String())
+	}
+}
