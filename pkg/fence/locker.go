@@ -305,7 +305,7 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	rev, err := etcdreply.Revision(resp.Header)
+	rev, err := etcdreply.Revision(resp.ResponseHeader)
 	if err != nil {
 		// The etcd lease may exist; unused, with no keys, it expires with
 		// its TTL. It is not revoked: its ID comes from the answer that
@@ -313,9 +313,9 @@ func (l *Locker) startSession(ctx context.Context) (*lockSession, error) {
 		return nil, err
 	}
 	l.seen(rev)
-	id := clientv3.LeaseID(resp.ID)
+	id := resp.ID
 	val, _ := json.Marshal(sessionMarker{Pod: l.opts.Pod, PodUID: l.opts.PodUID})
-	marker := etcdkeys.LockSessionKey(l.prefix, l.namespace, resp.ID)
+	marker := etcdkeys.LockSessionKey(l.prefix, l.namespace, int64(resp.ID))
 	put, err := l.cli.Put(ctx, marker, string(val), clientv3.WithLease(id))
 	if err == nil {
 		rev, err = etcdreply.Revision(put.Header)

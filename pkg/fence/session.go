@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -46,15 +45,11 @@ var errNoConnection = errors.New("fence: the etcd client is not connected; make 
 // cannot ask for an ID, so etcd picks one: the marker key still closes the
 // session once it is on; until then the ID can be guessed.
 // docs/guarantees.md says so.
-func grantSession(ctx context.Context, cli *clientv3.Client, ttl int64) (*pb.LeaseGrantResponse, error) {
+func grantSession(ctx context.Context, cli *clientv3.Client, ttl int64) (*clientv3.LeaseGrantResponse, error) {
 	if cli.ActiveConnection() == nil && (cli.Lease == nil || cli.KV == nil || cli.Watcher == nil) {
 		return nil, errNoConnection
 	}
-	resp, err := etcdlease.Grant(ctx, cli, ttl)
-	if err != nil {
-		return nil, err
-	}
-	return &pb.LeaseGrantResponse{Header: resp.ResponseHeader, ID: int64(resp.ID), TTL: resp.TTL}, nil
+	return etcdlease.Grant(ctx, cli, ttl)
 }
 
 // sessionUnusable says whether etcd refused a put attached to a session
